@@ -1,0 +1,263 @@
+"""Building the catalog in force: the whole set of models, validated together.
+
+This is a pure function over typed values: no I/O, no clock. Every change to
+the catalog (an add, a removal, a scale) builds the *whole* next catalog here
+before anything is written, because the rules that matter span models — a
+name is unique, a fallback names a model that exists — and a change that is
+persisted and then refused on the next start would be a model that looks
+added and never appears (C6).
+
+Building also applies defaults, so the catalog holds the models as they will
+run (``scaling.max`` filled in), not as they were written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import msgspec
+
+from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import GpuClass, Model, Profile, Scaling, Timeouts
+from llmgw.catalog.units import parse_duration, parse_size
+from llmgw.errors import DefinitionError
+
+# llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
+# limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
+# (nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
+NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$")
+MAX_NAME = 57
+
+
+def check_name(name: str, what: str = "model name") -> None:
+    if NAME_RE.match(name):
+        return
+    problems = []
+    if len(name) > MAX_NAME:
+        problems.append(f"is {len(name)} characters long (at most {MAX_NAME})")
+    if name[:1] and not name[:1].islower():
+        problems.append("must start with a lowercase letter")
+    bad = sorted({c for c in name if not (c.islower() and c.isascii() or c.isdigit() or c == "-")})
+    if bad:
+        problems.append(f"contains {''.join(bad)!r} (only lowercase letters, digits and '-')")
+    if name.endswith("-"):
+        problems.append("must not end with '-'")
+    if not name:
+        problems.append("is empty")
+    detail = "; ".join(problems) or "is not valid"
+    raise DefinitionError(
+        f"{what} {name!r} {detail}: it becomes the Nomad job and service name llmgw-<name>",
+        field="name",
+    )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The validated set of models in force, with defaults applied."""
+
+    models: Mapping[str, Model]
+    gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
+
+    def get(self, name: str) -> Model | None:
+        return self.models.get(name)
+
+    def __iter__(self) -> Iterator[Model]:
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.models
+
+    def fingerprint(self, name: str, profile: str) -> str | None:
+        model = self.models.get(name)
+        p = model.profile(profile) if model else None
+        return fingerprint(model, p) if model and p else None
+
+
+def effective_scaling(s: Scaling) -> Scaling:
+    """Scaling with ``max`` filled in: ``min``, or 1 for an on-demand model."""
+    if s.max is not None:
+        return s
+    return msgspec.structs.replace(s, max=s.min if s.min > 0 else 1)
+
+
+def _check_url(url: str, where: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DefinitionError(f"{where}: {url!r} is not an http(s) URL", field=where)
+
+
+def _check_duration(value: str | int, where: str) -> None:
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise DefinitionError(f"{where}: {exc}", field=where) from None
+
+
+def _check_profile(
+    p: Profile, where: str, gpu_classes: Mapping[str, GpuClass]
+) -> None:
+    if not p.name:
+        raise DefinitionError(f"{where}.name: a profile needs a name", field=f"{where}.name")
+    if p.gpus < 0:
+        raise DefinitionError(
+            f"{where}.gpus: {p.gpus} is negative; use 0 for a CPU profile", field=f"{where}.gpus"
+        )
+    if p.context < 1:
+        raise DefinitionError(f"{where}.context: must be at least 1 token", field=f"{where}.context")
+    if p.cpu_cores is not None and p.cpu_cores < 1:
+        raise DefinitionError(
+            f"{where}.cpu_cores: {p.cpu_cores} is not a core count; omit it or give 1 or more",
+            field=f"{where}.cpu_cores",
+        )
+    if p.memory is not None:
+        try:
+            size = parse_size(p.memory)
+        except ValueError as exc:
+            raise DefinitionError(f"{where}.memory: {exc}", field=f"{where}.memory") from None
+        if size <= 0:
+            raise DefinitionError(f"{where}.memory: must be more than 0", field=f"{where}.memory")
+    if p.gpus > 0:
+        if not p.gpu_class:
+            raise DefinitionError(
+                f"{where}.gpu_class: a profile with gpus: {p.gpus} must name a gpu class "
+                f"(one of: {', '.join(sorted(gpu_classes)) or 'none defined in gpu_classes'})",
+                field=f"{where}.gpu_class",
+            )
+        if p.gpu_class not in gpu_classes:
+            known = ", ".join(sorted(gpu_classes)) or "none; add it under gpu_classes in server.yaml"
+            raise DefinitionError(
+                f"{where}.gpu_class: unknown gpu class {p.gpu_class!r} (known: {known})",
+                field=f"{where}.gpu_class",
+            )
+    else:
+        # C3: a CPU replica is placed by its cores and memory like any other
+        # resource; without them it would be placed anywhere and starve.
+        missing = [k for k in ("memory", "cpu_cores") if getattr(p, k) is None]
+        if missing:
+            raise DefinitionError(
+                f"{where}: a CPU profile (gpus: 0) must declare {' and '.join(missing)}; "
+                "they are reserved on the node and cpu_cores becomes the engine's thread count",
+                field=f"{where}.{missing[0]}",
+            )
+        if p.gpu_class is not None:
+            raise DefinitionError(
+                f"{where}.gpu_class: a CPU profile (gpus: 0) cannot name a gpu class; "
+                "set gpus or remove gpu_class",
+                field=f"{where}.gpu_class",
+            )
+
+
+def check_model(m: Model, gpu_classes: Mapping[str, GpuClass]) -> Model:
+    """Validate one model on its own and return it with defaults applied."""
+    check_name(m.name)
+    if m.external:
+        for key in ("source", "engine"):
+            if getattr(m, key) is not None:
+                raise DefinitionError(
+                    f"{key}: an external model (upstream) is not scheduled; remove {key} "
+                    "or remove upstream",
+                    field=key,
+                )
+        if m.profiles:
+            raise DefinitionError(
+                "profiles: an external model (upstream) is not scheduled; remove profiles "
+                "or remove upstream",
+                field="profiles",
+            )
+        for i, url in enumerate(m.upstream):
+            _check_url(url, f"upstream[{i}]")
+    else:
+        if not m.source:
+            raise DefinitionError(
+                "source: a scheduled model needs a source (hf://org/repo, a mirror URL or a "
+                "local path), or upstream for an external model",
+                field="source",
+            )
+        if m.engine is None:
+            raise DefinitionError("engine: choose vllm or llama.cpp", field="engine")
+        if not m.profiles:
+            raise DefinitionError(
+                "profiles: a scheduled model needs at least one profile", field="profiles"
+            )
+        seen: set[str] = set()
+        for j, p in enumerate(m.profiles):
+            _check_profile(p, f"profiles[{j}]", gpu_classes)
+            if p.name in seen:
+                raise DefinitionError(
+                    f"profiles[{j}].name: profile {p.name!r} appears twice",
+                    field=f"profiles[{j}].name",
+                )
+            seen.add(p.name)
+    s = m.scaling
+    if s.min < 0:
+        raise DefinitionError(f"scaling.min: {s.min} is negative", field="scaling.min")
+    if s.max is not None and s.max < s.min:
+        raise DefinitionError(
+            f"scaling.max: {s.max} is below scaling.min {s.min}", field="scaling.max"
+        )
+    if s.max is not None and s.max < 1:
+        raise DefinitionError(
+            "scaling.max: 0 means the model can never run; use min: 0 for an on-demand model",
+            field="scaling.max",
+        )
+    _check_duration(s.idle_timeout, "scaling.idle_timeout")
+    _check_duration(s.wait, "scaling.wait")
+    t: Timeouts = m.timeouts
+    for key in ("connect", "first_byte", "idle"):
+        _check_duration(getattr(t, key), f"timeouts.{key}")
+    for i, fb in enumerate(m.fallbacks):
+        if fb == m.name:
+            raise DefinitionError(
+                f"fallbacks[{i}]: model {m.name!r} cannot fall back to itself",
+                field=f"fallbacks[{i}]",
+            )
+        if fb in m.fallbacks[:i]:
+            raise DefinitionError(
+                f"fallbacks[{i}]: {fb!r} is listed twice", field=f"fallbacks[{i}]"
+            )
+    return msgspec.structs.replace(m, scaling=effective_scaling(s))
+
+
+def build_catalog(
+    models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None
+) -> Catalog:
+    """Validate ``models`` together and return the catalog they make.
+
+    Raises DefinitionError naming the model and the field of the first problem.
+    """
+    classes = dict(gpu_classes or {})
+    for cname, gc in classes.items():
+        try:
+            parse_size(gc.memory)
+        except ValueError as exc:
+            raise DefinitionError(
+                f"gpu_classes.{cname}.memory: {exc}", field=f"gpu_classes.{cname}.memory"
+            ) from None
+    built: dict[str, Model] = {}
+    for m in models:
+        try:
+            checked = check_model(m, classes)
+        except DefinitionError as exc:
+            raise DefinitionError(f"model {m.name!r}: {exc.message}", field=exc.field) from None
+        if m.name in built:
+            raise DefinitionError(f"model {m.name!r} is defined twice", field="name")
+        built[m.name] = checked
+    for m in built.values():
+        for i, fb in enumerate(m.fallbacks):
+            if fb not in built:
+                raise DefinitionError(
+                    f"model {m.name!r}: fallbacks[{i}]: there is no model {fb!r} to fall back to",
+                    field=f"fallbacks[{i}]",
+                )
+    return Catalog(models=built, gpu_classes=classes)
+
+
+def dependants(catalog_models: Sequence[Model], name: str) -> list[str]:
+    """Models that name ``name`` as a fallback."""
+    return [m.name for m in catalog_models if name in m.fallbacks]

@@ -1,0 +1,123 @@
+"""The shape of a model entry, written once for both places a model is defined.
+
+A model declared under ``models:`` in server.yaml and a file given to
+``llmgw ctl model add -f`` are decoded into these same structs by the same
+decoder (``llmgw.catalog.decode``), and a stored runtime model is kept as the
+JSON encoding of the same struct. So an entry moves between configuration and
+the store by copy and paste, and a field cannot mean something in one and
+nothing in the other.
+
+Every struct forbids unknown fields: a misspelt key is an error naming its
+path, never a default that silently applies. Values are frozen; a change is a
+new value (``msgspec.structs.replace``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Engine = Literal["vllm", "llama.cpp"]
+
+
+class _Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
+            omit_defaults=True):
+    """Base for human-written structs."""
+
+
+class Profile(_Spec, frozen=True):
+    """One way to run a model: the hardware it needs and how the engine is started.
+
+    ``gpus`` is the count on one node and the tensor-parallel size; 0 is a CPU
+    profile, which must declare ``memory`` and ``cpu_cores`` (C3). The first
+    profile whose needs the fleet can meet is used.
+    """
+
+    name: str
+    gpu_class: str | None = None
+    gpus: int = 0
+    fabric: str | None = None
+    quantization: str | None = None
+    context: int = 4096
+    cpu_cores: int | None = None
+    memory: str | int | None = None
+    engine_args: list[str] = []
+    env: dict[str, str] = {}
+
+
+class Scaling(_Spec, frozen=True):
+    """How many replicas run.
+
+    A model with ``min`` > 0 runs exactly ``min`` replicas; nothing scales it
+    up under load. A model with ``min`` 0 is on demand: the first request
+    loads one replica (however high ``max`` is) and it is stopped again after
+    ``idle_timeout`` without requests. ``max`` defaults to ``min``, and to 1
+    when ``min`` is 0. ``wait`` is how long a request for a stopped on-demand
+    model is held while a replica loads.
+    """
+
+    min: int = 1
+    max: int | None = None
+    idle_timeout: str | int = "15m"
+    wait: str | int = "10m"
+
+
+class Timeouts(_Spec, frozen=True):
+    """Gateway timeouts towards this model's replicas.
+
+    There is deliberately no fixed idle timeout on a stream before its first
+    token: a long prompt on a busy engine can take minutes to produce one.
+    ``first_byte`` bounds that wait and is generous by default; ``idle``
+    bounds the gap between two chunks once streaming has begun.
+    """
+
+    connect: str | int = "10s"
+    first_byte: str | int = "10m"
+    idle: str | int = "5m"
+
+
+class Model(_Spec, frozen=True):
+    """A catalog entry (C1).
+
+    A scheduled model has ``source``, ``engine`` and ``profiles``. An external
+    model has only ``upstream``: base URLs of OpenAI-compatible servers that
+    llmgw routes to without scheduling anything.
+    """
+
+    name: str
+    source: str | None = None
+    engine: Engine | None = None
+    profiles: list[Profile] = []
+    scaling: Scaling = Scaling()
+    fallbacks: list[str] = []
+    upstream: list[str] = []
+    served_name: str | None = None
+    timeouts: Timeouts = Timeouts()
+    description: str = ""
+
+    @property
+    def external(self) -> bool:
+        return bool(self.upstream)
+
+    @property
+    def engine_model_name(self) -> str:
+        """The ``model`` value the engine expects in a request body."""
+        return self.served_name or self.name
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+
+class GpuClass(_Spec, frozen=True):
+    """A kind of card: the device model string its nodes report, and its memory.
+
+    ``device`` is matched exactly against what the NVIDIA device plugin
+    reports (the NVML name, spaces included). ``memory`` is what the card
+    really reports (an "80GB" H100 reports 81559 MiB), so a constraint derived
+    from it matches the cards it is meant to.
+    """
+
+    device: str
+    memory: str | int
+    vendor: str = "nvidia"

@@ -1,0 +1,150 @@
+"""The server's configuration file (server.yaml, C0) and its environment overrides.
+
+Loaded and validated completely before the server binds its port (STYLE 10):
+a wrong key is an error naming the file and the key path, never a default that
+silently applies. The declared models are validated as a catalog here too, so
+a server with a broken ``models:`` list does not start.
+
+Environment variables override connection settings only (``LLMGW_DATABASE_URL``,
+``LLMGW_LISTEN``, ``LLMGW_ADMIN_TOKENS``, ``NOMAD_ADDR``, ``NOMAD_TOKEN``,
+``NOMAD_NAMESPACE``, ``NOMAD_REGION``, ``NOMAD_CACERT``, ``NOMAD_CLIENT_CERT``,
+``NOMAD_CLIENT_KEY``), so that secrets need not live in the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from llmgw.catalog.decode import decode_yaml
+from llmgw.catalog.model import GpuClass, Model
+from llmgw.errors import ConfigError
+
+
+class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NomadConfig(_Conf, frozen=True):
+    """Connection to a Nomad cluster (N10) and how jobs are rendered for it."""
+
+    address: str = "http://127.0.0.1:4646"
+    token: str | None = None
+    namespace: str = "default"
+    region: str | None = None
+    ca_cert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    tls_skip_verify: bool = False
+    datacenters: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    node_pool: str | None = None
+    # Engine images and the node-local cache the prestart fetcher fills.
+    vllm_image: str = "vllm/vllm-openai:v0.8.5"
+    llama_cpp_image: str = "ghcr.io/ggml-org/llama.cpp:server"
+    fetcher_image: str = "ghcr.io/llmgw/llmgw:0.1.0"
+    cache_volume: str = "llmgw-model-cache"
+    fabric_meta_key: str = "llmgw_fabric"
+    timeout: float = 10.0
+
+
+class LocalConfig(_Conf, frozen=True):
+    """The embedded scheduler: child processes on this machine (L1)."""
+
+    cpu_cores: int | None = None     # defaults to the machine's
+    memory: str | int | None = None  # defaults to the machine's
+    port_range: tuple[int, int] = (28000, 28999)
+    state_dir: str | None = None
+
+
+class SchedulerConfig(_Conf, frozen=True):
+    kind: Literal["local", "nomad"] = "local"
+    nomad: NomadConfig = NomadConfig()
+    local: LocalConfig = LocalConfig()
+
+
+class GatewayConfig(_Conf, frozen=True):
+    max_body_size: str | int = "16MiB"
+    # How long a failed replica is kept out of rotation before it is retried.
+    eject_for: str | int = "10s"
+
+
+class AdminToken(_Conf, frozen=True):
+    name: str
+    token: str
+
+
+class ServerConfig(_Conf, frozen=True):
+    listen: str = "127.0.0.1:8080"
+    database: str = "sqlite:///llmgw.db"
+    scheduler: SchedulerConfig = SchedulerConfig()
+    gpu_classes: dict[str, GpuClass] = {}
+    mirror: str | None = None
+    keys_file: str | None = None
+    admin_tokens: list[AdminToken | str] = []
+    gateway: GatewayConfig = GatewayConfig()
+    models: list[Model] = []
+
+    def admin_token_names(self) -> dict[str, str]:
+        """token → the identity recorded for changes made with it."""
+        out: dict[str, str] = {}
+        for i, t in enumerate(self.admin_tokens):
+            if isinstance(t, AdminToken):
+                out[t.token] = t.name
+            else:
+                out[t] = "admin" if len(self.admin_tokens) == 1 else f"admin-{i}"
+        return out
+
+
+def _env_overrides(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
+    replace = msgspec.structs.replace
+    if url := env.get("LLMGW_DATABASE_URL"):
+        cfg = replace(cfg, database=url)
+    if listen := env.get("LLMGW_LISTEN"):
+        cfg = replace(cfg, listen=listen)
+    if tokens := env.get("LLMGW_ADMIN_TOKENS"):
+        parsed: list[AdminToken | str] = []
+        for item in filter(None, (t.strip() for t in tokens.split(","))):
+            name, sep, token = item.partition("=")
+            parsed.append(AdminToken(name=name, token=token) if sep else item)
+        cfg = replace(cfg, admin_tokens=[*cfg.admin_tokens, *parsed])
+    nomad = cfg.scheduler.nomad
+    mapping = {
+        "NOMAD_ADDR": "address", "NOMAD_TOKEN": "token", "NOMAD_NAMESPACE": "namespace",
+        "NOMAD_REGION": "region", "NOMAD_CACERT": "ca_cert",
+        "NOMAD_CLIENT_CERT": "client_cert", "NOMAD_CLIENT_KEY": "client_key",
+    }
+    changes = {attr: env[var] for var, attr in mapping.items() if env.get(var)}
+    if changes:
+        cfg = replace(cfg, scheduler=replace(cfg.scheduler, nomad=replace(nomad, **changes)))
+    return cfg
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Read, decode and validate server.yaml; raises ConfigError naming file and key."""
+    from llmgw.catalog.build import build_catalog
+    from llmgw.errors import DefinitionError
+
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the configuration file: {exc.strerror}") from None
+    cfg = decode_yaml(data, ServerConfig, source=str(p))
+    cfg = _env_overrides(cfg, os.environ if env is None else env)
+    try:
+        build_catalog(cfg.models, cfg.gpu_classes)
+    except DefinitionError as exc:
+        index = next((i for i, m in enumerate(cfg.models) if f"model {m.name!r}" in exc.message),
+                     None)
+        where = f"models[{index}]" if index is not None else "models"
+        raise ConfigError(f"{p}: {where}: {exc.message}", field=exc.field) from None
+    if not cfg.database.startswith(("sqlite://", "postgresql://", "postgres://")):
+        raise ConfigError(
+            f"{p}: database: {cfg.database!r} is neither sqlite:///PATH nor postgresql://…",
+            field="database",
+        )
+    return cfg

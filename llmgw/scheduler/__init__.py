@@ -1,0 +1,1 @@
+"""Scheduler backends: what makes the catalog run (Nomad, or child processes locally)."""

@@ -1,0 +1,138 @@
+"""The interface every scheduler backend implements, and the values it reports.
+
+Two backends stand behind it: Nomad (production, ``llmgw.scheduler.nomad``) and
+the embedded local scheduler (``llmgw.scheduler.local``). The reconciler, the
+control API and the gateway see only this Protocol, so none of them can tell
+which one runs — which is what lets the embedded mode be a faithful rehearsal
+of the production one.
+
+Placement has two failure kinds, kept apart on purpose (N6):
+
+* a profile no node could *ever* satisfy (no such GPU, unknown fabric, more
+  cores than any machine has) is a definition error at add time
+  (``PlacementError``), because waiting would wait forever;
+* a profile that fits the fleet but not its free capacity right now is
+  accepted, and the model reports ``waiting_for_capacity`` with the reason
+  until it is placed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import msgspec
+
+from llmgw.catalog.build import Catalog
+from llmgw.catalog.model import Model
+
+ReplicaState = Literal["pending", "starting", "running", "failed", "stopping", "stopped"]
+
+
+class Replica(msgspec.Struct, frozen=True, kw_only=True):
+    """One running (or trying to run) copy of a model."""
+
+    id: str
+    model: str
+    profile: str
+    fingerprint: str          # the one it was started with; "" when unknown
+    node: str
+    state: ReplicaState
+    healthy: bool             # passes its health check now: may receive traffic
+    address: str | None = None  # base URL of the engine, e.g. http://10.0.3.17:24117
+    reserved_memory: int | None = None   # bytes
+    measured_memory: int | None = None   # bytes, from allocation stats / the process
+    restarts: int = 0
+    message: str = ""         # last failure, with the engine's last output lines
+
+
+class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What the backend knows about one model, shown by the API and the CLI."""
+
+    desired: int = 0
+    ready: int = 0
+    waiting_for_capacity: str | None = None
+    last_placement_failure: str | None = None
+    last_error: str | None = None
+    crash_loop: bool = False
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One machine of the fleet, totals and free capacity as the scheduler counts them."""
+
+    name: str
+    id: str
+    status: str               # ready, down, draining, ineligible, ...
+    schedulable: bool
+    gpu_class: str | None
+    gpu_device: str | None
+    fabric: str | None
+    gpus_total: int
+    gpus_free: int
+    gpu_memory: int | None    # bytes per card, as the node reports it
+    cores_total: int
+    cores_free: int
+    memory_total: int         # bytes
+    memory_free: int
+
+
+class Pool(msgspec.Struct, frozen=True, kw_only=True):
+    """Nodes grouped by (gpu class, fabric): a replica never spans two pools."""
+
+    name: str
+    gpu_class: str | None
+    fabric: str | None
+    gpu_memory: int | None
+    nodes: list[str]
+    gpus_total: int
+    gpus_free: int
+    largest_free_gpus_on_a_node: int
+
+
+class Fleet(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: list[NodeView]
+    pools: list[Pool]
+
+
+class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    message: str = ""
+    since: float | None = None
+
+
+class Backend(Protocol):
+    """A scheduler. All methods are async and safe to call from the event loop."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        """Stop watching. The local backend also stops its child processes."""
+
+    async def check_placement(self, model: Model, catalog: Catalog) -> None:
+        """Raise PlacementError if no node could ever run any profile of ``model``."""
+
+    async def apply(self, catalog: Catalog) -> None:
+        """Make the running set match ``catalog`` (register, scale, deregister).
+
+        Does not replace running replicas whose profile changed; they show as
+        stale until ``rollout``.
+        """
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        """On-demand scaling (G5): run ``replicas`` copies of a min-0 model (0 stops it)."""
+
+    async def rollout(self, model: str) -> None:
+        """Replace the model's replicas with ones running the current profile."""
+
+    async def replicas(self, model: str | None = None) -> list[Replica]: ...
+
+    def status(self, model: str) -> ModelStatus: ...
+
+    async def fleet(self) -> Fleet: ...
+
+    def health(self) -> BackendHealth: ...
+
+    def endpoints(self, model: str) -> list[str]:
+        """Base URLs of the model's healthy replicas, from the backend's cache (no I/O)."""
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Return when the set of endpoints may have changed, or after ``timeout``."""

@@ -1,0 +1,91 @@
+"""What llmgw keeps in its database, and the Protocol both adapters implement.
+
+The store holds the runtime models (the declared ones live in server.yaml),
+the catalog version, and short leases used to pick one actor among several
+llmgw processes (the reconciler's leader, the one process that scales an
+on-demand model up). Two adapters pass the same tests: SQLite, a file and the
+default, and Postgres for several API instances.
+
+Catalog changes are serialised across processes by ``change()``: a transaction
+that holds the catalog lock (SQLite ``BEGIN IMMEDIATE``; Postgres a row lock on
+the single ``catalog_version`` row) from the read of the stored models to the
+commit that bumps the version. Two changes can therefore never apply catalogs
+in an order that disagrees with the database (C12).
+
+Every other instance notices a change by polling ``catalog_version()`` — one
+primary-key read — every half second. Polling rather than LISTEN/NOTIFY: it
+works identically on SQLite, it cannot miss a notification across a dropped
+connection (a missed NOTIFY would leave an instance serving an old catalog
+until the next change), and its cost is negligible next to the one-second
+visibility the system promises.
+
+Any failure to reach the database raises ``StoreUnavailableError`` (HTTP 503);
+callers keep serving the catalog already in force.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
+from typing import Protocol
+
+import msgspec
+
+
+class StoredModel(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    definition: bytes          # the JSON encoding of catalog.Model
+    added_by: str
+    added_at: datetime         # timezone-aware UTC
+    updated_by: str
+    updated_at: datetime
+
+
+class CatalogChange(Protocol):
+    """The open transaction of one catalog change; all methods hold the lock."""
+
+    async def models(self) -> list[StoredModel]: ...
+
+    async def put_model(self, model: StoredModel) -> None: ...
+
+    async def delete_model(self, name: str) -> bool: ...
+
+
+class Store(Protocol):
+    async def open(self) -> None:
+        """Connect and apply schema migrations (idempotent, safe under concurrency)."""
+
+    async def close(self) -> None: ...
+
+    async def models(self) -> list[StoredModel]:
+        """All runtime models, read without taking the catalog lock."""
+
+    def change(self) -> AbstractAsyncContextManager[CatalogChange]:
+        """A serialised catalog change: commits and bumps the version on clean exit,
+        rolls back (nothing written) if the block raises."""
+
+    async def catalog_version(self) -> int:
+        """Increases with every committed change; cheap enough to poll."""
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> bool:
+        """Take or renew the lease ``name`` for ``holder`` for ``ttl`` seconds.
+
+        True when ``holder`` holds it afterwards: it was free, expired, or
+        already ``holder``'s. Time is the database's, so clocks of different
+        hosts do not matter.
+        """
+
+    async def release_lease(self, name: str, holder: str) -> None: ...
+
+    async def lease_holder(self, name: str) -> str | None:
+        """The current unexpired holder, if any."""
+
+    async def mark_activity(self, model: str) -> None:
+        """Record that ``model`` served a request now (database time).
+
+        Shared by every gateway process, so an on-demand model is only scaled
+        back to zero when no instance has used it for its idle timeout.
+        """
+
+    async def last_activity(self, model: str) -> float | None:
+        """Seconds since ``model``'s last recorded activity, or None if never."""
