@@ -49,6 +49,14 @@ class NomadConfig(_Conf, frozen=True):
     cache_volume: str = "llmgw-model-cache"
     fabric_meta_key: str = "llmgw_fabric"
     timeout: float = 10.0
+    # Reserved by a GPU profile that leaves cpu_cores or memory out, per GPU:
+    # Nomad's own defaults (100 MHz, 300 MB) get an engine killed as it loads.
+    cores_per_gpu: int = 4
+    memory_per_gpu: str | int = "32GiB"
+    # Deployment deadlines; a model load takes many minutes (N5). Nomad's
+    # defaults (5m, 10m) fail the deployment of a large model.
+    healthy_deadline: str | int = "1h"
+    progress_deadline: str | int = "2h"
 
 
 class LocalConfig(_Conf, frozen=True):
@@ -58,6 +66,14 @@ class LocalConfig(_Conf, frozen=True):
     memory: str | int | None = None  # defaults to the machine's
     port_range: tuple[int, int] = (28000, 28999)
     state_dir: str | None = None
+    # The Python that runs the engines (it needs llama-cpp-python, or vLLM);
+    # defaults to the one running llmgw.
+    python: str | None = None
+    # SIGTERM, then SIGKILL after this long, when a replica is stopped.
+    stop_grace: str | int = "10s"
+    # How long a starting engine may take to answer its health check (a
+    # large model loading from a slow disk) before it is restarted.
+    start_timeout: str | int = "30m"
 
 
 class SchedulerConfig(_Conf, frozen=True):
@@ -70,6 +86,14 @@ class GatewayConfig(_Conf, frozen=True):
     max_body_size: str | int = "16MiB"
     # How long a failed replica is kept out of rotation before it is retried.
     eject_for: str | int = "10s"
+    # Each further failure after it comes back doubles that, up to this.
+    eject_max: str | int = "2m"
+    # Replicas of one model tried for a request before moving to its fallbacks.
+    max_attempts: int = 3
+    # How often a gateway records that an on-demand model is in use (store writes).
+    activity_interval: str | int = "5s"
+    # How often the keys file is checked for changes.
+    keys_check_interval: str | int = "1s"
 
 
 class AdminToken(_Conf, frozen=True):

@@ -40,7 +40,8 @@ def check_name(name: str, what: str = "model name") -> None:
         problems.append(f"is {len(name)} characters long (at most {MAX_NAME})")
     if name[:1] and not name[:1].islower():
         problems.append("must start with a lowercase letter")
-    bad = sorted({c for c in name if not (c.islower() and c.isascii() or c.isdigit() or c == "-")})
+    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+    bad = sorted(set(name) - allowed)
     if bad:
         problems.append(f"contains {''.join(bad)!r} (only lowercase letters, digits and '-')")
     if name.endswith("-"):
@@ -109,7 +110,8 @@ def _check_profile(
             f"{where}.gpus: {p.gpus} is negative; use 0 for a CPU profile", field=f"{where}.gpus"
         )
     if p.context < 1:
-        raise DefinitionError(f"{where}.context: must be at least 1 token", field=f"{where}.context")
+        raise DefinitionError(f"{where}.context: must be at least 1 token",
+                              field=f"{where}.context")
     if p.cpu_cores is not None and p.cpu_cores < 1:
         raise DefinitionError(
             f"{where}.cpu_cores: {p.cpu_cores} is not a core count; omit it or give 1 or more",
@@ -130,7 +132,8 @@ def _check_profile(
                 field=f"{where}.gpu_class",
             )
         if p.gpu_class not in gpu_classes:
-            known = ", ".join(sorted(gpu_classes)) or "none; add it under gpu_classes in server.yaml"
+            known = (", ".join(sorted(gpu_classes))
+                     or "none; add it under gpu_classes in server.yaml")
             raise DefinitionError(
                 f"{where}.gpu_class: unknown gpu class {p.gpu_class!r} (known: {known})",
                 field=f"{where}.gpu_class",

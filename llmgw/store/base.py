@@ -62,7 +62,13 @@ class Store(Protocol):
 
     def change(self) -> AbstractAsyncContextManager[CatalogChange]:
         """A serialised catalog change: commits and bumps the version on clean exit,
-        rolls back (nothing written) if the block raises."""
+        rolls back (nothing written) if the block raises or is cancelled.
+
+        Keep the block to database work and the catalog build (do network
+        checks before entering): while it is open, other changes wait — and on
+        SQLite every other write to the file. Waiting longer than the adapter's
+        ``lock_timeout`` (30 s) for the lock raises ``StoreUnavailableError``.
+        """
 
     async def catalog_version(self) -> int:
         """Increases with every committed change; cheap enough to poll."""
@@ -84,7 +90,9 @@ class Store(Protocol):
         """Record that ``model`` served a request now (database time).
 
         Shared by every gateway process, so an on-demand model is only scaled
-        back to zero when no instance has used it for its idle timeout.
+        back to zero when no instance has used it for its idle timeout. Each
+        call is one database write: mark a model at most about once a second
+        per process, not once per request.
         """
 
     async def last_activity(self, model: str) -> float | None:

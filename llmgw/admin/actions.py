@@ -1,0 +1,132 @@
+"""What the admin page changes: add, scale, remove, roll out.
+
+Each action calls the model service — the same calls the JSON API makes — so
+the rules (configuration wins, the whole catalog is validated first, a
+removal may not break a fallback) live in one place, and a refusal reaches
+the page as the exception the CLI would have printed, with the same message.
+
+Adding runs the source check first, as ``llmgw ctl model add`` does: a typo
+or a mirror that is down is an error on this page naming the source, not a
+replica failing on a node minutes later. The page offers no way to skip it;
+the CLI's ``--skip-source-check`` is there for the rare deliberate case.
+
+The pasted YAML goes through ``decode_model_file``, the decoder behind
+``ctl model add -f`` and server.yaml's ``models:``, so an entry that works in
+one works in the others. A refused form is shown again with what was typed
+and the error beside the line it is about.
+
+A successful action redirects (POST, then redirect, then GET) with a
+one-shot message, so reloading the next page does not repeat the action.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Request, post
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, FromPath
+from litestar.response import Redirect, Template
+
+from llmgw.admin.locate import excerpt, line_of
+from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in
+from llmgw.admin.render import page, scaling_text
+from llmgw.admin.session import flash_cookie
+from llmgw.api.context import Ctx
+from llmgw.api.models import _model
+from llmgw.catalog.decode import decode_model_file
+from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import Model
+from llmgw.errors import DefinitionError, LlmgwError, NotFoundError
+
+Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
+SOURCE = "pasted YAML"
+
+
+def done(request: Request[Any, Any, Any], to: str, text: str, kind: str = "ok") -> Redirect:
+    return Redirect(to, status_code=303,
+                    cookies=[flash_cookie(request, signed_in(request), kind, text)])
+
+
+@post("/add")
+async def add_model(request: Request[Any, Any, Any], ctx: Ctx,
+                    data: Form) -> Template | Redirect:
+    session = signed_in(request)
+    text = data.get("yaml", "")
+    try:
+        model: Model = decode_model_file(text, source=SOURCE)
+        if ctx.source_check is not None:
+            await ctx.source_check(model)
+        final = await ctx.models.add(model, session.name)
+    except LlmgwError as exc:
+        line = line_of(text, exc.field)
+        return page(request, "add.html", session=session, status=exc.status, yaml=text,
+                    example=EXAMPLE, error=exc.message, field=exc.field, line=line,
+                    lines=excerpt(text, line) if line else [],
+                    checked=ctx.source_check is not None)
+    return done(request, f"/admin/models/{final.name}",
+                f"added {final.name}; scaling {scaling_text(final.scaling)}")
+
+
+def _count(data: dict[str, str], key: str, least: int) -> int | None:
+    raw = data.get(key, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise DefinitionError(f"{key}: {raw!r} is not a whole number", field=key) from None
+    if n < least:
+        raise DefinitionError(f"{key}: {n} is below {least}", field=key)
+    return n
+
+
+@post("/models/{name:str}/scale")
+async def scale_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
+                      data: Form) -> Template | Redirect:
+    session = signed_in(request)
+    try:
+        min_ = _count(data, "min", 0)
+        if min_ is None:
+            raise DefinitionError("min: give the number of replicas to run (0 for on demand)",
+                                  field="min")
+        scaling = await ctx.models.scale(name, min_, _count(data, "max", 1), session.name)
+    except LlmgwError as exc:
+        return await model_page(request, ctx, name, status=exc.status, scale_error=exc.message,
+                                scale_min=data.get("min"), scale_max=data.get("max"))
+    return done(request, f"/admin/models/{name}", f"{name}: scaling {scaling_text(scaling)}")
+
+
+@post("/models/{name:str}/remove")
+async def remove_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
+                       data: Form) -> Template | Redirect:
+    session = signed_in(request)
+    # The confirmation page puts the name here; a POST without it did not pass there.
+    if data.get("confirm") != name:
+        return Redirect(f"/admin/models/{name}/remove", status_code=303)
+    try:
+        await ctx.models.remove(name, session.name)
+    except LlmgwError as exc:
+        context = await model_context(ctx, name)
+        return page(request, "remove.html", session=session, status=exc.status,
+                    error=exc.message, **context)
+    return done(request, "/admin/models", f"removed {name}")
+
+
+@post("/models/{name:str}/rollout")
+async def rollout_model(request: Request[Any, Any, Any], ctx: Ctx,
+                        name: FromPath[str]) -> Redirect:
+    try:
+        m = _model(ctx, name)
+        if m.external:
+            raise NotFoundError(
+                f"model {name!r} is external (upstream); there is nothing to roll out")
+        await ctx.backend.rollout(name)
+    except LlmgwError as exc:
+        return done(request, f"/admin/models/{name}", exc.message, kind="error")
+    fp = fingerprint(m, m.profiles[0])
+    return done(request, f"/admin/models/{name}",
+                f"replicas of {name} are being replaced with profile {fp}")
+
+
+route_handlers = [add_model, scale_model, remove_model, rollout_model]

@@ -1,0 +1,161 @@
+"""The admin page's read-only pages, and the status fragments its script refreshes.
+
+Every figure comes from the functions the JSON API answers with
+(``llmgw.api.models`` builds a ``ModelView`` from the catalog in force, the
+store row and the scheduler; ``replica_view`` decides staleness and memory
+warnings), so the page and ``llmgw ctl`` cannot disagree about a model.
+
+Each page that shows live status renders its status part from a template
+fragment that is also served on its own under ``/admin/fragments/…``; the
+page's script fetches it every few seconds and swaps it in. Forms live
+outside the fragments, so a refresh never eats what someone is typing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import yaml
+from litestar import Request, get
+from litestar.params import FromPath
+from litestar.response import Redirect, Template
+
+from llmgw.admin.csrf import session_of
+from llmgw.admin.render import fragment, page
+from llmgw.admin.session import Session
+from llmgw.api.context import AppContext, Ctx
+from llmgw.api.models import _model, _replicas, _view
+from llmgw.api.views import ModelView, ReplicaView, replica_view
+from llmgw.errors import LlmgwError
+from llmgw.scheduler.base import Fleet
+
+FLEET_TIMEOUT = 5.0
+FRAGMENT = {"fragment": True}
+
+EXAMPLE = """\
+name: qwen-coder-7b
+description: Qwen2.5 Coder 7B for the editor plugin
+source: hf://Qwen/Qwen2.5-Coder-7B-Instruct
+engine: vllm
+profiles:
+  - name: one-l40s
+    gpu_class: l40s-48g
+    gpus: 1
+    context: 32768
+    cpu_cores: 8
+    memory: 32GiB
+scaling:
+  min: 1
+"""
+
+
+def signed_in(request: Request[Any, Any, Any]) -> Session:
+    session = session_of(request)
+    if session is None:  # the router's guard runs first; this would be a wiring fault
+        raise RuntimeError("admin route reached without a session")
+    return session
+
+
+# -- what the templates show -------------------------------------------------
+
+async def models_context(ctx: AppContext) -> dict[str, Any]:
+    replicas = await _replicas(ctx)
+    views = [_view(ctx, m, replicas) for m in ctx.models.catalog]
+    return {
+        "models": views,
+        "replicas_unknown": replicas is None,
+        "skipped": ctx.models.skipped,
+        "store_error": ctx.models.store_error,
+        "backend": ctx.backend.health(),
+    }
+
+
+async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
+    m = _model(ctx, name)
+    replicas = await _replicas(ctx, name)
+    view: ModelView = _view(ctx, m, replicas)
+    rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
+    return {"m": view, "replicas": rows, "replicas_unknown": replicas is None,
+            "backend": ctx.backend.health()}
+
+
+def definition_yaml(view: ModelView) -> str:
+    """The definition in force, as YAML an operator can copy into a file or server.yaml."""
+    return yaml.safe_dump(msgspec.to_builtins(view.definition), sort_keys=False,
+                          allow_unicode=True)
+
+
+async def fleet_context(ctx: AppContext) -> dict[str, Any]:
+    try:
+        found: Fleet | None = await asyncio.wait_for(ctx.backend.fleet(), FLEET_TIMEOUT)
+        error = None
+    except LlmgwError as exc:
+        found, error = None, exc.message
+    except TimeoutError:
+        found, error = None, (f"the scheduler did not answer within {FLEET_TIMEOUT:.0f} s; "
+                              "check that it is reachable (see /readyz)")
+    return {"fleet": found, "fleet_error": error}
+
+
+async def model_page(request: Request[Any, Any, Any], ctx: AppContext, name: str, *,
+                     status: int = 200, **extra: Any) -> Template:
+    """The model page; actions re-render it with their error next to their form."""
+    context = await model_context(ctx, name)
+    defaults: dict[str, Any] = {"scale_error": None, "scale_min": None, "scale_max": None}
+    return page(request, "model.html", session=signed_in(request), status=status,
+                definition=definition_yaml(context["m"]), **{**defaults, **context, **extra})
+
+
+# -- routes ------------------------------------------------------------------
+
+@get("/")
+async def index() -> Redirect:
+    return Redirect("/admin/models", status_code=303)
+
+
+@get("/models")
+async def models_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
+    return page(request, "models.html", session=signed_in(request), **await models_context(ctx))
+
+
+@get("/fragments/models", opt=FRAGMENT)
+async def models_fragment(ctx: Ctx) -> Template:
+    return fragment("_models.html", **await models_context(ctx))
+
+
+@get("/models/{name:str}")
+async def show_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str]) -> Template:
+    return await model_page(request, ctx, name)
+
+
+@get("/fragments/models/{name:str}", opt=FRAGMENT)
+async def model_fragment(ctx: Ctx, name: FromPath[str]) -> Template:
+    return fragment("_model.html", **await model_context(ctx, name))
+
+
+@get("/fleet")
+async def fleet_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
+    return page(request, "fleet.html", session=signed_in(request), **await fleet_context(ctx))
+
+
+@get("/fragments/fleet", opt=FRAGMENT)
+async def fleet_fragment(ctx: Ctx) -> Template:
+    return fragment("_fleet.html", **await fleet_context(ctx))
+
+
+@get("/add")
+async def add_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
+    return page(request, "add.html", session=signed_in(request), yaml="", example=EXAMPLE,
+                field=None, line=None, lines=[], checked=ctx.source_check is not None)
+
+
+@get("/models/{name:str}/remove")
+async def remove_page(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str]) -> Template:
+    context = await model_context(ctx, name)
+    return page(request, "remove.html", session=signed_in(request), **context)
+
+
+route_handlers = [index, models_page, models_fragment, show_model, model_fragment, fleet_page,
+                  fleet_fragment, add_page, remove_page]

@@ -1,0 +1,100 @@
+"""The control API's Litestar app: one factory, every route under /api/v1 behind
+the admin guard, probes outside it.
+
+The app holds no state of its own (A2); it reads the catalog in force from the
+model service and the scheduler's view from the backend, both in the
+``AppContext`` it is built around.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Router, get
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.response import Response
+
+from llmgw import __version__
+from llmgw.api import models
+from llmgw.api.auth import admin_guard
+from llmgw.api.context import Ctx
+from llmgw.api.errors import error_response, exception_handlers
+from llmgw.scheduler.base import BackendHealth, Fleet
+
+# Route modules that contribute `route_handlers` under /api/v1 beside the models.
+_EXTRA_ROUTES: tuple[str, ...] = ("llmgw.api.plan",)
+
+# A model definition is a few kilobytes; a megabyte is generous and bounds the
+# work a single request can cause (D1).
+MAX_BODY = 1024 * 1024
+
+
+@get("/fleet", summary="Nodes and pools of the fleet, with free capacity")
+async def fleet(ctx: Ctx) -> Fleet:
+    return await ctx.backend.fleet()
+
+
+class Health(msgspec.Struct, kw_only=True):
+    ok: bool
+    catalog_version: int
+    models: int
+    store: str
+    scheduler: BackendHealth
+    skipped: dict[str, str]
+
+
+@get("/healthz", summary="Liveness: the process serves", include_in_schema=True)
+async def healthz() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@get("/readyz", summary="Readiness: the store and the scheduler are reachable")
+async def readyz(ctx: Ctx) -> Response[Any]:
+    backend = ctx.backend.health()
+    store_error = ctx.models.store_error
+    body = Health(
+        ok=store_error is None and backend.ok,
+        catalog_version=ctx.models.version,
+        models=len(ctx.models.catalog),
+        store="ok" if store_error is None else store_error,
+        scheduler=backend,
+        skipped=ctx.models.skipped,
+    )
+    if body.ok:
+        return Response(body)
+    reason = store_error or backend.message
+    return error_response(503, "not_ready", f"not ready: {reason}")
+
+
+def create_app(ctx: Ctx, *, debug: bool = False) -> Litestar:
+    handlers: list[Any] = [*models.route_handlers, fleet]
+    for module in _EXTRA_ROUTES:
+        handlers.extend(importlib.import_module(module).route_handlers)
+    api = Router("/api/v1", route_handlers=handlers, guards=[admin_guard],
+                 security=[{"bearer": []}])
+    # Admin web page (A4, llmgw/admin): its routers and its Jinja templates.
+    from llmgw import admin
+
+    app = Litestar(
+        route_handlers=[api, healthz, readyz, *admin.routers()],
+        template_config=admin.template_config(),
+        dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
+        exception_handlers=exception_handlers,
+        request_max_body_size=MAX_BODY,
+        openapi_config=OpenAPIConfig(
+            title="llmgw control API",
+            version=__version__,
+            components=Components(security_schemes={
+                "bearer": SecurityScheme(type="http", scheme="bearer",
+                                         description="An admin token"),
+            }),
+            path="/api/docs",
+        ),
+        debug=debug,
+    )
+    app.state.ctx = ctx
+    return app

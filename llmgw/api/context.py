@@ -1,0 +1,36 @@
+"""What every API handler can reach: the configuration, the model service, the
+scheduler backend and the store.
+
+Litestar injects one ``AppContext`` into any handler that declares a ``ctx``
+parameter. The API holds no state of its own (A2): everything here is either
+configuration, the catalog in force (rebuilt from configuration and the store),
+or a view of the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from litestar.di import NamedDependency
+
+from llmgw.catalog.model import Model
+from llmgw.config import ServerConfig
+from llmgw.modelsvc import ModelService
+from llmgw.scheduler.base import Backend
+from llmgw.store.base import Store
+
+
+@dataclass
+class AppContext:
+    config: ServerConfig
+    models: ModelService
+    backend: Backend
+    store: Store
+    # Checks a model's source before it is added (S1); None skips the check.
+    source_check: Callable[[Model], Awaitable[None]] | None = None
+
+
+# How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.
+Ctx: TypeAlias = NamedDependency[AppContext]

@@ -1,0 +1,96 @@
+"""The one place errors become HTTP responses.
+
+Every error body has OpenAI's shape, so the gateway and the control API speak
+alike and a client needs one parser:
+``{"error": {"message": ..., "type": ..., "param": <field or null>, "code": <status>}}``.
+
+Definition errors are 400 with the reason and the field; refusals (a declared
+model, a removal that would break a fallback) 409; unknown names 404; a store
+or scheduler that cannot be reached 503. Anything unexpected is a 500 that
+says to read the server's log, and is logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from llmgw.errors import LlmgwError
+
+log = logging.getLogger("llmgw.api")
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> Response[ErrorBody]:
+    return Response(
+        ErrorBody(ErrorDetail(message=message, type=kind, param=param, code=status)),
+        status_code=status, headers=headers,
+    )
+
+
+def _llmgw(_: Request[Any, Any, Any], exc: LlmgwError) -> Response[ErrorBody]:
+    headers = None
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers = {"Retry-After": str(max(1, round(retry_after)))}
+    return error_response(exc.status, exc.kind, exc.message, exc.field, headers)
+
+
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
+
+
+def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response[ErrorBody]:
+    """Litestar's own body validation (msgspec underneath), reworded like ours."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    if extra and isinstance(extra[0], dict):
+        first = extra[0]
+        message, key = str(first.get("message", exc.detail)), str(first.get("key") or "")
+        if key == "data" or key.startswith("data."):
+            key = key[5:]  # Litestar names the body parameter; the body is the root
+        unknown = _UNKNOWN.match(message)
+        if unknown:
+            key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
+            message = "unknown field; check the spelling against the documented keys"
+        where = f"request body: {key}" if key else "request body"
+        return error_response(400, "invalid_request", f"{where}: {message}", key or None)
+    return error_response(400, "invalid_request", f"request body: {exc.detail}")
+
+
+def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+    kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+            413: "request_too_large"}.get(exc.status_code, "http_error")
+    message = exc.detail
+    if exc.status_code == 413:
+        message = "request body too large; a model definition is a few kilobytes"
+    return error_response(exc.status_code, kind, message, headers=exc.headers)
+
+
+def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    log.exception("unexpected error serving %s %s", request.method, request.url.path,
+                  exc_info=exc)
+    return error_response(500, "internal_error",
+                          "internal error; the server's log has the traceback")
+
+
+exception_handlers: dict[int | type[Exception], Any] = {
+    LlmgwError: _llmgw,
+    ValidationException: _validation,
+    HTTPException: _http,
+    Exception: _internal,
+}

@@ -1,0 +1,156 @@
+"""/api/v1/models: list, show, add, remove, scale, resources, rollout (A1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, delete, get, post, put
+from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
+
+from llmgw.api.auth import actor
+from llmgw.api.context import AppContext, Ctx
+from llmgw.api.views import ModelView, ReplicaView, ScalingInForce, memory_warning, replica_view
+from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import Model, Profile
+from llmgw.errors import NotFoundError
+from llmgw.scheduler.base import Replica
+
+log = logging.getLogger("llmgw.api")
+
+# The list view asks the scheduler for replicas once per request; if that is
+# slow (Nomad busy) the list still answers, without the per-replica details.
+REPLICA_LOOKUP_TIMEOUT = 2.0
+
+
+class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    min: Annotated[int, msgspec.Meta(ge=0)]
+    max: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class ResourcesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    cpu_cores: Annotated[int, msgspec.Meta(ge=1)]
+    memory: str | int
+    profile: str | None = None
+
+
+class ResourcesAnswer(msgspec.Struct, kw_only=True):
+    model: str
+    profile: str
+    cpu_cores: int | None
+    memory: str | int | None
+
+
+class RolloutAnswer(msgspec.Struct, kw_only=True):
+    model: str
+    fingerprint: str
+    message: str
+
+
+async def _replicas(ctx: AppContext, model: str | None = None) -> list[Replica] | None:
+    try:
+        return await asyncio.wait_for(ctx.backend.replicas(model), REPLICA_LOOKUP_TIMEOUT)
+    except Exception as exc:  # the list must answer even when the scheduler does not
+        log.warning("replica lookup failed: %s", exc)
+        return None
+
+
+def _view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelView:
+    row = ctx.models.stored(m.name)
+    mine = [r for r in replicas or [] if r.model == m.name]
+    views = [replica_view(r, m) for r in mine]
+    return ModelView(
+        name=m.name,
+        origin=ctx.models.origin(m.name),
+        external=m.external,
+        added_by=row.added_by if row else None,
+        added_at=row.added_at if row else None,
+        updated_by=row.updated_by if row else None,
+        updated_at=row.updated_at if row else None,
+        scaling=ScalingInForce.of(m.scaling),
+        fingerprints={p.name: fingerprint(m, p) for p in m.profiles},
+        status=ctx.backend.status(m.name),
+        stale_replicas=sum(1 for v in views if v.stale),
+        memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
+        definition=m,
+    )
+
+
+def _model(ctx: AppContext, name: str) -> Model:
+    m = ctx.models.catalog.get(name)
+    if m is None:
+        raise NotFoundError(
+            f"there is no model named {name!r}; `llmgw ctl model list` shows the catalog")
+    return m
+
+
+@get("/models", summary="List the models in force")
+async def list_models(ctx: Ctx) -> list[ModelView]:
+    replicas = await _replicas(ctx)
+    return [_view(ctx, m, replicas) for m in ctx.models.catalog]
+
+
+@get("/models/{name:str}", summary="Show one model")
+async def show_model(ctx: Ctx, name: FromPath[str]) -> ModelView:
+    m = _model(ctx, name)
+    return _view(ctx, m, await _replicas(ctx, name))
+
+
+@post("/models", status_code=HTTP_200_OK, summary="Add (or replace) a runtime model")
+async def add_model(
+    ctx: Ctx, request: Request[Any, Any, Any], data: JSONBody[Model],
+    skip_source_check: FromQuery[bool] = False,
+) -> ModelView:
+    if not skip_source_check and ctx.source_check is not None:
+        await ctx.source_check(data)
+    final = await ctx.models.add(data, actor(request))
+    return _view(ctx, ctx.models.catalog.get(final.name) or final, await _replicas(ctx, final.name))
+
+
+@delete("/models/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Remove a runtime model")
+async def remove_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str]) -> None:
+    await ctx.models.remove(name, actor(request))
+
+
+@put("/models/{name:str}/scale", summary="Change a runtime model's scaling")
+async def scale_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+                      data: JSONBody[ScaleRequest]) -> ScalingInForce:
+    return ScalingInForce.of(await ctx.models.scale(name, data.min, data.max, actor(request)))
+
+
+@put("/models/{name:str}/resources", summary="Set a runtime model's cores and memory")
+async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+                          data: JSONBody[ResourcesRequest]) -> ResourcesAnswer:
+    p: Profile = await ctx.models.resources(name, data.cpu_cores, data.memory, data.profile,
+                                            actor(request))
+    return ResourcesAnswer(model=name, profile=p.name, cpu_cores=p.cpu_cores, memory=p.memory)
+
+
+@post("/models/{name:str}/rollout", status_code=HTTP_200_OK,
+      summary="Replace a model's replicas with ones running its current profile")
+async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
+    m = _model(ctx, name)
+    if m.external:
+        raise NotFoundError(f"model {name!r} is external (upstream); there is nothing to roll out")
+    await ctx.backend.rollout(name)
+    fp = fingerprint(m, m.profiles[0])
+    return RolloutAnswer(model=name, fingerprint=fp,
+                         message=f"replicas of {name} are being replaced with profile {fp}")
+
+
+@get("/replicas", summary="Replicas of every model, or of one")
+async def list_replicas(
+    ctx: Ctx, model: FromQuery[str | None] = None,
+) -> list[ReplicaView]:
+    if model is not None:
+        _model(ctx, model)
+    replicas = await ctx.backend.replicas(model)
+    catalog = ctx.models.catalog
+    return [replica_view(r, catalog.get(r.model)) for r in replicas]
+
+
+route_handlers = [list_models, show_model, add_model, remove_model, scale_model,
+                  model_resources, rollout_model, list_replicas]

@@ -1,0 +1,36 @@
+"""Print the control API's OpenAPI document: ``python -m llmgw.api.openapi > api/openapi.json``.
+
+The document is generated from the route handlers and checked in; a test fails
+when the checked-in copy is stale, so the published contract cannot drift
+from the code.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+
+def document() -> dict[str, Any]:
+    from llmgw.api.app import create_app
+    from llmgw.api.context import AppContext
+    from llmgw.config import ServerConfig
+
+    # Generating the schema touches no context; an empty one keeps it I/O-free.
+    app = create_app(AppContext(config=ServerConfig(), models=None, backend=None,  # type: ignore[arg-type]
+                                store=None))  # type: ignore[arg-type]
+    schema: dict[str, Any] = app.openapi_schema.to_schema()
+    return schema
+
+
+def render() -> str:
+    # Defaults in the schema are msgspec values (a default Scaling, say);
+    # msgspec turns them into JSON, sorted so the checked-in file is stable.
+    plain = msgspec.to_builtins(document(), order="sorted")
+    return json.dumps(plain, indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

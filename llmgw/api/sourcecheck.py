@@ -1,0 +1,34 @@
+"""``POST /api/v1/source-check``: is a model's source there, before it is added (S1)?
+
+The admin page calls this before it submits a pasted model; anything else may
+too. It answers ``{"ok": true}``, or the llmgw error body (400, field
+``source``) naming the source and the reason: not found, gated or
+unauthorised, unreachable. The check only reads (M6).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import post
+from litestar.status_codes import HTTP_200_OK
+
+from llmgw.api.context import AppContext
+from llmgw.sourcecheck import check_source
+
+
+class SourceCheckRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    source: str
+
+
+class SourceCheckAnswer(msgspec.Struct, kw_only=True):
+    ok: bool
+
+
+@post("/source-check", status_code=HTTP_200_OK,
+      summary="Check that a model source exists and is reachable")
+async def source_check(ctx: AppContext, data: SourceCheckRequest) -> SourceCheckAnswer:
+    await check_source(data.source, mirror=ctx.config.mirror)
+    return SourceCheckAnswer(ok=True)
+
+
+route_handlers = [source_check]

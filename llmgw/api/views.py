@@ -1,0 +1,104 @@
+"""What the control API answers with: models as an operator needs to see them.
+
+A view joins the catalog in force (the definition with defaults applied), the
+store row behind a runtime model (who added it and when) and the scheduler's
+status (replicas ready against desired, stale profiles, memory warnings,
+waiting for capacity and the last placement failure).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from llmgw.catalog.fingerprint import fingerprint, is_stale
+from llmgw.catalog.model import Model, Scaling
+from llmgw.catalog.units import format_size
+from llmgw.scheduler.base import ModelStatus, Replica
+
+# Measured memory this far below the reservation is worth a look: the
+# reservation keeps other replicas off cores and memory the engine never uses.
+UNDERUSE_RATIO = 0.5
+
+
+class ScalingInForce(msgspec.Struct, kw_only=True):
+    """Scaling after defaults, every field shown (the catalog omits defaults when stored)."""
+
+    min: int
+    max: int
+    idle_timeout: str | int
+    wait: str | int
+
+    @classmethod
+    def of(cls, s: Scaling) -> ScalingInForce:
+        return cls(min=s.min, max=s.max if s.max is not None else max(s.min, 1),
+                   idle_timeout=s.idle_timeout, wait=s.wait)
+
+
+class ModelView(msgspec.Struct, kw_only=True):
+    name: str
+    origin: Literal["declared", "runtime"]
+    external: bool
+    added_by: str | None = None
+    added_at: datetime | None = None
+    updated_by: str | None = None
+    updated_at: datetime | None = None
+    scaling: ScalingInForce
+    fingerprints: dict[str, str]
+    status: ModelStatus
+    stale_replicas: int = 0
+    memory_warnings: list[str] = []
+    definition: Model
+
+
+class ReplicaView(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    profile: str
+    fingerprint: str
+    node: str
+    state: str
+    healthy: bool
+    address: str | None
+    stale: bool
+    stale_reason: str | None
+    reserved_memory: int | None
+    measured_memory: int | None
+    memory_warning: str | None
+    restarts: int
+    message: str
+
+
+def memory_warning(r: Replica) -> str | None:
+    reserved, measured = r.reserved_memory, r.measured_memory
+    if not reserved or measured is None:
+        return None
+    if measured > reserved:
+        return (f"measured {format_size(measured)} exceeds the {format_size(reserved)} "
+                "reserved; raise memory with `llmgw ctl model resources` before it is killed")
+    if measured < reserved * UNDERUSE_RATIO:
+        return (f"measured {format_size(measured)} is far below the {format_size(reserved)} "
+                "reserved; lower memory to free the node for other replicas")
+    return None
+
+
+def replica_view(r: Replica, model: Model | None) -> ReplicaView:
+    current = None
+    if model is not None:
+        profile = model.profile(r.profile)
+        current = fingerprint(model, profile) if profile else None
+    if current is None:
+        stale, reason = bool(r.fingerprint), "its profile is no longer in the catalog"
+    else:
+        stale = is_stale(r.fingerprint, current)
+        reason = "stale profile: started with an older definition; `llmgw ctl rollout` " \
+                 "replaces it"
+    return ReplicaView(
+        id=r.id, model=r.model, profile=r.profile, fingerprint=r.fingerprint, node=r.node,
+        state=r.state, healthy=r.healthy, address=r.address, stale=stale,
+        stale_reason=reason if stale else None, reserved_memory=r.reserved_memory,
+        measured_memory=r.measured_memory, memory_warning=memory_warning(r),
+        restarts=r.restarts, message=r.message,
+    )

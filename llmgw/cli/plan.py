@@ -1,0 +1,141 @@
+"""``llmgw ctl model plan REPO_OR_DIR``: every way a model fits the fleet (SPEC P).
+
+The model is read here, on the machine running the command: a checkpoint
+directory, or a Hub repository through huggingface-hub (with this machine's
+HF_TOKEN). Without ``--pool`` the request, carrying the model's config.json
+and parameter count, goes to the API, which plans against the live fleet;
+with ``--pool`` nothing is asked of a server, so hardware that is not there
+yet can be planned from a laptop.
+"""
+
+from __future__ import annotations
+
+import re
+
+import click
+import msgspec
+
+from llmgw.catalog.units import format_size
+from llmgw.cli.client import ApiClient
+from llmgw.cli.ctl import model, pass_client
+from llmgw.cli.output import failures, output_option, print_json, print_table
+from llmgw.errors import DefinitionError
+from llmgw.planner.candidates import PoolSpec, parse_pool
+from llmgw.planner.plan import PlanOptions, PlanRequest, PlanResult, plan_model
+from llmgw.planner.quant import QUANTIZATIONS
+
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def _param_count(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A parameter count: 70553706496, or 70.6B / 8B / 500M."""
+    if value is None:
+        return None
+    match = _COUNT_RE.match(value)
+    if match is None:
+        raise click.BadParameter(f"{value!r} is not a parameter count; write e.g. 70553706496 "
+                                 "or 70.6B")
+    n = int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    if n <= 0:
+        raise click.BadParameter(f"a parameter count must be positive, got {value!r}")
+    return n
+
+
+def _pools(values: tuple[str, ...]) -> list[PoolSpec]:
+    pools = []
+    for value in values:
+        try:
+            pools.append(parse_pool(value))
+        except DefinitionError as exc:
+            raise click.BadParameter(exc.message, param_hint="--pool") from None
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise click.BadParameter("each --pool needs its own NAME", param_hint="--pool")
+    return pools
+
+
+def _context(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
+
+
+def _print(result: PlanResult) -> None:
+    a = result.architecture
+    shape = f"{a.layers} layers, {a.attention_heads} heads, {a.kv_heads} KV heads"
+    if a.experts:
+        shape += f", {a.experts} experts ({a.experts_per_token} active)"
+    if a.kv_lora_rank:
+        shape += f", latent KV {a.kv_lora_rank}"
+    click.echo(f"model:      {result.model} ({a.model_type}; {shape})")
+    click.echo(f"parameters: {result.parameters:,} (config.json describes "
+               f"{result.parameters_in_config:,})")
+    for note in result.notes:
+        click.echo(f"note:       {note}")
+    rows = [
+        (c.pool, c.gpus or "cpu", c.quantization, c.engine,
+         format_size(c.weights_bytes_per_gpu), format_size(c.kv_bytes_per_token),
+         _context(c.max_context), "yes" if c.fits else "no",
+         ("" if c.free_now is None else "free now" if c.free_now else "busy now")
+         if c.fits else c.reason)
+        for c in result.candidates
+    ]
+    print_table(rows, ["pool", "gpus", "quant", "engine", "weights/gpu", "kv/token",
+                       "max context", "fits", "reason"])
+
+
+@model.command("plan")
+@click.argument("source", metavar="REPO_OR_DIR")
+@click.option("--pool", "pool_texts", multiple=True, metavar="NAME=COUNTxMEMORY[@FABRIC]",
+              help="Plan against COUNT cards of MEMORY on one node (e.g. h100=8x81559MiB@ib-a) "
+                   "instead of the live fleet; repeatable. Needs no server.")
+@click.option("--params", metavar="N", callback=_param_count, default=None,
+              help="Parameter count, overriding the checkpoint's (e.g. 70553706496 or 70.6B).")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
+@click.option("--kv-dtype", type=click.Choice(["fp16", "bf16", "fp8", "q8_0"]),
+              default="fp16", show_default=True,
+              help="KV cache type: fp8 for vLLM, q8_0 for llama.cpp.")
+@click.option("--usable-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Share of each card the engine may use, reserved once "
+                   "(vLLM's --gpu-memory-utilization; default 0.9).")
+@click.option("--engine", type=click.Choice(["vllm", "llama.cpp", "llama-cpp-python"]),
+              default=None,
+              help="Plan for one engine. Default: GGUF mixes on llama.cpp, the rest on vLLM.")
+@click.option("--min-context", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Context a candidate must hold at least to fit.")
+@click.option("--quantization", "-q", "quantizations", multiple=True,
+              type=click.Choice(list(QUANTIZATIONS)),
+              help="Only these quantisations (repeatable).")
+@output_option
+@pass_client
+def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: int | None,
+         revision: str | None, kv_dtype: str, usable_fraction: float | None,
+         engine: str | None, min_context: int, quantizations: tuple[str, ...],
+         output: str) -> None:
+    """List every way REPO_OR_DIR fits: quantisation, GPUs, weights, KV and context.
+
+    REPO_OR_DIR is a Hugging Face repository (Qwen/Qwen2.5-14B-Instruct, optionally
+    @REVISION) or a checkpoint directory holding config.json and its safetensors
+    (or give --params). Fitting candidates come first; each other one says why it
+    does not fit. --output json prints the candidates as a list.
+    """
+    pools = _pools(pool_texts)
+    from llmgw.planner.inputs import resolve_model
+
+    with failures():
+        found = resolve_model(source, params=params, revision=revision)
+        options = msgspec.convert(
+            {"kv_dtype": kv_dtype, "usable_fraction": usable_fraction, "engine": engine,
+             "min_context": min_context, "quantizations": list(quantizations)},
+            PlanOptions)
+        request = PlanRequest(model=found.name, config=found.config,
+                              parameters=found.parameters, pools=pools or None,
+                              options=options)
+        if pools:
+            result = plan_model(request, pools)
+        else:
+            answer = client.post("/api/v1/plan", json=msgspec.to_builtins(request))
+            result = msgspec.convert(answer, PlanResult)
+    if output == "json":
+        print_json(msgspec.to_builtins(result.candidates))
+    else:
+        _print(result)

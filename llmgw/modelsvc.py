@@ -1,0 +1,359 @@
+"""The catalog in force: the models declared in configuration, plus the ones
+added while the cluster runs.
+
+Two sources rather than one, deliberately. Configuration stays declarative — a
+model in server.yaml is in the catalog on every start, whatever the database
+says — because that is how a team keeps its production set under review. The
+database holds what someone added afterwards, so trying a model needs no
+config change, restart or outage.
+
+**Configuration wins every conflict**, and the surprising direction is the
+dangerous one: a request for a reviewed production model must never be
+answered by something added from a laptop. A stored model colliding with a
+declared name is refused when it is added and skipped (with a warning naming
+it) if it somehow reaches the database. Declared models cannot be removed,
+scaled or resized here either: the YAML is read on every start, so the change
+would silently revert, and a cluster disagreeing with its own config file is
+worse than an error saying where to edit.
+
+Every change builds and validates the whole next catalog before anything is
+written (C6), inside the store's catalog lock (C12), so a refused change
+persists nothing and two changes from two processes apply in the order the
+database records. After a change, and whenever another process bumps the
+catalog version, the catalog in force is rebuilt from configuration plus the
+store — the database is the record, this process only follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+from llmgw.catalog.build import Catalog, build_catalog, dependants
+from llmgw.catalog.decode import decode_json
+from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
+from llmgw.store.base import Store, StoredModel
+
+log = logging.getLogger("llmgw.models")
+
+Origin = Literal["declared", "runtime"]
+Listener = Callable[[Catalog], Awaitable[None] | None]
+PlacementCheck = Callable[[Model, Catalog], Awaitable[None]]
+
+_encode = msgspec.json.Encoder().encode
+
+
+class ModelService:
+    """Adds, removes, scales and resizes models without a restart."""
+
+    def __init__(
+        self,
+        declared: Sequence[Model],
+        gpu_classes: dict[str, GpuClass],
+        store: Store,
+        *,
+        placement_check: PlacementCheck | None = None,
+        config_name: str = "server.yaml",
+    ) -> None:
+        self._declared = list(declared)
+        self._declared_index = {m.name: i for i, m in enumerate(self._declared)}
+        self._gpu_classes = gpu_classes
+        self._store = store
+        self._placement_check = placement_check
+        self._config_name = config_name
+        self._catalog = build_catalog(self._declared, gpu_classes)
+        self._rows: dict[str, StoredModel] = {}
+        self._version = -1
+        self._listeners: list[Listener] = []
+        self._reload_lock = asyncio.Lock()
+        self.skipped: dict[str, str] = {}
+        self.store_error: str | None = None
+
+    # -- reading -----------------------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog in force. Reads never touch the store (D2)."""
+        return self._catalog
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def origin(self, name: str) -> Origin:
+        return "declared" if name in self._declared_index else "runtime"
+
+    def stored(self, name: str) -> StoredModel | None:
+        """The store row behind a runtime model in force (who added it, and when)."""
+        return self._rows.get(name) if name not in self._declared_index else None
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener`` with every new catalog put in force."""
+        self._listeners.append(listener)
+
+    # -- building ----------------------------------------------------------
+
+    def _decode(self, row: StoredModel) -> Model | None:
+        try:
+            model = decode_json(row.definition, Model, source=f"stored model {row.name!r}")
+        except DefinitionError as exc:
+            self._skip(row.name, f"it cannot be decoded: {exc}")
+            return None
+        if model.name != row.name:
+            self._skip(row.name, f"its definition is named {model.name!r}")
+            return None
+        return model
+
+    def _skip(self, name: str, why: str) -> None:
+        self.skipped[name] = why
+        log.warning("stored model %r was skipped: %s", name, why)
+
+    def _assemble(self, rows: Sequence[StoredModel]) -> tuple[list[Model], dict[str, StoredModel]]:
+        """Declared models, then each stored one validated against what is accepted (C11).
+
+        One bad row is skipped and named rather than taking the cluster with it;
+        the declared models are precisely the ones that must survive that.
+        """
+        self.skipped = {}
+        accepted = list(self._declared)
+        kept: dict[str, StoredModel] = {}
+        for row in sorted(rows, key=lambda r: r.name):
+            if row.name in self._declared_index:
+                self._skip(row.name, f"a model of that name is declared in {self._config_name}, "
+                                     "and configuration wins; remove the stored one")
+                continue
+            model = self._decode(row)
+            if model is None:
+                continue
+            try:
+                build_catalog([*accepted, model], self._gpu_classes)
+            except DefinitionError as exc:
+                self._skip(row.name, f"it does not make a valid catalog: {exc.message}")
+                continue
+            accepted.append(model)
+            kept[row.name] = row
+        return accepted, kept
+
+    async def load(self) -> Catalog:
+        """Build the catalog from configuration plus the store, and put it in force."""
+        async with self._reload_lock:
+            try:
+                version = await self._store.catalog_version()
+                rows = await self._store.models()
+            except StoreUnavailableError as exc:
+                self.store_error = exc.message
+                raise
+            self.store_error = None
+            if version == self._version:
+                return self._catalog
+            accepted, kept = self._assemble(rows)
+            catalog = build_catalog(accepted, self._gpu_classes)
+            self._catalog, self._rows, self._version = catalog, kept, version
+        await self._notify(catalog)
+        return catalog
+
+    async def refresh(self) -> bool:
+        """Reload if another process changed the catalog; True when it did."""
+        try:
+            version = await self._store.catalog_version()
+        except StoreUnavailableError as exc:
+            self.store_error = exc.message
+            return False
+        self.store_error = None
+        if version == self._version:
+            return False
+        await self.load()
+        return True
+
+    async def watch(self, interval: float = 0.5) -> None:
+        """Follow changes made through other processes; runs until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("reloading the catalog failed; serving the one in force")
+
+    async def _notify(self, catalog: Catalog) -> None:
+        for listener in self._listeners:
+            try:
+                result = listener(catalog)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("a catalog listener failed")
+
+    # -- changing ----------------------------------------------------------
+
+    def _refuse_declared(self, name: str, consequence: str) -> None:
+        if name in self._declared_index:
+            where = f"{self._config_name} (models[{self._declared_index[name]}])"
+            raise RefusedError(f"model {name!r} is declared in {where}; {consequence}")
+
+    async def add(self, model: Model, by: str) -> Model:
+        """Put ``model`` in the catalog and keep it across restarts (C7).
+
+        Replaces a runtime model of the same name. Validated by building the
+        whole catalog first, so a model that would be skipped on every future
+        start — a model that looks added and never appears — is refused now.
+        """
+        self._refuse_declared(
+            model.name, "edit it there rather than adding a second definition")
+        invalid = f"model {model.name!r} would make the catalog invalid"
+        if self._placement_check is not None:
+            # Asked before the catalog lock is taken: a placement check is a
+            # round trip to the scheduler, and the lock blocks every other
+            # change (on SQLite, every other write) while it is held.
+            rows = await self._store.models()
+            accepted, _ = self._assemble([r for r in rows if r.name != model.name])
+            built = self._build([*accepted, model], invalid)
+            await self._placement_check(built.models[model.name], built)
+        now = datetime.now(UTC)
+        async with self._store.change() as tx:
+            rows = await tx.models()
+            previous = next((r for r in rows if r.name == model.name), None)
+            accepted, _ = self._assemble([r for r in rows if r.name != model.name])
+            final = self._build([*accepted, model], invalid).models[model.name]
+            await tx.put_model(StoredModel(
+                name=model.name, definition=_encode(model),
+                added_by=by, added_at=now, updated_by=by, updated_at=now,
+            ))
+        log.info("model %r added by %s%s", model.name, by, " (replacing it)" if previous else "")
+        await self._reload_after_change()
+        return final
+
+    async def remove(self, name: str, by: str) -> None:
+        """Take a runtime model out of the catalog (C8)."""
+        self._refuse_declared(name, "remove it there, or it comes back on the next restart")
+        async with self._store.change() as tx:
+            rows = await tx.models()
+            if not any(r.name == name for r in rows):
+                raise NotFoundError(self._unknown(name))
+            # Another model may name this one as a fallback. Refusing beats a
+            # fallback pointing at nothing, discovered during the outage it was
+            # meant to cover. Looked for among everything in force, the model
+            # being removed included, so its dependants are still accepted.
+            everything, _ = self._assemble(rows)
+            users = dependants(everything, name)
+            if users:
+                raise RefusedError(
+                    f"model {name!r} is a fallback of {', '.join(map(repr, users))}; "
+                    "change their fallbacks first, or the removal would leave them "
+                    "falling back to nothing")
+            accepted = [m for m in everything if m.name != name]
+            self._build(accepted, f"removing {name!r} would make the catalog invalid")
+            await tx.delete_model(name)
+        log.info("model %r removed by %s", name, by)
+        await self._reload_after_change()
+
+    async def scale(self, name: str, min_: int, max_: int | None, by: str) -> Scaling:
+        """Change only the scaling block; return the scaling in force (C9).
+
+        Everything else is read back from the store and written out untouched,
+        so changing a number cannot quietly become a redefinition. The answer
+        is the scaling after defaults: a caller echoing its own request would
+        print a number the cluster is not using.
+        """
+        self._refuse_declared(
+            name, "change its scaling there, or it reverts on the next restart")
+
+        def change(m: Model) -> Model:
+            scaling = msgspec.structs.replace(m.scaling, min=min_, max=max_)
+            return msgspec.structs.replace(m, scaling=scaling)
+
+        final = await self._update(name, by, change, f"scaling {name!r} that way would make "
+                                                     "the catalog invalid", place=False)
+        log.info("model %r scaled to min %d max %s by %s", name, final.scaling.min,
+                 final.scaling.max, by)
+        return final.scaling
+
+    async def resources(self, name: str, cpu_cores: int, memory: str | int,
+                        profile: str | None, by: str) -> Profile:
+        """Set the cores and memory a stored model's profile reserves (C10)."""
+        self._refuse_declared(
+            name, "change its resources there, or they revert on the next restart")
+        chosen: list[str] = []
+
+        def change(m: Model) -> Model:
+            if not m.profiles:
+                raise DefinitionError(
+                    f"model {name!r} is external (upstream); it has no profiles to resize",
+                    field="profile")
+            target = profile or m.profiles[0].name
+            if m.profile(target) is None:
+                known = ", ".join(p.name for p in m.profiles)
+                raise DefinitionError(
+                    f"model {name!r} has no profile {target!r} (profiles: {known})",
+                    field="profile")
+            chosen.append(target)
+            profiles = [
+                msgspec.structs.replace(p, cpu_cores=cpu_cores, memory=memory)
+                if p.name == target else p
+                for p in m.profiles
+            ]
+            return msgspec.structs.replace(m, profiles=profiles)
+
+        final = await self._update(name, by, change, f"those resources for {name!r} would "
+                                                     "make the catalog invalid", place=True)
+        result = final.profile(chosen[0])
+        assert result is not None
+        log.info("model %r profile %r resized to %d cores, %s by %s", name, chosen[0],
+                 cpu_cores, memory, by)
+        return result
+
+    async def _update(self, name: str, by: str, change: Callable[[Model], Model],
+                      invalid: str, *, place: bool) -> Model:
+        if place and self._placement_check is not None:
+            rows = await self._store.models()
+            row = next((r for r in rows if r.name == name), None)
+            current = self._decode(row) if row else None
+            if current is not None:
+                accepted, _ = self._assemble([r for r in rows if r.name != name])
+                built = self._build([*accepted, change(current)], invalid)
+                await self._placement_check(built.models[name], built)
+        async with self._store.change() as tx:
+            rows = await tx.models()
+            row = next((r for r in rows if r.name == name), None)
+            if row is None:
+                raise NotFoundError(self._unknown(name))
+            current = self._decode(row)
+            if current is None:
+                raise RefusedError(
+                    f"stored model {name!r} cannot be decoded ({self.skipped.get(name)}); "
+                    "add it again with `llmgw ctl model add -f`")
+            updated = change(current)
+            accepted, _ = self._assemble([r for r in rows if r.name != name])
+            built = self._build([*accepted, updated], invalid)
+            final = built.models[name]
+            now = datetime.now(UTC)
+            await tx.put_model(StoredModel(
+                name=name, definition=_encode(updated), added_by=row.added_by,
+                added_at=row.added_at, updated_by=by, updated_at=now,
+            ))
+        await self._reload_after_change()
+        return final
+
+    def _build(self, models: Sequence[Model], invalid: str) -> Catalog:
+        try:
+            return build_catalog(models, self._gpu_classes)
+        except DefinitionError as exc:
+            raise DefinitionError(f"{invalid}: {exc.message}", field=exc.field) from None
+
+    def _unknown(self, name: str) -> str:
+        if name in self._catalog:
+            return f"model {name!r} was not added at runtime"
+        return f"there is no model named {name!r}; `llmgw ctl model list` shows the catalog"
+
+    async def _reload_after_change(self) -> None:
+        try:
+            await self.load()
+        except StoreUnavailableError:
+            # The change is committed; the watcher picks it up once the store is back.
+            log.warning("catalog change committed but reloading it failed; will retry")

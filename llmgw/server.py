@@ -1,0 +1,145 @@
+"""Assembling one llmgw process: store, catalog, scheduler, control API, gateway.
+
+One ASGI application serves both faces of llmgw on one port: paths under
+``/v1/`` and ``/metrics`` go straight to the gateway (a raw ASGI handler, the
+hot path), everything else to the Litestar control API. Start-up order matters
+and is fixed here: the configuration was validated before this runs; the store
+is opened and the catalog loaded before the scheduler is asked to apply it;
+the gateway starts last, so no request is routed against an empty catalog.
+
+If the store cannot be reached at start-up the server still starts, serving
+the declared models, and keeps trying; writes answer 503 until the store is
+back (D2). Nothing a person added is lost: it is in the store, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from llmgw.api.app import create_app
+from llmgw.api.context import AppContext
+from llmgw.catalog.model import Model
+from llmgw.config import ServerConfig
+from llmgw.errors import StoreUnavailableError
+from llmgw.modelsvc import ModelService
+from llmgw.scheduler.base import Backend
+from llmgw.store import open_store
+from llmgw.store.base import Store
+
+log = logging.getLogger("llmgw.server")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def make_backend(config: ServerConfig, store: Store) -> Backend:
+    """The scheduler backend ``config.scheduler.kind`` names."""
+    if config.scheduler.kind == "nomad":
+        from llmgw.scheduler.nomad.backend import NomadBackend
+
+        return NomadBackend(config, store)
+    from llmgw.scheduler.local.backend import LocalBackend
+
+    return LocalBackend(config, store)
+
+
+class Server:
+    """One llmgw process. ``asgi`` is the application to hand to an ASGI server."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        config_name: str = "server.yaml",
+        store: Store | None = None,
+        backend: Backend | None = None,
+        source_check: Callable[[Model], Awaitable[None]] | None = None,
+        watch_interval: float = 0.5,
+    ) -> None:
+        self.config = config
+        self.store = store or open_store(config.database)
+        self.backend = backend or make_backend(config, self.store)
+        self.models = ModelService(
+            config.models, dict(config.gpu_classes), self.store,
+            placement_check=self.backend.check_placement, config_name=config_name,
+        )
+        self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
+                              store=self.store, source_check=source_check)
+        self.api = create_app(self.ctx)
+        self.api.on_startup.append(self.start)
+        self.api.on_shutdown.append(self.close)
+        self.gateway: Any = None
+        self._watch_interval = watch_interval
+        self._tasks: list[asyncio.Task[None]] = []
+        self._store_open = False
+
+    async def _open_store(self) -> bool:
+        if self._store_open:
+            return True
+        try:
+            await self.store.open()
+        except StoreUnavailableError as exc:
+            self.models.store_error = exc.message
+            return False
+        self._store_open = True
+        return True
+
+    async def start(self) -> None:
+        if await self._open_store():
+            try:
+                await self.models.load()
+            except StoreUnavailableError as exc:
+                log.warning("serving the declared models only: %s", exc.message)
+        else:
+            log.warning("the store is unreachable; serving the declared models only, and "
+                        "refusing changes until it is back: %s", self.models.store_error)
+        await self.backend.start()
+        self.models.subscribe(self.backend.apply)
+        await self.backend.apply(self.models.catalog)
+        self._tasks.append(asyncio.create_task(self._follow(), name="llmgw-catalog-watch"))
+        self.gateway = self._make_gateway()
+        if self.gateway is not None:
+            await self.gateway.start()
+
+    def _make_gateway(self) -> Any:
+        from llmgw.gateway.app import Gateway
+
+        return Gateway(self.config, self.models, self.backend, self.store)
+
+    async def _follow(self) -> None:
+        """Keep the catalog in step with the store (other processes' changes)."""
+        while True:
+            await asyncio.sleep(self._watch_interval)
+            try:
+                if await self._open_store():
+                    await self.models.refresh()
+            except Exception:
+                log.exception("following the catalog failed; serving the one in force")
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.gateway is not None:
+            await self.gateway.close()
+        await self.backend.close()
+        if self._store_open:
+            await self.store.close()
+            self._store_open = False
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.gateway is not None:
+            path: str = scope["path"]
+            if path.startswith("/v1/") or path == "/metrics":
+                await self.gateway(scope, receive, send)
+                return
+        await self.api(scope, receive, send)  # type: ignore[arg-type]

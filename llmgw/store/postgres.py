@@ -1,0 +1,450 @@
+"""The Postgres store: for several llmgw instances sharing one catalog.
+
+psycopg 3 in async mode with a small ``AsyncConnectionPool`` (1 to 4
+connections by default): the store's traffic is a version poll every half
+second, lease renewals and activity marks, and a catalog change now and
+then, so a few connections carry it, and a database shared by many
+instances should not be handed dozens per instance.
+
+``change()`` is one transaction on one pooled connection. Right after
+``BEGIN`` it locks the single ``catalog_version`` row (``SELECT … FOR
+UPDATE``); every change in every instance takes that row first, so changes
+are serialised from the read of the stored models to the commit that bumps
+the version (C12). Plain reads do not take the row lock and never wait for
+a change. Within one instance an ``asyncio.Lock`` queues changes before they
+take a pool connection: otherwise a burst of changes would hold every
+connection while waiting for the row lock, and a read made inside the one
+change that holds it could not get a connection at all.
+
+Nothing waits without a bound: a connection attempt gives up after
+``connect_timeout``, a wait for a pooled connection after ``pool_timeout``,
+a wait for the catalog lock after ``lock_timeout``, and any statement the
+server leaves unanswered after ``query_timeout``. Each ends in
+``StoreUnavailableError``, which the API turns into a 503 while reads keep
+serving the catalog in force (D2).
+
+Time is the database's ``now()`` — every statement here runs in its own
+transaction, so that is the statement's start — so hosts' clocks do not
+matter to leases or idle timeouts.
+
+Connection settings come from the URL, as libpq reads them; ``options=
+-csearch_path%3Dname`` puts the tables in a schema (which must exist; the
+store creates tables, not schemas). ``application_name`` defaults to
+``llmgw`` so an operator can find these sessions in ``pg_stat_activity``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from llmgw.errors import ConfigError, StoreUnavailableError
+from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
+
+logger = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
+
+_SELECT_MODELS = (
+    "SELECT name, definition, added_by, added_at, updated_by, updated_at"
+    " FROM models ORDER BY name"
+)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, fit for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostport = netloc.rpartition("@")
+            if ":" in userinfo:
+                netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode(
+                [(k, "***" if k == "password" else v) for k, v in pairs], safe="/", quote_via=quote
+            )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "<unparseable database URL>"
+
+
+def _utc(value: datetime, field: str) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"StoredModel.{field} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def _model(row: tuple[Any, ...]) -> StoredModel:
+    name, definition, added_by, added_at, updated_by, updated_at = row
+    # timestamptz comes back in the session's TimeZone; the struct promises UTC.
+    return StoredModel(
+        name=name,
+        definition=bytes(definition),
+        added_by=added_by,
+        added_at=added_at.astimezone(UTC),
+        updated_by=updated_by,
+        updated_at=updated_at.astimezone(UTC),
+    )
+
+
+def _is_unavailable(exc: psycopg.Error) -> bool:
+    # OperationalError covers a refused or dropped connection, a server
+    # shutting down, a lock or pool timeout. The other two are deployment
+    # problems, not bugs: a role without privileges, a URL pointing at a
+    # read-only standby. Everything else (bad SQL, a missing table) is raised
+    # as the bug it is.
+    return isinstance(
+        exc,
+        psycopg.OperationalError
+        | pg_errors.InsufficientPrivilege
+        | pg_errors.ReadOnlySqlTransaction,
+    )
+
+
+class _PostgresChange:
+    """The open transaction of one ``PostgresStore.change()``."""
+
+    def __init__(self, store: PostgresStore, conn: Conn) -> None:
+        self._store = store
+        self._conn = conn
+        self.ended = False
+
+    def _check(self) -> Conn:
+        if self.ended:
+            raise RuntimeError(
+                "this catalog change has ended; make every read and write of a change "
+                "inside its `async with store.change()` block"
+            )
+        return self._conn
+
+    async def models(self) -> list[StoredModel]:
+        cur = await self._store._execute(
+            self._check(), "read the stored models in a catalog change", _SELECT_MODELS
+        )
+        return [_model(row) for row in await cur.fetchall()]
+
+    async def put_model(self, model: StoredModel) -> None:
+        conn = self._check()
+        params = (
+            model.name,
+            model.definition,
+            model.added_by,
+            _utc(model.added_at, "added_at"),
+            model.updated_by,
+            _utc(model.updated_at, "updated_at"),
+        )
+        await self._store._execute(
+            conn,
+            f"store model {model.name!r}",
+            "INSERT INTO models (name, definition, added_by, added_at, updated_by, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (name) DO UPDATE SET definition = EXCLUDED.definition,"
+            " added_by = EXCLUDED.added_by, added_at = EXCLUDED.added_at,"
+            " updated_by = EXCLUDED.updated_by, updated_at = EXCLUDED.updated_at",
+            params,
+        )
+
+    async def delete_model(self, name: str) -> bool:
+        cur = await self._store._execute(
+            self._check(), f"delete model {name!r}", "DELETE FROM models WHERE name = %s", (name,)
+        )
+        return cur.rowcount > 0
+
+
+class PostgresStore:
+    """``Store`` on a Postgres database; see the module docstring for the locking."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        pool_timeout: float = 5.0,
+        lock_timeout: float = 30.0,
+        query_timeout: float = 10.0,
+        connect_timeout: int = 5,
+    ) -> None:
+        self.url = url
+        self.where = redact(url)
+        try:
+            given = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(
+                f"database: {self.where} is not a valid PostgreSQL URL ({exc})", field="database"
+            ) from exc
+        # Defaults only: anything the URL sets wins (libpq keyword arguments
+        # would override the URL otherwise).
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if "application_name" not in given:
+            self._kwargs["application_name"] = "llmgw"
+        if "connect_timeout" not in given:
+            self._kwargs["connect_timeout"] = connect_timeout
+        self._password = str(given.get("password") or "")
+        self.min_size, self.max_size = min_size, max_size
+        self.pool_timeout, self.lock_timeout = pool_timeout, lock_timeout
+        self.query_timeout = query_timeout
+        # A lock wait past lock_timeout fails on the server with LockNotAvailable.
+        self._begin = sql.SQL("BEGIN; SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{round(lock_timeout * 1000)}ms")
+        )
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._change_lock = asyncio.Lock()
+
+    @contextmanager
+    def _unavailable(self, doing: str) -> Iterator[None]:
+        """Turn a failure to reach or use the database into ``StoreUnavailableError``."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            if not _is_unavailable(exc):
+                raise
+            raise StoreUnavailableError(self._explain(exc, doing)) from exc
+
+    def _explain(self, exc: psycopg.Error, doing: str) -> str:
+        reason = re.sub(r"\s+", " ", str(exc)).strip()
+        if self._password:
+            reason = reason.replace(self._password, "***")
+        if isinstance(exc, pg_errors.LockNotAvailable):
+            check = (
+                f"another llmgw instance held the catalog lock for over {self.lock_timeout:g} s; "
+                "look for a stuck session in pg_stat_activity (application_name llmgw)"
+            )
+        elif isinstance(exc, PoolTimeout):
+            check = (
+                f"no connection was free or could be made within {self.pool_timeout:g} s; "
+                "check that the server is up and reachable, and its max_connections"
+            )
+        elif isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            check = "the server is read-only; point database: at the primary, not a standby"
+        elif isinstance(exc, pg_errors.InsufficientPrivilege):
+            check = "grant the role in the URL the privileges named above on llmgw's tables"
+        else:
+            check = (
+                "check that the server is running and reachable from this host, and the URL "
+                "in database: (or LLMGW_DATABASE_URL)"
+            )
+        return f"PostgreSQL database {self.where}: could not {doing} ({reason}); {check}"
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            raise RuntimeError(f"PostgresStore({self.where}) is already open")
+        # One direct connection first: it reports "connection refused" or
+        # "password authentication failed" at once, where a pool would retry
+        # until its timeout and then say only that it timed out.
+        with self._unavailable("connect"):
+            conn = await psycopg.AsyncConnection.connect(self.url, **self._kwargs)
+        try:
+            with self._unavailable("apply schema migrations"):
+                await self._migrate(conn)
+        finally:
+            await conn.close()
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            self.url,
+            kwargs=self._kwargs,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            timeout=self.pool_timeout,
+            name="llmgw-store",
+            open=False,
+        )
+        try:
+            with self._unavailable("open its connection pool"):
+                await pool.open(wait=True, timeout=self.pool_timeout)
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def _migrate(self, conn: Conn) -> None:
+        async with conn.transaction():
+            row = await (await conn.execute("SELECT current_schema()")).fetchone()
+            schema = None if row is None else row[0]
+            if schema is None:
+                raise StoreUnavailableError(
+                    f"PostgreSQL database {self.where}: no schema on the search_path exists; "
+                    "create it (CREATE SCHEMA …) or fix options=-csearch_path in the URL"
+                )
+            # Per schema, so deployments sharing a database in separate schemas
+            # do not wait on each other.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"llmgw-migrate:{schema}",)
+            )
+            # Checked before CREATE … IF NOT EXISTS, which needs CREATE on the
+            # schema even when the table is there; a role that may only use
+            # existing tables can still open a migrated database.
+            row = await (await conn.execute("SELECT to_regclass('schema_migrations')")).fetchone()
+            if row is None or row[0] is None:
+                await conn.execute(POSTGRES_MIGRATIONS_TABLE)
+            cur = await conn.execute("SELECT version FROM schema_migrations")
+            applied = [r[0] for r in await cur.fetchall()]
+            try:
+                todo = pending(applied)
+            except SchemaTooNewError as exc:
+                raise StoreUnavailableError(f"PostgreSQL database {self.where}: {exc}") from exc
+            for migration in todo:
+                for statement in migration.postgres:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                    (migration.number, migration.name),
+                )
+        if todo:
+            logger.info(
+                "PostgreSQL database %s (schema %s): applied migrations %s",
+                self.where, schema, [m.number for m in todo],
+            )
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    @asynccontextmanager
+    async def _connection(self, doing: str) -> AsyncIterator[Conn]:
+        if self._pool is None:
+            raise RuntimeError(f"PostgresStore({self.where}) is not open; await open() first")
+        with self._unavailable(doing):
+            async with self._pool.connection() as conn:
+                yield conn
+
+    async def _execute(self, conn: Conn, doing: str, query: str | sql.Composed,
+                      params: tuple[Any, ...] | None = None, *, lock_wait: bool = False
+                      ) -> Cursor:
+        """Run one statement, giving up after ``query_timeout`` (plus ``lock_timeout``
+        for a statement that may wait for the catalog lock).
+
+        A server that stopped answering — paused, or behind a network that
+        drops packets rather than refusing them — would otherwise hold the
+        caller forever, and a write must fail with 503 (D2), not hang. On the
+        timeout psycopg cancels the query and, if the server does not answer
+        that either, closes the connection (up to ten more seconds); the pool
+        then replaces it.
+        """
+        limit = self.query_timeout + (self.lock_timeout if lock_wait else 0.0)
+        with self._unavailable(doing):
+            try:
+                async with asyncio.timeout(limit):
+                    return await conn.execute(query, params)
+            except TimeoutError as exc:
+                raise StoreUnavailableError(
+                    f"PostgreSQL database {self.where}: could not {doing} (no answer within "
+                    f"{limit:g} s); check that the server is not overloaded or paused and "
+                    "that the network to it is up"
+                ) from exc
+
+    async def _query(self, doing: str, query: str, params: tuple[Any, ...] | None = None
+                     ) -> list[tuple[Any, ...]]:
+        """One statement on a pooled connection; its rows, if it returns any."""
+        async with self._connection(doing) as conn:
+            cur = await self._execute(conn, doing, query, params)
+            return await cur.fetchall() if cur.description is not None else []
+
+    async def models(self) -> list[StoredModel]:
+        return [_model(row) for row in await self._query("read the stored models", _SELECT_MODELS)]
+
+    @asynccontextmanager
+    async def change(self) -> AsyncIterator[CatalogChange]:
+        # BEGIN and COMMIT are spelled out (the pool's connections are in
+        # autocommit) so that they, too, run under the statement timeout; each
+        # shares its round trip with its neighbour.
+        async with self._change_lock, self._connection("apply a catalog change") as conn:
+            await self._execute(conn, "begin a catalog change", self._begin)
+            change = _PostgresChange(self, conn)
+            try:
+                await self._execute(
+                    conn, "take the catalog lock",
+                    "SELECT version FROM catalog_version WHERE id = 1 FOR UPDATE",
+                    lock_wait=True,
+                )
+                yield change
+                change.ended = True
+                await self._execute(
+                    conn, "commit a catalog change",
+                    "UPDATE catalog_version SET version = version + 1 WHERE id = 1; COMMIT",
+                )
+            except BaseException:
+                change.ended = True
+                await self._rollback(conn)
+                raise
+
+    async def _rollback(self, conn: Conn) -> None:
+        # Best effort: a connection that broke has lost its transaction with
+        # it (the server rolls back), and the pool discards it on return. The
+        # error that got us here is the one to raise, not this one.
+        if conn.closed or conn.broken:
+            return
+        try:
+            async with asyncio.timeout(self.query_timeout):
+                await conn.execute("ROLLBACK")
+        except (psycopg.Error, TimeoutError):
+            logger.warning("PostgreSQL database %s: rollback failed", self.where, exc_info=True)
+
+    async def catalog_version(self) -> int:
+        [(version,)] = await self._query(
+            "read the catalog version", "SELECT version FROM catalog_version WHERE id = 1"
+        )
+        return int(version)
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> bool:
+        # ON CONFLICT re-checks the WHERE against the newest row version, so two
+        # instances racing for a free or expired lease cannot both win.
+        rows = await self._query(
+            f"take lease {name!r}",
+            "INSERT INTO leases (name, holder, expires_at)"
+            " VALUES (%s, %s, now() + %s * interval '1 second')"
+            " ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder,"
+            " expires_at = EXCLUDED.expires_at"
+            " WHERE leases.holder = EXCLUDED.holder OR leases.expires_at <= now()"
+            " RETURNING holder",
+            (name, holder, float(ttl)),
+        )
+        return bool(rows)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._query(
+            f"release lease {name!r}",
+            "DELETE FROM leases WHERE name = %s AND holder = %s",
+            (name, holder),
+        )
+
+    async def lease_holder(self, name: str) -> str | None:
+        rows = await self._query(
+            f"read lease {name!r}",
+            "SELECT holder FROM leases WHERE name = %s AND expires_at > now()",
+            (name,),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def mark_activity(self, model: str) -> None:
+        await self._query(
+            f"record activity of {model!r}",
+            "INSERT INTO activity (model, at) VALUES (%s, now())"
+            " ON CONFLICT (model) DO UPDATE SET at = EXCLUDED.at",
+            (model,),
+        )
+
+    async def last_activity(self, model: str) -> float | None:
+        rows = await self._query(
+            f"read activity of {model!r}",
+            "SELECT EXTRACT(EPOCH FROM now() - at)::float8 FROM activity WHERE model = %s",
+            (model,),
+        )
+        return max(0.0, float(rows[0][0])) if rows else None

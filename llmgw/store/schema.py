@@ -1,0 +1,147 @@
+"""The database schema, as a numbered list of migrations both adapters apply.
+
+Each migration carries its SQL for both dialects side by side, so a table can
+never exist on one adapter and not the other: the store tests run against
+both, and a migration written for only one would fail there.
+
+Migrations are append-only. A shipped migration is never edited — a database
+that already recorded number N will not run N again — so a fix is a new
+number. Each adapter applies the pending ones in ``open()``, inside one
+transaction that also holds a migration lock (SQLite ``BEGIN IMMEDIATE``,
+Postgres ``pg_advisory_xact_lock``), so two processes starting at once apply
+each migration exactly once and neither sees a half-built schema.
+
+Time columns differ on purpose. ``models`` keeps the caller's timestamps
+(who added a model and when is the application's statement, made with its
+clock); SQLite stores them as ISO 8601 UTC text, which stays readable in an
+``sqlite3`` shell and sorts correctly. ``leases`` and ``activity`` hold the
+database's own clock — REAL Unix seconds on SQLite, ``timestamptz`` on
+Postgres — because they are compared across hosts whose clocks may disagree.
+
+``definition`` is a blob (BLOB / bytea) rather than text: the Protocol hands
+the adapters bytes, and a row that is not valid UTF-8 must still come back
+out, so that startup can name and skip it (C11) instead of failing to read
+the whole table.
+
+This module does no I/O; ``pending`` is the one decision in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import msgspec
+
+
+class Migration(msgspec.Struct, frozen=True, kw_only=True):
+    number: int
+    name: str
+    sqlite: tuple[str, ...]
+    postgres: tuple[str, ...]
+
+
+class SchemaTooNewError(Exception):
+    """The database records migrations this llmgw does not know."""
+
+
+# The bookkeeping table, created before anything else (not itself a migration:
+# it is what records them).
+SQLITE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+)"""
+
+POSTGRES_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        number=1,
+        name="runtime models, catalog version, leases, activity",
+        sqlite=(
+            """CREATE TABLE models (
+                name       TEXT PRIMARY KEY,
+                definition BLOB NOT NULL,
+                added_by   TEXT NOT NULL,
+                added_at   TEXT NOT NULL,
+                updated_by TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            )""",
+            """CREATE TABLE catalog_version (
+                id      INTEGER PRIMARY KEY CHECK (id = 1),
+                version INTEGER NOT NULL
+            )""",
+            "INSERT INTO catalog_version (id, version) VALUES (1, 0)",
+            """CREATE TABLE leases (
+                name       TEXT PRIMARY KEY,
+                holder     TEXT NOT NULL,
+                expires_at REAL NOT NULL
+            )""",
+            """CREATE TABLE activity (
+                model TEXT PRIMARY KEY,
+                at    REAL NOT NULL
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE models (
+                name       text PRIMARY KEY,
+                definition bytea NOT NULL,
+                added_by   text NOT NULL,
+                added_at   timestamptz NOT NULL,
+                updated_by text NOT NULL,
+                updated_at timestamptz NOT NULL
+            )""",
+            """CREATE TABLE catalog_version (
+                id      smallint PRIMARY KEY CHECK (id = 1),
+                version bigint NOT NULL
+            )""",
+            "INSERT INTO catalog_version (id, version) VALUES (1, 0)",
+            """CREATE TABLE leases (
+                name       text PRIMARY KEY,
+                holder     text NOT NULL,
+                expires_at timestamptz NOT NULL
+            )""",
+            """CREATE TABLE activity (
+                model text PRIMARY KEY,
+                at    timestamptz NOT NULL
+            )""",
+        ),
+    ),
+)
+
+LATEST = MIGRATIONS[-1].number
+
+
+def pending(applied: Collection[int]) -> list[Migration]:
+    """The migrations still to apply, in order, given the numbers already recorded.
+
+    Raises ``SchemaTooNewError`` when the database holds a number this code
+    does not know: it was migrated by a newer llmgw, and writing to it with
+    the older code could undo what the newer one relies on.
+    """
+    unknown = sorted(set(applied) - {m.number for m in MIGRATIONS})
+    if unknown:
+        raise SchemaTooNewError(
+            f"the database schema has migration(s) {unknown} that this llmgw does not know "
+            f"(it knows 1 to {LATEST}); run the llmgw version that migrated it, or a newer one"
+        )
+    done = set(applied)
+    return [m for m in MIGRATIONS if m.number not in done]
+
+
+def _check_numbering() -> None:
+    # A gap or a repeat would make "applied" ambiguous; fail at import rather
+    # than on some operator's database.
+    numbers = [m.number for m in MIGRATIONS]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise AssertionError(f"MIGRATIONS must be numbered 1..N without gaps, got {numbers}")
+
+
+_check_numbering()

@@ -1,0 +1,452 @@
+"""The SQLite store: one file, the default, good for one host.
+
+sqlite3 blocks, and the server is async, so every call runs on a thread. Each
+connection gets its own single-thread executor rather than ``to_thread``'s
+shared pool: sqlite3 connections belong to the thread that made them, and one
+thread per connection also keeps the calls on a connection in the order they
+were made — which a transaction held across awaits depends on.
+
+Three connections per store, each with a job:
+
+* the *catalog* connection runs migrations and ``change()``. A change holds
+  ``BEGIN IMMEDIATE`` on it from entry to commit, across the caller's awaits,
+  so changes from other processes on the same file wait for it (C12); an
+  ``asyncio.Lock`` queues this process's own changes, which share the one
+  connection. It commits with ``synchronous=FULL``: a catalog change that was
+  acknowledged survives a power cut.
+* the *writes* connection takes leases and records activity: short-lived
+  facts, rewritten every few seconds, so it commits with
+  ``synchronous=NORMAL`` and skips the fsync per write; a power cut can lose
+  the last of them, never corrupt the file.
+* the *reads* connection answers everything else. In WAL mode a reader never
+  waits for a writer, and having its own thread means it never queues behind
+  a write that is waiting for the lock either: the half-second version poll
+  and the model list keep answering while another process holds a change open.
+
+SQLite has one writer at a time, so a lease or activity write waits while a
+change is open (the busy timeout, 30 s by default). Keep ``change()`` blocks
+to the database work and the catalog build; do network checks before entering.
+
+Time is the database's: ``julianday('now')``, which SQLite computes once per
+statement, converted to Unix seconds (millisecond resolution).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+from llmgw.errors import ConfigError, StoreUnavailableError
+from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# "Now" in Unix seconds by the database's clock, which SQLite evaluates once per
+# statement, is spelled out in each statement below as
+#     ((julianday('now') - 2440587.5) * 86400.0)
+# (2440587.5 is the Julian day of the Unix epoch).
+_TRY_LEASE = (
+    "INSERT INTO leases (name, holder, expires_at)"
+    " VALUES (?, ?, ((julianday('now') - 2440587.5) * 86400.0) + ?)"
+    " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+    " expires_at = excluded.expires_at"
+    " WHERE leases.holder = excluded.holder"
+    " OR leases.expires_at <= ((julianday('now') - 2440587.5) * 86400.0)"
+    " RETURNING holder"
+)
+_LEASE_HOLDER = (
+    "SELECT holder FROM leases"
+    " WHERE name = ? AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+)
+_MARK_ACTIVITY = (
+    "INSERT INTO activity (model, at) VALUES (?, ((julianday('now') - 2440587.5) * 86400.0))"
+    " ON CONFLICT (model) DO UPDATE SET at = excluded.at"
+)
+_LAST_ACTIVITY = (
+    "SELECT ((julianday('now') - 2440587.5) * 86400.0) - at FROM activity WHERE model = ?"
+)
+
+_SELECT_MODELS = (
+    "SELECT name, CAST(definition AS BLOB), added_by, added_at, updated_by, updated_at"
+    " FROM models ORDER BY name"
+)
+
+# Primary result codes that mean "the database cannot be used right now", with
+# what an operator should check. Every other code (SQLITE_ERROR for bad SQL,
+# SQLITE_CONSTRAINT, SQLITE_MISUSE …) is a bug in this code and is raised as is.
+_GROUPS: tuple[tuple[tuple[int, ...], str, str], ...] = (
+    (
+        (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED),
+        "stayed locked by another connection for longer than the {timeout:g} s busy timeout",
+        "check for a stuck llmgw process, or an sqlite3 shell holding a transaction on it",
+    ),
+    (
+        (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY,
+         sqlite3.SQLITE_AUTH),
+        "cannot be opened for reading and writing",
+        "check that database: (or LLMGW_DATABASE_URL) names a file in a directory "
+        "this user can write",
+    ),
+    (
+        (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL),
+        "could not be read or written",
+        "check free space and errors on the filesystem that holds it",
+    ),
+    (
+        (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB),
+        "is not a usable SQLite database",
+        "point database: at another file, or restore this one from a backup",
+    ),
+    (
+        (sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS),
+        "cannot be used",
+        "check the host's memory and that the file is on a local filesystem",
+    ),
+)
+_HINTS = {code: (what, check) for codes, what, check in _GROUPS for code in codes}
+
+
+def sqlite_path(url: str) -> Path:
+    """The file named by ``sqlite:///relative/path`` or ``sqlite:////absolute/path``."""
+    prefix = "sqlite:///"
+    rest = url[len(prefix):] if url.startswith(prefix) else ""
+    if not rest or "?" in rest or rest == ":memory:":
+        raise ConfigError(
+            f"database: {url!r} is not sqlite:///relative/path or sqlite:////absolute/path "
+            "(a file: several connections must share it, so :memory: cannot work)",
+            field="database",
+        )
+    return Path(unquote(rest))
+
+
+def _utc(value: datetime, field: str) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"StoredModel.{field} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def _parse_time(text: str) -> datetime:
+    parsed = datetime.fromisoformat(text)
+    # A row edited by hand without an offset is read as UTC, like every row we write.
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _model(row: tuple[Any, ...]) -> StoredModel:
+    name, definition, added_by, added_at, updated_by, updated_at = row
+    return StoredModel(
+        name=name,
+        definition=bytes(definition),
+        added_by=added_by,
+        added_at=_parse_time(added_at),
+        updated_by=updated_by,
+        updated_at=_parse_time(updated_at),
+    )
+
+
+class _Connection:
+    """One sqlite3 connection and the one thread allowed to touch it."""
+
+    def __init__(self, path: Path, *, timeout: float, role: str, synchronous: str = "NORMAL",
+                 query_only: bool = False) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._synchronous = synchronous
+        self._query_only = query_only
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"llmgw-sqlite-{role}"
+        )
+        self._db: sqlite3.Connection | None = None
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        # Submitted work runs even if the awaiting task is cancelled, so a
+        # rollback queued here cannot be skipped by a second cancellation.
+        return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            if self._db is None:
+                self._db = self._connect()
+            return fn(self._db)
+        except sqlite3.Error as exc:
+            raise self.unavailable(exc) from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: no implicit BEGINs; transactions are spelled out.
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        try:
+            mode = self._enable_wal(db)
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            if self._query_only:
+                db.execute("PRAGMA query_only=ON")
+        except BaseException:
+            db.close()
+            raise
+        if mode.lower() != "wal":
+            db.close()
+            raise StoreUnavailableError(
+                f"SQLite database {self.path} cannot use write-ahead logging "
+                f"(journal mode stayed {mode!r}); put it on a local filesystem"
+            )
+        return db
+
+    def _enable_wal(self, db: sqlite3.Connection) -> str:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite
+        # reports SQLITE_BUSY at once there instead of calling the busy
+        # handler, so processes opening a new file together retry here. Once
+        # the file is in WAL mode (it stays so) the pragma takes no lock.
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            try:
+                return str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)  # on this connection's own thread, never the event loop
+            pause = min(pause * 2, 0.05)
+
+    def unavailable(self, exc: sqlite3.Error) -> Exception:
+        """``StoreUnavailableError`` for an operational failure; ``exc`` itself for a bug."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        hint = _HINTS.get(code & 0xFF) if isinstance(code, int) else None
+        if hint is None:
+            return exc
+        what, check = hint
+        return StoreUnavailableError(
+            f"SQLite database {self.path} {what.format(timeout=self.timeout)} ({exc}); {check}"
+        )
+
+    def _close_db(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    async def close(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_db)
+        finally:
+            self._executor.shutdown(wait=False)
+
+
+# --- statements, each run on a connection's thread -------------------------------
+
+
+def _migrate(db: sqlite3.Connection) -> list[int]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(SQLITE_MIGRATIONS_TABLE)
+        applied = [row[0] for row in db.execute("SELECT version FROM schema_migrations")]
+        todo = pending(applied)
+        for migration in todo:
+            for statement in migration.sqlite:
+                db.execute(statement)
+            db.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+                (migration.number, migration.name),
+            )
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+    return [m.number for m in todo]
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if not db.in_transaction:
+        return
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:
+        # SQLite rolls back on its own when a statement fails badly enough
+        # (SQLITE_FULL, SQLITE_IOERR); the original error is the one to raise.
+        logger.warning("SQLite rollback failed; raising the error that caused it", exc_info=True)
+
+
+def _bump_and_commit(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE catalog_version SET version = version + 1 WHERE id = 1")
+    db.execute("COMMIT")
+
+
+def _put_model(model: StoredModel) -> Callable[[sqlite3.Connection], None]:
+    row = (
+        model.name,
+        model.definition,
+        model.added_by,
+        _utc(model.added_at, "added_at").isoformat(timespec="microseconds"),
+        model.updated_by,
+        _utc(model.updated_at, "updated_at").isoformat(timespec="microseconds"),
+    )
+
+    def run(db: sqlite3.Connection) -> None:
+        db.execute(
+            "INSERT INTO models (name, definition, added_by, added_at, updated_by, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET definition = excluded.definition,"
+            " added_by = excluded.added_by, added_at = excluded.added_at,"
+            " updated_by = excluded.updated_by, updated_at = excluded.updated_at",
+            row,
+        )
+
+    return run
+
+
+class _SqliteChange:
+    """The open ``BEGIN IMMEDIATE`` transaction of one ``SqliteStore.change()``."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self.ended = False
+
+    def _check(self) -> _Connection:
+        if self.ended:
+            raise RuntimeError(
+                "this catalog change has ended; make every read and write of a change "
+                "inside its `async with store.change()` block"
+            )
+        return self._conn
+
+    async def models(self) -> list[StoredModel]:
+        rows = await self._check().run(lambda db: db.execute(_SELECT_MODELS).fetchall())
+        return [_model(row) for row in rows]
+
+    async def put_model(self, model: StoredModel) -> None:
+        await self._check().run(_put_model(model))
+
+    async def delete_model(self, name: str) -> bool:
+        count = await self._check().run(
+            lambda db: db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount
+        )
+        return bool(count > 0)
+
+
+class SqliteStore:
+    """``Store`` on one SQLite file; see the module docstring for the threading."""
+
+    def __init__(self, url: str, *, lock_timeout: float = 30.0) -> None:
+        self.path = sqlite_path(url)
+        self.lock_timeout = lock_timeout
+        self._catalog: _Connection | None = None
+        self._writes: _Connection | None = None
+        self._reads: _Connection | None = None
+        self._change_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        if self._catalog is not None:
+            raise RuntimeError(f"SqliteStore({self.path}) is already open")
+        try:
+            await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"SQLite database {self.path}: cannot create its directory {self.path.parent} "
+                f"({exc}); check that database: (or LLMGW_DATABASE_URL) names a path this "
+                "user can create"
+            ) from exc
+        timeout = self.lock_timeout
+        catalog = _Connection(self.path, timeout=timeout, role="catalog", synchronous="FULL")
+        writes = _Connection(self.path, timeout=timeout, role="writes")
+        reads = _Connection(self.path, timeout=timeout, role="reads", query_only=True)
+        try:
+            try:
+                applied = await catalog.run(_migrate)
+            except SchemaTooNewError as exc:
+                raise StoreUnavailableError(f"SQLite database {self.path}: {exc}") from exc
+            # Connect the others now, so a problem shows in open(), not later.
+            await writes.run(lambda db: None)
+            await reads.run(lambda db: None)
+        except BaseException:
+            for conn in (catalog, writes, reads):
+                await conn.close()
+            raise
+        if applied:
+            logger.info("SQLite database %s: applied migrations %s", self.path, applied)
+        self._catalog, self._writes, self._reads = catalog, writes, reads
+
+    async def close(self) -> None:
+        catalog, writes, reads = self._catalog, self._writes, self._reads
+        self._catalog = self._writes = self._reads = None
+        if catalog is not None:
+            async with self._change_lock:  # let an open change finish first
+                await catalog.close()
+        for conn in (writes, reads):
+            if conn is not None:
+                await conn.close()
+
+    def _conn(self, conn: _Connection | None) -> _Connection:
+        if conn is None:
+            raise RuntimeError(f"SqliteStore({self.path}) is not open; await open() first")
+        return conn
+
+    async def models(self) -> list[StoredModel]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_SELECT_MODELS).fetchall()
+        )
+        return [_model(row) for row in rows]
+
+    @asynccontextmanager
+    async def change(self) -> AsyncIterator[CatalogChange]:
+        async with self._change_lock:
+            conn = self._conn(self._catalog)
+            await conn.run(lambda db: db.execute("BEGIN IMMEDIATE"))
+            change = _SqliteChange(conn)
+            try:
+                yield change
+                change.ended = True
+                await conn.run(_bump_and_commit)
+            except BaseException:
+                change.ended = True
+                await conn.run(_rollback)
+                raise
+
+    async def catalog_version(self) -> int:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute("SELECT version FROM catalog_version WHERE id = 1").fetchone()
+        )
+        return int(row[0])
+
+    async def try_lease(self, name: str, holder: str, ttl: float) -> bool:
+        # One statement, so SQLite's write lock makes take-or-renew atomic; the
+        # WHERE on the update leaves a live lease of another holder untouched,
+        # and RETURNING yields a row only when this holder now has it.
+        rows = await self._conn(self._writes).run(
+            lambda db: db.execute(_TRY_LEASE, (name, holder, float(ttl))).fetchall()
+        )
+        return bool(rows)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        await self._conn(self._writes).run(
+            lambda db: db.execute(
+                "DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)
+            )
+        )
+
+    async def lease_holder(self, name: str) -> str | None:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_LEASE_HOLDER, (name,)).fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    async def mark_activity(self, model: str) -> None:
+        await self._conn(self._writes).run(
+            lambda db: db.execute(_MARK_ACTIVITY, (model,))
+        )
+
+    async def last_activity(self, model: str) -> float | None:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_LAST_ACTIVITY, (model,)).fetchone()
+        )
+        return None if row is None else max(0.0, float(row[0]))

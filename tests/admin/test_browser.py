@@ -1,0 +1,220 @@
+"""The admin page in real headless Chromium (A4), against the real app on loopback.
+
+Chromium is Debian's (/usr/bin/chromium, or LLMGW_CHROMIUM), driven by
+Playwright for Python; no browser is downloaded. Each page visited is saved as
+a screenshot under artifacts/admin/ (not committed) at a laptop's 1366×768.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from llmgw.api.context import AppContext
+
+from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, make_app
+from .live import LiveServer
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+pytestmark = pytest.mark.browser
+
+try:
+    from playwright import sync_api
+except ImportError:
+    if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
+        raise
+    pytest.skip("Playwright is not installed: pip install -e '.[test]'", allow_module_level=True)
+expect = sync_api.expect
+
+CHROMIUM = os.environ.get("LLMGW_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "admin"
+LAPTOP = {"width": 1366, "height": 768}
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        message = f"no Chromium at {CHROMIUM}; apt-get install chromium (or set LLMGW_CHROMIUM)"
+        if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def live(tmp_path: Path, backend: FleetBackend) -> Iterator[tuple[str, AppContext]]:
+    app, ctx = make_app(tmp_path / "llmgw.db", backend)
+    with LiveServer(app) as server:
+        yield server.url, ctx
+
+
+@pytest.fixture
+def errors() -> list[str]:
+    """Script errors and console errors (a CSP violation is one) seen by the page."""
+    return []
+
+
+@pytest.fixture
+def page(browser: Browser, errors: list[str]) -> Iterator[Page]:
+    context = browser.new_context(viewport=LAPTOP)
+    context.set_default_timeout(WAIT_MS)
+    pg = context.new_page()
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    # A refused form answers 4xx on purpose, which Chromium logs as a failed
+    # load; what must not fail is the page's own script, style and icon.
+    pg.on("console", lambda msg: errors.append(msg.text)
+          if msg.type == "error" and not msg.text.startswith("Failed to load resource")
+          else None)
+    pg.on("response", lambda r: errors.append(f"{r.status} {r.url}")
+          if "/admin/static/" in r.url and r.status >= 400 else None)
+    yield pg
+    context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page: Page, base: str) -> None:
+    page.goto(f"{base}/admin/models")
+    expect(page).to_have_url(re.compile(r"/admin/signin\?next="))
+    shot(page, "01-signin")
+    page.fill("#token", ADMIN_TOKEN)
+    page.click("button:has-text('Sign in')")
+    expect(page).to_have_url(f"{base}/admin/models")
+
+
+def test_sign_in_add_scale_see_stale_roll_out_and_remove(
+        live: tuple[str, AppContext], backend: FleetBackend, page: Page,
+        errors: list[str]) -> None:
+    """The whole operator flow works in Chromium: sign in; a typo'd source is shown
+    beside its line and nothing is added; add; scale; a stale replica and a memory
+    warning appear by themselves; roll out; the fleet; remove after confirming."""
+    base, ctx = live
+    pg = page
+    backend.waiting["prod-chat"] = "no node has 4 free cores and 8.0GiB free right now"
+    backend.placement_failures["prod-chat"] = (
+        "no node with 2 free NVIDIA H100 80GB HBM3 on fabric ib-a")
+    sign_in(pg, base)
+    expect(pg.locator("tr[data-model='prod-chat']")).to_contain_text("declared")
+    expect(pg.locator("tr[data-model='prod-chat']")).to_contain_text("waiting for capacity")
+    shot(pg, "02-models")
+
+    pg.click("nav >> text=Add a model")
+    expect(pg).to_have_url(f"{base}/admin/add")
+    pg.fill("#yaml", cpu_yaml("trial", source="hf://typo/Qwen2.5-Coder-7B"))
+    pg.click("#add-form button[type=submit]")
+    error = pg.locator("#add-error")
+    expect(error).to_have_attribute("data-field", "source")
+    flagged = pg.locator("ol.yaml-excerpt li.flagged")
+    expect(flagged).to_contain_text("source: hf://typo/Qwen2.5-Coder-7B")
+    expect(flagged.locator("#field-error")).to_contain_text("does not exist on the Hugging Face")
+    expect(pg.locator("#yaml")).to_have_value(re.compile("hf://typo/Qwen2.5-Coder-7B"))
+    shot(pg, "03-add-source-error")
+    assert "trial" not in ctx.models.catalog
+
+    pg.fill("#yaml", cpu_yaml("trial", description="Qwen coder, trial for the editor plugin"))
+    pg.click("#add-form button[type=submit]")
+    expect(pg).to_have_url(f"{base}/admin/models/trial")
+    expect(pg.locator(".flash.ok")).to_have_text("added trial; scaling 1 (max 1)")
+    expect(pg.locator("dl.facts")).to_contain_text("by alice")
+
+    pg.fill("#scale-form input[name=min]", "3")
+    pg.click("#scale-form button[type=submit]")
+    expect(pg.locator(".flash.ok")).to_have_text("trial: scaling 3 (max 3)")
+    expect(pg.locator("#model-status .count")).to_have_text("3/3 ready")
+    shot(pg, "04-model-scaled")
+
+    # The scheduler now reports one replica on an older profile, and one
+    # replica above its memory: the page shows both without being reloaded.
+    marker = pg.evaluate("() => { window.__same_page = true; return 1; }")
+    assert marker == 1
+    backend.stale.add("trial")
+    backend.hungry.add("trial")
+    stale_row = pg.locator("tr[data-replica='trial-0']")
+    expect(stale_row.locator(".stale-flag")).to_have_text("stale profile", timeout=WAIT_MS)
+    expect(stale_row.locator(".memory-flag")).to_contain_text("exceeds", timeout=WAIT_MS)
+    expect(pg.locator("#model-status .notes")).to_contain_text("1 replica on a stale profile")
+    assert pg.evaluate("() => window.__same_page") is True
+    shot(pg, "05-model-stale")
+
+    pg.click("nav >> text=Models")
+    row = pg.locator("tr[data-model='trial']")
+    expect(row).to_contain_text("added by alice")
+    expect(row.locator(".notes .stale")).to_have_text("1 replica on a stale profile")
+    expect(row.locator(".notes .memory")).to_contain_text("(and 2 more)")
+    shot(pg, "06-models-status")
+    row.locator("a", has_text="trial").click()
+
+    pg.click("button:has-text('Roll out current profile')")
+    expect(pg.locator(".flash.ok")).to_contain_text("replicas of trial are being replaced")
+    assert backend.rollouts == ["trial"]
+    expect(pg.locator(".stale-flag")).to_have_count(0)
+
+    pg.click("nav >> text=Fleet")
+    expect(pg.locator("tr[data-pool='h100-80g/ib-a']")).to_contain_text("11 / 16")
+    expect(pg.locator("tr[data-node='gpu-h100-b1']")).to_contain_text("0 / 8")
+    shot(pg, "07-fleet")
+
+    pg.goto(f"{base}/admin/models/trial")
+    pg.click("text=Remove…")
+    expect(pg).to_have_url(f"{base}/admin/models/trial/remove")
+    shot(pg, "08-remove-confirm")
+    assert "trial" in ctx.models.catalog  # asking is not removing
+    pg.click("button:has-text('Remove trial')")
+    expect(pg).to_have_url(f"{base}/admin/models")
+    expect(pg.locator(".flash.ok")).to_have_text("removed trial")
+    expect(pg.locator("tr[data-model='trial']")).to_have_count(0)
+    shot(pg, "09-removed")
+
+    pg.click("button:has-text('Sign out')")
+    expect(pg).to_have_url(re.compile(r"/admin/signin"))
+    pg.goto(f"{base}/admin/models")
+    expect(pg).to_have_url(re.compile(r"/admin/signin\?next="))
+    assert errors == []
+
+
+def test_a_declared_model_refusal_reads_as_the_cli_says_it(
+        live: tuple[str, AppContext], page: Page) -> None:
+    """Scaling a declared model is refused on the page with the service's own message."""
+    base, _ = live
+    sign_in(page, base)
+    page.goto(f"{base}/admin/models/prod-chat")
+    page.fill("#scale-form input[name=min]", "5")
+    page.click("#scale-form button[type=submit]")
+    expect(page.locator("#scale-error")).to_have_text(
+        "model 'prod-chat' is declared in server.yaml (models[0]); change its scaling there, "
+        "or it reverts on the next restart")
+    shot(page, "10-declared-refused")
+
+
+def test_markup_in_a_description_is_shown_as_text_and_never_runs(
+        live: tuple[str, AppContext], page: Page) -> None:
+    """A description holding <script> and an onerror handler renders inert, as text."""
+    base, _ = live
+    evil = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
+    sign_in(page, base)
+    page.goto(f"{base}/admin/add")
+    page.fill("#yaml", cpu_yaml("inert", description=evil))
+    page.click("#add-form button[type=submit]")
+    expect(page).to_have_url(f"{base}/admin/models/inert")
+    expect(page.locator("p.desc.lead")).to_have_text(evil)
+    page.goto(f"{base}/admin/models")
+    expect(page.locator("tr[data-model='inert'] .desc")).to_have_text(evil)
+    shot(page, "11-escaped")
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator("tr[data-model='inert'] img").count() == 0

@@ -1,0 +1,243 @@
+"""What the admin page shows and does (A4), over plain HTTP against the real app.
+
+Refusals are compared with what the JSON API answers for the same request —
+the message ``llmgw ctl`` prints — so page and CLI cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import yaml
+from litestar.testing import AsyncTestClient
+
+from llmgw.api.context import AppContext
+
+from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, csrf_of
+
+API = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+async def form_token(client: AsyncTestClient, path: str = "/admin/add") -> str:
+    return csrf_of((await client.get(path)).text)
+
+
+def error_text(page: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}"[^>]*>(.*?)</', page, re.S)
+    assert found, f"no #{element_id} on the page"
+    return html.unescape(found.group(1)).strip()
+
+
+async def test_adding_from_yaml_records_who_and_shows_the_scaling_in_force(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """A pasted entry is added as alice, and the next page says so once."""
+    r = await admin.post("/admin/add", follow_redirects=False, data={
+        "csrf": await form_token(admin), "yaml": cpu_yaml("trial", min_=0)})
+    assert r.status_code == 303
+    assert r.headers["location"] == "/admin/models/trial"
+    page = (await admin.get("/admin/models/trial")).text
+    assert "added trial; scaling on demand (max 1, idle 15m)" in page
+    assert "by alice" in page
+    assert "added trial;" not in (await admin.get("/admin/models/trial")).text  # once
+    stored = ctx.models.stored("trial")
+    assert stored is not None
+    assert stored.added_by == "alice"
+
+
+async def test_a_refused_source_is_shown_beside_its_line_and_nothing_is_added(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """The source check runs before adding; its error sits under the source line."""
+    text = cpu_yaml("trial", source="hf://typo/Qwen2.5-7B")
+    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
+    assert r.status_code == 400
+    assert 'data-field="source"' in r.text
+    flagged = re.search(r'<li value="(\d+)" class="flagged"><code>([^<]*)</code>', r.text)
+    assert flagged
+    assert flagged.group(1) == "2"  # the line after name:
+    assert html.unescape(flagged.group(2)) == "source: hf://typo/Qwen2.5-7B"
+    assert "does not exist on the Hugging Face Hub" in error_text(r.text, "field-error")
+    assert html.unescape(text) in html.unescape(r.text)  # what was typed is kept
+    assert "trial" not in ctx.models.catalog
+    assert ctx.models.stored("trial") is None
+
+
+async def test_a_decoder_error_names_the_key_path_and_its_line(admin: AsyncTestClient) -> None:
+    """A wrong type deep in a profile is reported at profiles[0].gpus, on its own line,
+    with the message the CLI's decoder gives."""
+    text = cpu_yaml("trial").replace("gpus: 0", "gpus: two")
+    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
+    assert r.status_code == 400
+    assert 'data-field="profiles[0].gpus"' in r.text
+    flagged = re.search(r'class="flagged"><code>([^<]*)</code>', r.text)
+    assert flagged
+    assert flagged.group(1).strip() == "gpus: two"
+    assert error_text(r.text, "field-error") == (
+        "pasted YAML: profiles[0].gpus: Expected `int`, got `str`")
+
+
+async def test_adding_a_declared_name_is_refused_with_the_clis_message(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """A model named like a declared one is refused (409) with the API's own words."""
+    text = cpu_yaml("prod-chat")
+    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
+    assert r.status_code == 409
+    api = await admin.post("/api/v1/models", json=yaml.safe_load(text), headers=API)
+    assert api.status_code == 409
+    assert error_text(r.text, "field-error") == api.json()["error"]["message"]
+    assert "edit it there rather than adding a second definition" in r.text
+
+
+async def test_scaling_reports_the_scaling_in_force(admin: AsyncTestClient,
+                                                     ctx: AppContext) -> None:
+    """Scale min 3 with max left empty: the page says max 3, as the catalog fills it in."""
+    await admin.post("/admin/add", data={"csrf": await form_token(admin),
+                                         "yaml": cpu_yaml("trial")})
+    token = await form_token(admin, "/admin/models/trial")
+    r = await admin.post("/admin/models/trial/scale", follow_redirects=False,
+                         data={"csrf": token, "min": "3", "max": ""})
+    assert r.status_code == 303
+    page = (await admin.get("/admin/models/trial")).text
+    assert "trial: scaling 3 (max 3)" in page
+    assert "3/3 ready" in page
+    assert ctx.models.catalog.get("trial").scaling.max == 3  # type: ignore[union-attr]
+
+
+async def test_a_refused_scale_shows_the_clis_message_next_to_the_form(
+        admin: AsyncTestClient) -> None:
+    """Scaling a declared model, or max below min, is refused with the API's message."""
+    token = await form_token(admin, "/admin/models/prod-chat")
+    r = await admin.post("/admin/models/prod-chat/scale", data={"csrf": token, "min": "5"})
+    api = await admin.put("/api/v1/models/prod-chat/scale", json={"min": 5}, headers=API)
+    assert r.status_code == api.status_code == 409
+    assert error_text(r.text, "scale-error") == api.json()["error"]["message"]
+
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("trial")})
+    r = await admin.post("/admin/models/trial/scale",
+                         data={"csrf": token, "min": "4", "max": "2"})
+    api = await admin.put("/api/v1/models/trial/scale", json={"min": 4, "max": 2}, headers=API)
+    assert r.status_code == api.status_code == 400
+    assert error_text(r.text, "scale-error") == api.json()["error"]["message"]
+    assert 'value="4"' in r.text  # what was typed stays in the form
+
+    r = await admin.post("/admin/models/trial/scale", data={"csrf": token, "min": "many"})
+    assert r.status_code == 400
+    assert error_text(r.text, "scale-error") == "min: 'many' is not a whole number"
+
+
+async def test_removal_needs_the_confirmation_step(admin: AsyncTestClient,
+                                                   ctx: AppContext) -> None:
+    """A remove POST that did not come through the confirmation page only leads there."""
+    token = await form_token(admin)
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("trial")})
+    r = await admin.post("/admin/models/trial/remove", data={"csrf": token},
+                         follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/admin/models/trial/remove"
+    assert "trial" in ctx.models.catalog
+    confirm = (await admin.get("/admin/models/trial/remove")).text
+    assert 'name="confirm" value="trial"' in confirm
+    r = await admin.post("/admin/models/trial/remove", follow_redirects=False,
+                         data={"csrf": token, "confirm": "trial"})
+    assert r.status_code == 303
+    assert "removed trial" in (await admin.get("/admin/models")).text
+    assert "trial" not in ctx.models.catalog
+
+
+async def test_removing_a_fallback_in_use_is_refused_with_the_clis_message(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """Removing a model another one falls back to is refused, in the API's words."""
+    token = await form_token(admin)
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("backup")})
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml(
+        "trial", extra="fallbacks: [backup]\n")})
+    assert "trial" in ctx.models.catalog
+    r = await admin.post("/admin/models/backup/remove",
+                         data={"csrf": token, "confirm": "backup"})
+    api = await admin.delete("/api/v1/models/backup", headers=API)
+    assert r.status_code == api.status_code == 409
+    assert error_text(r.text, "remove-error") == api.json()["error"]["message"]
+    assert "backup" in ctx.models.catalog
+
+
+async def test_a_stale_replica_is_flagged_and_a_rollout_clears_it(
+        admin: AsyncTestClient, backend: FleetBackend) -> None:
+    """A replica started with an older fingerprint is flagged on the model page, its
+    fragment and the list; the rollout button asks the scheduler to replace it."""
+    token = await form_token(admin)
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("trial", min_=2)})
+    backend.stale.add("trial")
+    for path in ("/admin/models/trial", "/admin/fragments/models/trial"):
+        page = (await admin.get(path)).text
+        row = re.search(r'<tr data-replica="trial-0" class="stale">(.*?)</tr>', page, re.S)
+        assert row, path
+        assert "stale profile" in row.group(1)
+        assert '<tr data-replica="trial-1" class="">' in page
+    assert "1 replica on a stale profile" in (await admin.get("/admin/fragments/models")).text
+    r = await admin.post("/admin/models/trial/rollout", data={"csrf": token})
+    assert "replicas of trial are being replaced with profile sha256:" in r.text
+    assert backend.rollouts == ["trial"]
+    assert 'class="stale"' not in r.text
+
+
+async def test_the_list_shows_origin_capacity_waits_and_placement_failures(
+        admin: AsyncTestClient, backend: FleetBackend) -> None:
+    """Each row says declared or runtime (by whom), waiting for capacity and why, the
+    last placement failure, and memory above the reservation."""
+    token = await form_token(admin)
+    await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("trial")})
+    backend.waiting["prod-chat"] = "no node has 4 free cores right now"
+    backend.placement_failures["prod-chat"] = "no node with 2 free NVIDIA H100 80GB HBM3"
+    backend.hungry.add("trial")
+    page = (await admin.get("/admin/fragments/models")).text
+    prod = re.search(r'<tr data-model="prod-chat">(.*?)</tr>', page, re.S)
+    trial = re.search(r'<tr data-model="trial">(.*?)</tr>', page, re.S)
+    assert prod
+    assert trial
+    assert "declared" in prod.group(1)
+    assert "0/2" in prod.group(1)
+    assert "waiting for capacity: no node has 4 free cores right now" in prod.group(1)
+    assert "last placement failure: no node with 2 free NVIDIA H100 80GB HBM3" in prod.group(1)
+    assert "runtime" in trial.group(1)
+    assert "added by alice" in trial.group(1)
+    assert "exceeds the 8.0GiB reserved" in trial.group(1)
+
+
+async def test_the_fleet_page_lists_pools_and_nodes(admin: AsyncTestClient) -> None:
+    """Pools by class and fabric with free GPUs, and each node's free capacity."""
+    page = (await admin.get("/admin/fleet")).text
+    pool = re.search(r'<tr data-pool="h100-80g/ib-a">(.*?)</tr>', page, re.S)
+    node = re.search(r'<tr data-node="cpu-64c-1">(.*?)</tr>', page, re.S)
+    assert pool
+    assert node
+    assert "11 / 16" in pool.group(1)
+    assert "79.6GiB" in pool.group(1)
+    assert "52 / 64" in node.group(1)
+    assert "200.0GiB / 256.0GiB" in node.group(1)
+    assert (await admin.get("/admin/fragments/fleet")).status_code == 200
+
+
+async def test_an_unknown_model_is_a_404_page_with_the_apis_message(
+        admin: AsyncTestClient) -> None:
+    """A model page for a name not in the catalog says so, as the API does."""
+    r = await admin.get("/admin/models/nope")
+    api = await admin.get("/api/v1/models/nope", headers=API)
+    assert r.status_code == api.status_code == 404
+    assert api.json()["error"]["message"] in html.unescape(r.text)
+    assert r.headers["content-type"].startswith("text/html")
+
+
+async def test_the_page_script_and_style_are_served(client: AsyncTestClient) -> None:
+    """The one script and stylesheet come from /admin/static, with no session needed."""
+    js = await client.get("/admin/static/admin.js")
+    css = await client.get("/admin/static/admin.css")
+    assert js.status_code == css.status_code == 200
+    assert "data-refresh" in js.text
+    assert "table.grid" in css.text
+
+
+async def test_the_admin_root_leads_to_the_models(admin: AsyncTestClient) -> None:
+    """/admin itself redirects a signed-in browser to the models page."""
+    r = await admin.get("/admin", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/admin/models"

@@ -1,0 +1,103 @@
+"""The admin page's pure parts: finding an error's line in YAML, and signed sessions."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.admin import session as sessions
+from llmgw.admin.locate import excerpt, key_path, line_of
+from llmgw.admin.signin import safe_next
+
+YAML = """\
+name: trial
+source: hf://typo/x
+engine: vllm
+profiles:
+  - name: small
+    gpus: 1
+  - name: big
+    gpus: two
+    env:
+      A: b
+scaling:
+  min: 1
+"""
+
+
+def test_key_paths_split_into_keys_and_indexes() -> None:
+    """``profiles[1].env.A`` walks a key, an index, then two keys."""
+    assert key_path("profiles[1].env.A") == ["profiles", 1, "env", "A"]
+    assert key_path("source") == ["source"]
+
+
+@pytest.mark.parametrize(("field", "line"), [
+    ("source", 2),
+    ("profiles[1].gpus", 8),
+    ("profiles[1]", 7),
+    ("profiles[1].env.A", 10),
+    ("scaling.min", 12),
+    ("profiles[1].memory", 7),   # absent key: its nearest parent
+    ("profiles[5].gpus", 4),     # index past the end: the list
+    ("fallbacks", 1),            # absent at the top: the entry itself
+])
+def test_an_errors_field_is_found_on_its_line(field: str, line: int) -> None:
+    """A key path points at the line holding that key, or at its nearest parent."""
+    assert line_of(YAML, field) == line
+
+
+def test_a_yaml_syntax_error_is_found_on_its_line_and_no_field_means_no_line() -> None:
+    """Broken YAML points at the line of the problem; a fieldless error at none."""
+    assert line_of("name: a\nprofiles: [\n  - x: 1\n", None) == 3
+    assert line_of(YAML, None) is None
+    assert line_of("", "source") is None
+
+
+def test_the_excerpt_flags_one_line_with_context() -> None:
+    """Two lines either side of the flagged one, numbered as an editor numbers them."""
+    lines = excerpt(YAML, 8)
+    assert [ln.number for ln in lines] == [6, 7, 8, 9, 10]
+    assert [ln.number for ln in lines if ln.flagged] == [8]
+    assert excerpt(YAML, 1)[0].number == 1
+
+
+def test_a_session_round_trips_and_names_its_token() -> None:
+    """A cookie issued for a token verifies under the configured tokens as its name."""
+    value, issued = sessions.issue("tok-a", "alice", now=1000)
+    found = sessions.verify({"tok-b": "bob", "tok-a": "alice"}, value, now=2000)
+    assert found is not None
+    assert found.name == "alice"
+    assert found.csrf == issued.csrf
+    assert "tok-a" not in value
+
+
+def test_a_session_expires_and_cannot_be_altered() -> None:
+    """After LIFETIME, or with any byte of its payload changed, a cookie is no session."""
+    value, _ = sessions.issue("tok-a", "alice", now=1000)
+    tokens = {"tok-a": "alice"}
+    assert sessions.verify(tokens, value, now=1000 + sessions.LIFETIME) is None
+    body, _, mac = value.partition(".")
+    longer = sessions._b64(sessions._unb64(body).replace(b'"exp":', b'"exp":9'))
+    assert sessions.verify(tokens, f"{longer}.{mac}", now=2000) is None
+    assert sessions.verify({"tok-b": "alice"}, value, now=2000) is None
+
+
+def test_flash_messages_are_bound_to_the_session() -> None:
+    """A flash signed for one session is not read by another."""
+    _, mine = sessions.issue("tok-a", "alice")
+    _, theirs = sessions.issue("tok-b", "bob")
+    sealed = sessions.seal_flash(mine, "ok", "added trial")
+    assert sessions.read_flash(mine, sealed) == sessions.Flash(kind="ok", text="added trial")
+    assert sessions.read_flash(theirs, sealed) is None
+    assert sessions.read_flash(mine, "nonsense") is None
+
+
+@pytest.mark.parametrize(("given", "goes"), [
+    ("/admin/models/trial", "/admin/models/trial"),
+    ("//evil.example/admin/", "/admin/models"),
+    ("/admin/\\evil", "/admin/models"),
+    ("https://evil.example/admin/", "/admin/models"),
+    (None, "/admin/models"),
+])
+def test_only_admin_paths_are_followed_after_sign_in(given: str | None, goes: str) -> None:
+    """``next`` is followed only to a path of this site's admin page."""
+    assert safe_next(given) == goes

@@ -1,0 +1,164 @@
+"""``llmgw ctl`` against a real API on loopback: output, and exit codes 0 / 1 / 2 (A5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from click.testing import CliRunner
+
+from llmgw.api.app import create_app
+from llmgw.api.context import AppContext
+from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.cli import main
+from llmgw.config import AdminToken, ServerConfig
+from llmgw.modelsvc import ModelService
+from llmgw.store import open_store
+
+from .conftest import GPU_CLASSES, RecordingBackend
+
+TOKEN = "t0ken-ops"
+DECLARED = Model(name="prod-chat", source="/m.gguf", engine="llama.cpp", scaling=Scaling(min=2),
+                 profiles=[Profile(name="cpu", cpu_cores=2, memory="4GiB")])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def api_url(store_url: str) -> Iterator[str]:
+    """A real control API served by uvicorn in a thread."""
+    config = ServerConfig(admin_tokens=[AdminToken(name="ops", token=TOKEN)],
+                          gpu_classes=GPU_CLASSES, models=[DECLARED])
+    store = open_store(store_url)
+    backend = RecordingBackend()
+    svc = ModelService(config.models, GPU_CLASSES, store, placement_check=backend.check_placement)
+    app = create_app(AppContext(config=config, models=svc, backend=backend, store=store))
+
+    async def startup() -> None:
+        await store.open()
+        await svc.load()
+
+    async def shutdown() -> None:
+        await store.close()
+
+    app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def ctl(url: str, *args: str, token: str | None = TOKEN) -> tuple[int, str]:
+    env = {"LLMGW_URL": url, "LLMGW_ADMIN_TOKEN": token or ""}
+    result = CliRunner().invoke(main, ["ctl", *args], env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+MODEL_FILE = """\
+name: trial
+source: /models/trial.gguf
+engine: llama.cpp
+profiles:
+  - name: cpu
+    gpus: 0
+    cpu_cores: 4
+    memory: 8GiB
+"""
+
+
+def test_add_list_show_scale_remove_round_trip(api_url: str, tmp_path: Path) -> None:
+    """The everyday flow works and every step exits 0."""
+    f = tmp_path / "trial.yaml"
+    f.write_text(MODEL_FILE)
+    code, out = ctl(api_url, "model", "add", "-f", str(f), "--skip-source-check")
+    assert code == 0, out
+    assert "added trial" in out
+    code, out = ctl(api_url, "model", "list")
+    assert code == 0
+    assert "trial" in out
+    assert "runtime" in out
+    assert "ops" in out
+    code, out = ctl(api_url, "model", "list", "--output", "json")
+    assert {m["name"] for m in json.loads(out)} == {"prod-chat", "trial"}
+    code, out = ctl(api_url, "scale", "trial", "--min", "3")
+    assert (code, out.strip()) == (0, "trial: scaling 3 (max 3)")
+    code, out = ctl(api_url, "model", "resources", "trial", "--cpu-cores", "6", "--memory",
+                    "12GiB")
+    assert code == 0, out
+    code, out = ctl(api_url, "model", "show", "trial")
+    assert "cpu_cores: 6" in out
+    assert "added by ops" in out
+    code, out = ctl(api_url, "model", "remove", "trial")
+    assert (code, out.strip()) == (0, "removed trial")
+
+
+def test_refusals_exit_1_with_the_servers_message(api_url: str) -> None:
+    """A declared model cannot be scaled; the message says where to edit."""
+    code, out = ctl(api_url, "scale", "prod-chat", "--min", "5")
+    assert code == 1
+    assert "declared in server.yaml" in out
+    assert "reverts on the next restart" in out
+    code, out = ctl(api_url, "model", "remove", "ghost")
+    assert code == 1
+    assert "no model named 'ghost'" in out
+
+
+def test_a_bad_model_file_exits_1_naming_the_file_and_field(api_url: str,
+                                                            tmp_path: Path) -> None:
+    """The add file is checked locally with the same decoder as server.yaml."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(MODEL_FILE.replace("gpus: 0", "gpus: none"))
+    code, out = ctl(api_url, "model", "add", "-f", str(f))
+    assert code == 1
+    assert f"{f}: profiles[0].gpus: Expected `int`" in out
+
+
+def test_usage_errors_exit_2(api_url: str) -> None:
+    """A missing option or a negative count is a usage error."""
+    assert ctl(api_url, "scale", "trial")[0] == 2
+    assert ctl(api_url, "scale", "trial", "--min", "-1")[0] == 2
+    assert ctl(api_url, "model", "resources", "t", "--cpu-cores", "2", "--memory", "lots")[0] == 2
+
+
+def test_a_missing_token_is_explained(api_url: str) -> None:
+    """401 says how to pass a token."""
+    code, out = ctl(api_url, "model", "list", token=None)
+    assert code == 1
+    assert "LLMGW_ADMIN_TOKEN" in out
+
+
+def test_an_unreachable_api_is_explained() -> None:
+    """The error names the URL and how to change it."""
+    code, out = ctl(f"http://127.0.0.1:{_free_port()}", "model", "list")
+    assert code == 1
+    assert "cannot reach the llmgw API" in out
+    assert "LLMGW_URL" in out
+
+
+def test_the_checked_in_cli_reference_is_current() -> None:
+    """cli/llmgw.md is regenerated with `python -m llmgw.cli.reference`."""
+    from llmgw.cli.reference import render
+
+    checked_in = Path(__file__).resolve().parents[2] / "cli" / "llmgw.md"
+    assert checked_in.read_text() == render(), (
+        "cli/llmgw.md is stale: run `python -m llmgw.cli.reference > cli/llmgw.md`")

@@ -1,0 +1,145 @@
+"""`llmgw ctl model plan`: exit codes, JSON fields, and the path through the API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmgw.cli import main
+from tests.planner.apps import FleetBackend, plan_app, serving, two_fabric_fleet
+from tests.planner.fakehub import FakeHub, HubRepo, running_hub
+from tests.planner.fixtures import load_config
+
+P4_FIELDS = {"quantization", "gpus", "pool", "weights_bytes_per_gpu", "kv_bytes_per_token",
+             "max_context", "fits", "reason"}
+
+
+@pytest.fixture
+def qwen_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "qwen2.5-14b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(load_config("qwen2.5-14b-instruct")))
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 29_540_067_328}, "weight_map": {}}))
+    return d
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["ctl", *args], env=env, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_lists_every_candidate_with_p4_fields(qwen_dir: Path) -> None:
+    """--output json prints a list of candidates with the P4 fields, fitting first."""
+    code, out, err = run("model", "plan", str(qwen_dir), "--pool", "l40s=2x46068MiB@eth",
+                         "-o", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert isinstance(rows, list)
+    assert rows
+    assert all(set(r) >= P4_FIELDS for r in rows)
+    assert rows[0]["fits"] is True
+    fits = [r["fits"] for r in rows]
+    assert fits == sorted(fits, reverse=True)
+    assert {r["pool"] for r in rows} == {"l40s"}
+    assert {r["fabric"] for r in rows} == {"eth"}
+
+
+def test_table_shows_model_notes_and_reasons(qwen_dir: Path) -> None:
+    """The table names the model's shape and gives a reason for each non-fitting row."""
+    code, out, _ = run("model", "plan", str(qwen_dir), "--pool", "t4=1x16GB")
+    assert code == 0
+    assert "48 layers, 40 heads, 8 KV heads" in out
+    assert "WEIGHTS/GPU" in out
+    assert "exceed the" in out
+
+
+@pytest.mark.parametrize("pool", ["h100", "h100=0x80GB", "h100=-1x80GB", "h100=8x0GB",
+                                  "h100=8xbig"])
+def test_malformed_pool_is_a_usage_error(qwen_dir: Path, pool: str) -> None:
+    """A malformed --pool or a zero/negative size exits 2 with the expected form."""
+    code, _, err = run("model", "plan", str(qwen_dir), "--pool", pool)
+    assert code == 2
+    assert "--pool" in err
+
+
+@pytest.mark.parametrize("params", ["0", "-5", "lots"])
+def test_bad_params_is_a_usage_error(qwen_dir: Path, params: str) -> None:
+    """--params must be a positive count."""
+    code, _, err = run("model", "plan", str(qwen_dir), "--pool", "h=1x80GB", "--params", params)
+    assert code == 2
+    assert "--params" in err
+
+
+def test_dir_without_config_json_exits_1(tmp_path: Path) -> None:
+    """A directory without config.json fails with exit 1 naming config.json."""
+    code, _, err = run("model", "plan", str(tmp_path), "--pool", "h=1x80GB", "--params", "8B")
+    assert code == 1
+    assert "no config.json" in err
+
+
+def test_config_missing_head_counts_exits_1(tmp_path: Path) -> None:
+    """A config without head counts fails with exit 1 naming the key."""
+    cfg = load_config("qwen2.5-14b-instruct")
+    del cfg["num_attention_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run("model", "plan", str(tmp_path), "--pool", "h=1x80GB", "--params", "14.7B")
+    assert code == 1
+    assert "num_attention_heads is missing" in err
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    hub = FakeHub(repos={
+        "Qwen/Qwen2.5-14B-Instruct": HubRepo(
+            config=json.dumps(load_config("qwen2.5-14b-instruct")).encode(),
+            safetensors={"parameters": {"BF16": 14_770_033_664}, "total": 14_770_033_664}),
+        "meta-llama/Llama-3.3-70B-Instruct": HubRepo(config=b"{}", gated=True),
+    })
+    with running_hub(hub):
+        yield hub
+
+
+def test_hub_repo_through_hf_endpoint(fake_hub: FakeHub) -> None:
+    """A repo id is read from the Hub that HF_ENDPOINT names."""
+    code, out, err = run("model", "plan", "Qwen/Qwen2.5-14B-Instruct", "--pool", "h100=1x81559MiB",
+                         "-q", "q4_K_M", "-o", "json", env={"HF_ENDPOINT": fake_hub.url})
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["quantization"] == "q4_K_M"
+    assert row["fits"]
+
+
+def test_gated_hub_repo_exits_1(fake_hub: FakeHub) -> None:
+    """A gated repo fails with exit 1 and says to accept the license and set HF_TOKEN."""
+    code, _, err = run("model", "plan", "meta-llama/Llama-3.3-70B-Instruct", "--pool", "h=1x80GB",
+                       env={"HF_ENDPOINT": fake_hub.url})
+    assert code == 1
+    assert "gated" in err
+    assert "HF_TOKEN" in err
+
+
+def test_without_pool_asks_the_api_for_the_live_fleet(qwen_dir: Path) -> None:
+    """No --pool: the CLI posts to /api/v1/plan and prints the fleet's candidates."""
+    backend = FleetBackend(two_fabric_fleet())
+    with serving(plan_app(backend)) as url:
+        code, out, err = run("--url", url, "model", "plan", str(qwen_dir), "-o", "json")
+    assert code == 0, err
+    assert backend.calls == 1
+    rows = json.loads(out)
+    assert {r["pool"] for r in rows} == {"h100-80g/ib-a", "h100-80g/ib-b"}
+    assert max(r["gpus"] for r in rows) == 8
+
+
+def test_without_pool_and_no_server_says_how_to_reach_it(qwen_dir: Path) -> None:
+    """No --pool and no server: exit 1 and a message naming --url."""
+    code, _, err = run("--url", "http://127.0.0.1:9", "model", "plan", str(qwen_dir))
+    assert code == 1
+    assert "--url" in err
