@@ -1,0 +1,194 @@
+"""``FakeNomad``: a Nomad server on loopback for tests, with handles to play its clients.
+
+    with FakeNomad(nodes=default_fleet()) as nomad:
+        httpx.post(f"{nomad.address}/v1/jobs", json={"Job": job})
+        nomad.settle()                          # the scheduler worker has caught up
+        [alloc] = nomad.allocations("llmgw-qwen")
+        nomad.set_check(alloc.id, "success")    # the replica's health check passes
+
+What the fake does on its own, and what is left to the test:
+
+* evaluations run on a background worker, as in Nomad; ``settle()`` waits for it;
+* placed allocations start ``pending``; with ``auto_run=True`` (the default) the
+  client moves them to ``running`` right after (a separate index), otherwise call
+  ``run_alloc``. Group services are registered at placement, before checks pass;
+* every Nomad-provider check starts ``pending`` and stays so until ``set_check`` /
+  ``set_job_checks`` changes it — nothing probes real endpoints;
+* a deployment stays ``running`` until all its allocations are healthy (running, and
+  with ``HealthCheck: checks`` every healthiness check ``success``) or until
+  ``finish_deployment``; while it runs, ``POST /v1/job/:id/scale`` is refused;
+* ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events;
+* ``inject`` answers matching requests with any status and body (errors, garbage);
+  ``requests`` records every request received.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from llmgw.testing.fake_nomad import lifecycle, routes_cluster, routes_jobs
+from llmgw.testing.fake_nomad.cluster import Cluster
+from llmgw.testing.fake_nomad.fixtures import default_fleet
+from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
+from llmgw.testing.fake_nomad.server import Api, HttpApp, Injection, RecordedRequest
+
+
+class FakeNomad:
+    def __init__(self, nodes: Sequence[Node] | None = None, *, acl_token: str | None = None,
+                 strict: bool = True, auto_run: bool = True,
+                 namespaces: Iterable[str] = ("default",), region: str = "global",
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        fleet = list(nodes) if nodes is not None else default_fleet()
+        self._cluster = Cluster(fleet, namespaces=set(namespaces), auto_run=auto_run)
+        self._api = Api(self._cluster, strict=strict, region=region, acl_token=acl_token)
+        self._http = HttpApp(self._api, routes_jobs.ROUTES + routes_cluster.ROUTES)
+        self._host, self._port = host, port
+        self._closed = False
+
+    # -- server lifecycle ----------------------------------------------------------
+    def start(self) -> FakeNomad:
+        """Start serving (again, on the same port after ``stop()``)."""
+        self._port = self._http.start(self._host, self._port)
+        return self
+
+    def stop(self) -> None:
+        """Simulate an outage: the listener and every open connection close; state stays."""
+        self._http.stop()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._http.stop()
+            self._cluster.close()
+
+    def __enter__(self) -> FakeNomad:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def address(self) -> str:
+        """``http://127.0.0.1:<port>`` — what ``NOMAD_ADDR`` would hold."""
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait until every queued evaluation is processed; re-raises a worker failure."""
+        self._cluster.settle(timeout)
+
+    # -- what was asked, and faults to answer with -------------------------------------
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._http.lock:
+            return list(self._http.log)
+
+    def clear_requests(self) -> None:
+        with self._http.lock:
+            self._http.log.clear()
+
+    def inject(self, method: str, path_regex: str, status: int, body: Any = "", *,
+               times: int | None = None, headers: dict[str, str] | None = None) -> Injection:
+        """Answer requests whose method matches (``"*"`` for any) and whose path matches
+        ``path_regex`` (``re.search``) with ``status`` and ``body`` — a str or bytes is
+        sent as-is as text/plain, a dict or list as JSON — ``times`` times (default:
+        until ``clear_injections``)."""
+        re.compile(path_regex)
+        inj = Injection(method=method.upper(), path_regex=path_regex, status=status, body=body,
+                        times=times, headers=headers or {})
+        with self._http.lock:
+            self._http.injections.append(inj)
+        return inj
+
+    def clear_injections(self) -> None:
+        with self._http.lock:
+            self._http.injections.clear()
+
+    # -- reading the cluster ------------------------------------------------------------
+    @property
+    def nodes(self) -> list[Node]:
+        with self._cluster.store.cond:
+            return list(self._cluster.store.nodes.values())
+
+    def node(self, name: str) -> Node:
+        with self._cluster.store.cond:
+            return self._cluster.store.node_by_name(name)
+
+    def job(self, job_id: str, namespace: str = "default") -> dict[str, Any] | None:
+        """The stored job (defaults filled, implied constraints added), or None."""
+        with self._cluster.store.cond:
+            rec = self._cluster.store.jobs.get((namespace, job_id))
+            return dict(rec.spec) if rec else None
+
+    def allocations(self, job_id: str, namespace: str = "default", *,
+                    include_terminal: bool = False) -> list[Alloc]:
+        """The job's allocations by name index; live ones only unless asked."""
+        with self._cluster.store.cond:
+            found = [a for a in self._cluster.store.job_allocs(namespace, job_id)
+                     if include_terminal or not a.terminal]
+        return sorted(found, key=lambda a: (a.index, a.create_index))
+
+    def evaluations(self, job_id: str, namespace: str = "default") -> list[Eval]:
+        with self._cluster.store.cond:
+            return sorted(self._cluster.store.job_evals(namespace, job_id),
+                          key=lambda e: e.create_index)
+
+    def deployment(self, job_id: str, namespace: str = "default") -> Deployment | None:
+        with self._cluster.store.cond:
+            return self._cluster.store.latest_deployment(namespace, job_id)
+
+    def services(self, name: str | None = None) -> list[ServiceReg]:
+        with self._cluster.store.cond:
+            return [s for s in self._cluster.store.services.values()
+                    if name is None or s.service_name == name]
+
+    # -- playing the clients -----------------------------------------------------------
+    def run_alloc(self, alloc_id: str) -> None:
+        """Move a ``pending`` allocation to ``running`` (for ``auto_run=False``)."""
+        lifecycle.run_alloc(self._cluster, alloc_id)
+
+    def set_check(self, alloc_id: str, status: str, *, check: str | None = None,
+                  output: str | None = None, status_code: int | None = None) -> None:
+        """Set the allocation's check results (all, or the one named ``check``) to
+        ``success``, ``failure`` or ``pending``; deployment health follows."""
+        lifecycle.set_checks(self._cluster, alloc_id, status, check=check, output=output,
+                             status_code=status_code)
+
+    def set_job_checks(self, job_id: str, status: str, namespace: str = "default") -> None:
+        """``set_check`` on every live allocation of the job."""
+        lifecycle.set_job_checks(self._cluster, namespace, job_id, status)
+
+    def fail_alloc(self, alloc_id: str, reason: str = "Exit Code: 1") -> None:
+        """The allocation's tasks die: ``failed``, out of the catalog, rescheduled."""
+        lifecycle.fail_alloc(self._cluster, alloc_id, reason)
+
+    def set_alloc_memory(self, alloc_id: str, nbytes: int) -> None:
+        """What ``/v1/client/allocation/:id/stats`` reports as RSS and Usage."""
+        lifecycle.set_alloc_memory(self._cluster, alloc_id, nbytes)
+
+    def set_node(self, name: str, *, status: str | None = None, eligible: bool | None = None,
+                 drain: bool | None = None) -> None:
+        """Change a node (by name or ID): ``status="down"`` loses its allocations,
+        ``drain=True`` migrates them, ``eligible=False`` only stops new placements."""
+        lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain)
+
+    def finish_deployment(self, job_id: str, status: str = "successful",
+                          namespace: str = "default") -> None:
+        """End the job's active deployment as ``successful`` or ``failed`` now."""
+        lifecycle.finish_deployment(self._cluster, namespace, job_id, status)
+
+    def add_node(self, node: Node) -> None:
+        """Register one more client node; waiting evaluations are retried."""
+        store = self._cluster.store
+        with store.cond:
+            idx = store.write("nodes")
+            node.create_index = node.modify_index = idx
+            store.nodes[node.id] = node
+        self._cluster.unblock()
