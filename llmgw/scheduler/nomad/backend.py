@@ -1,0 +1,467 @@
+"""The Nomad backend: the catalog as Nomad jobs, and Nomad's view back as replicas and fleet.
+
+``NomadBackend`` implements ``llmgw.scheduler.base.Backend``. Decisions are
+made by the pure modules beside it (``render``, ``placement``, ``fleet``,
+``reconcile``); this module only fetches, acts, and remembers what happened
+so that ``status()`` and ``health()`` can answer without I/O.
+
+The reconciler acts only while this process holds the store's
+``reconciler`` lease, so several API instances behind one load balancer
+never register the same job twice or fight over a count (N7). Explicit
+operator actions — ``rollout`` — and the gateway's on-demand scaling
+(``set_demand``) act from whichever instance received them: they are one
+request each, and waiting for the leader would only add latency.
+
+When Nomad cannot be reached the reconciler retries with exponential
+back-off (1 s doubling to ``backoff_max``), ``health()`` reports the outage
+with the time it began, and discovery keeps the endpoints it last knew
+healthy (D3). Other failures are per model: a job Nomad refuses, or a
+profile no node can run, is recorded on that model (``status().last_error``)
+and logged, and the pass goes on with the next model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmgw.catalog.build import Catalog
+from llmgw.catalog.model import Model
+from llmgw.config import ServerConfig
+from llmgw.errors import (
+    BackendUnavailableError,
+    DefinitionError,
+    LlmgwError,
+    NotFoundError,
+    PlacementError,
+)
+from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Replica
+from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad import render, wire
+from llmgw.scheduler.nomad.client import NomadClient, ScaleBlockedError
+from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
+from llmgw.scheduler.nomad.fleet import build_fleet
+from llmgw.scheduler.nomad.offload import Offloader
+from llmgw.scheduler.nomad.placement import Verdict, classify, failed_metric, latest_failure
+from llmgw.scheduler.nomad.reconcile import JobState, decide, job_state
+from llmgw.scheduler.nomad.replicas import ReplicaReader
+from llmgw.store.base import Store
+
+log = logging.getLogger("llmgw.nomad")
+LEASE = "reconciler"
+
+
+@dataclass
+class _ModelState:
+    desired: int = 0
+    waiting: str | None = None
+    last_failure: str | None = None
+    last_error: str | None = None
+    stale: str | None = None
+    crash_loop: bool = False
+
+
+@dataclass
+class _Choice:
+    job: js.Job | None
+    verdict: Verdict
+    tried: list[str] = field(default_factory=list)
+
+
+class NomadBackend:
+    def __init__(self, config: ServerConfig, store: Store | None = None, *,
+                 holder: str | None = None, reconcile_interval: float = 10.0,
+                 check_interval: float = 2.0, watch_wait: float = 30.0,
+                 lease_ttl: float = 30.0, backoff_max: float = 60.0) -> None:
+        render.check_nomad_config(config.scheduler.nomad)
+        self._cfg = config.scheduler.nomad
+        self._classes = dict(config.gpu_classes)
+        self._mirror = config.mirror
+        self._store = store
+        self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._interval = reconcile_interval
+        self._lease_ttl = lease_ttl
+        self._backoff_max = backoff_max
+        self._client = NomadClient(self._cfg)
+        self._watch_client = NomadClient(self._cfg)  # its own session for the long polls
+        self._offload = Offloader()
+        self._discovery = Discovery(
+            self._watch_client, self._offload, wait=watch_wait, check_interval=check_interval,
+            backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
+        self._replicas = ReplicaReader(self._client)
+        self._catalog: Catalog | None = None
+        self._states: dict[str, _ModelState] = {}
+        self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
+        self._pass_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failures = 0
+        self._next_attempt = 0.0
+        self._outages: dict[str, tuple[str, float]] = {}   # loop → (message, retry in)
+        self._outage_since: float | None = None
+        self.leader = store is None
+
+    # ---- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        self._discovery.start()
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="llmgw-nomad-reconciler")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._discovery.close()
+        if self._store is not None and self.leader:
+            try:
+                await self._store.release_lease(LEASE, self._holder)
+            except LlmgwError as exc:
+                log.warning("releasing the reconciler lease: %s", exc)
+        self._client.close()
+        self._watch_client.close()
+
+    # ---- health -------------------------------------------------------------
+
+    def _outage(self, where: str, exc: BackendUnavailableError, retry_in: float) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.time()
+            log.warning("Nomad is unreachable (%s): %s", where, exc)
+        self._outages[where] = (exc.message, retry_in)
+
+    def _ok(self, where: str) -> None:
+        self._outages.pop(where, None)
+        if not self._outages and self._outage_since is not None:
+            log.info("Nomad at %s is reachable again", self._cfg.address)
+            self._outage_since = None
+
+    def health(self) -> BackendHealth:
+        if self._outage_since is None:
+            return BackendHealth(ok=True, message=f"Nomad at {self._cfg.address}")
+        where, (message, retry) = next(iter(self._outages.items()))
+        return BackendHealth(
+            ok=False, since=self._outage_since,
+            message=(f"{message} ({where}; retrying in {retry:.0f}s with back-off; the gateway "
+                     "keeps routing to the replicas it last knew healthy)"),
+        )
+
+    # ---- the reconciler -----------------------------------------------------
+
+    async def apply(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._discovery.set_models(m.name for m in catalog if not m.external)
+        for name in list(self._states):
+            if name not in catalog:
+                del self._states[name]
+        if self._failures and time.monotonic() < self._next_attempt:
+            self._wake.set()   # in back-off: the loop retries when it is due
+            return
+        await self._reconcile()
+
+    async def _loop(self) -> None:
+        while True:
+            wait = max(0.0, self._next_attempt - time.monotonic())
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races the event, and this loop would never stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            if self._wake.is_set():
+                self._wake.clear()
+                if self._failures and time.monotonic() < self._next_attempt:
+                    continue
+            await self._reconcile()
+
+    async def _lead(self) -> bool:
+        if self._store is None:
+            return True
+        try:
+            self.leader = await self._store.try_lease(LEASE, self._holder, self._lease_ttl)
+        except LlmgwError as exc:
+            log.warning("cannot take the reconciler lease: %s", exc)
+            self.leader = False
+        return self.leader
+
+    async def _reconcile(self) -> None:
+        async with self._pass_lock:
+            catalog = self._catalog
+            if catalog is None:
+                self._next_attempt = time.monotonic() + self._interval
+                return
+            # Instances that do not hold the lease still read Nomad, so the API
+            # of every instance reports status; only the leader acts.
+            act = await self._lead()
+            try:
+                await self._pass(catalog, act=act)
+            except BackendUnavailableError as exc:
+                self._failures += 1
+                delay = backoff_delay(self._failures, cap=self._backoff_max)
+                self._next_attempt = time.monotonic() + delay
+                self._outage("reconciler", exc, delay)
+                return
+            except Exception:
+                # Never let the loop die; the traceback says what to fix.
+                log.exception("the Nomad reconciler pass failed")
+                self._next_attempt = time.monotonic() + self._interval
+                return
+            self._failures = 0
+            self._ok("reconciler")
+            self._next_attempt = time.monotonic() + self._interval
+
+    def _state(self, model: str) -> _ModelState:
+        return self._states.setdefault(model, _ModelState())
+
+    async def _jobs(self, only: str | None = None) -> dict[str, tuple[JobState, wire.JobListStub]]:
+        stubs = await self._offload.run(self._client.jobs, render.job_id(only or ""))
+        out = {}
+        for stub in stubs:
+            st = job_state(stub)
+            if st is not None and (only is None or st.model == only):
+                out[st.id] = (st, stub)
+        return out
+
+    async def _count(self, st: JobState, stub: wire.JobListStub) -> int | None:
+        cached = self._counts.get(st.id)
+        if cached and cached[0] == stub.ModifyIndex:
+            return cached[1]
+        try:
+            status = await self._offload.run(self._client.scale_status, st.id)
+        except NotFoundError:
+            return None
+        group = status.TaskGroups.get(render.GROUP)
+        if group is None:
+            return None
+        self._counts[st.id] = (stub.ModifyIndex, group.Desired)
+        return group.Desired
+
+    def _spec_of(self, model: Model, profile: str) -> str | None:
+        p = model.profile(profile)
+        if p is None:
+            return None
+        try:
+            job = render.render_job(model, p, self._cfg, self._classes, 0, self._mirror)
+        except DefinitionError:
+            return None
+        return job.Meta[render.META_SPEC]
+
+    async def _pass(self, catalog: Catalog, *, act: bool) -> None:
+        found = await self._jobs()
+        states: dict[str, JobState] = {}
+        for jid, (st, stub) in found.items():
+            states[jid] = st if st.stopped else dataclasses.replace(
+                st, count=await self._count(st, stub))
+        actions = decide(catalog, states, self._spec_of)
+        nodes: list[NodeView] | None = None
+        if not act:
+            actions.register, actions.scale, actions.deregister = [], {}, []
+        for name in actions.register:
+            m = catalog.models[name]
+            await self._guard(name, self._register(m, _initial_count(m)))
+        for name, count in actions.scale.items():
+            await self._guard(name, self._scale(catalog.models[name], states[render.job_id(name)],
+                                                count))
+        for jid in actions.deregister:
+            await self._offload.run(self._client.deregister, jid)
+            log.info("deregistered %s: its model left the catalog", jid)
+            self._counts.pop(jid, None)
+        for m in catalog:
+            live = states.get(render.job_id(m.name))
+            if m.external or live is None or live.stopped:
+                continue
+            ms = self._state(m.name)
+            ms.stale = actions.stale.get(m.name)
+            ms.crash_loop = live.crash_loop
+            ms.desired = actions.scale.get(
+                m.name, live.count if live.count is not None else ms.desired)
+            if m.name in actions.waiting:
+                if nodes is None:
+                    nodes = (await self.fleet()).nodes
+                ms.waiting = await self._waiting_reason(m, live, nodes)
+                ms.last_failure = ms.waiting
+            else:
+                ms.waiting = None
+
+    async def _guard(self, model: str, action: object) -> None:
+        """Run one model's action; a failure of that model is recorded, not raised."""
+        assert asyncio.iscoroutine(action)
+        try:
+            await action
+        except BackendUnavailableError:
+            raise
+        except LlmgwError as exc:
+            self._state(model).last_error = exc.message
+            log.warning("model %s: %s", model, exc.message)
+
+    async def _waiting_reason(self, m: Model, st: JobState, nodes: Sequence[NodeView]) -> str:
+        evals = await self._offload.run(self._client.job_evaluations, st.id)
+        metric = latest_failure(evals, render.GROUP)
+        p = m.profile(st.profile)
+        if metric is None or p is None:
+            return "replicas are queued; Nomad has not yet said why"
+        need = render.need_of(m, p, self._cfg, self._classes)
+        return classify(need, metric, nodes).reason
+
+    # ---- choosing a profile and registering ---------------------------------
+
+    async def _choose(self, m: Model, count: int) -> _Choice:
+        """The first profile that fits now; else the first that fits the fleet at all."""
+        waiting: _Choice | None = None
+        reasons: list[str] = []
+        nodes: list[NodeView] | None = None
+        for p in m.profiles:
+            try:
+                job = render.render_job(m, p, self._cfg, self._classes, max(count, 1),
+                                        self._mirror)
+            except DefinitionError as exc:
+                reasons.append(f"profile {p.name!r}: {exc.message}")
+                continue
+            plan = await self._offload.run(self._client.plan, job)
+            metric = failed_metric(plan, render.GROUP)
+            if metric is None:
+                return _Choice(render.with_count(job, count), Verdict("fits"))
+            if nodes is None:
+                nodes = (await self.fleet()).nodes
+            verdict = classify(render.need_of(m, p, self._cfg, self._classes), metric, nodes)
+            if verdict.kind == "not_now" and waiting is None:
+                waiting = _Choice(render.with_count(job, count), verdict)
+            reasons.append(f"profile {p.name!r}: {verdict.reason}")
+        if waiting is not None:
+            return waiting
+        return _Choice(None, Verdict("never", "; ".join(reasons)))
+
+    async def _validate(self, m: Model, job: js.Job) -> None:
+        errors = await self._offload.run(self._client.validate, job)
+        if errors:
+            raise DefinitionError(
+                f"model {m.name!r}: Nomad at {self._cfg.address} finds job {job.ID} invalid: "
+                + "; ".join(e.strip() for e in errors), field="profiles")
+
+    async def _register(self, m: Model, count: int) -> None:
+        ms = self._state(m.name)
+        choice = await self._choose(m, count)
+        if choice.job is None:
+            ms.last_failure = choice.verdict.reason
+            raise PlacementError(f"model {m.name!r} cannot be placed: {choice.verdict.reason}",
+                                 field="profiles")
+        await self._validate(m, choice.job)
+        await self._offload.run(self._client.register, choice.job)
+        log.info("registered %s (profile %s, %d replicas)", choice.job.ID,
+                 choice.job.Meta[render.META_PROFILE], count)
+        ms.desired, ms.stale, ms.last_error = count, None, None
+        ms.waiting = choice.verdict.reason if choice.verdict.kind == "not_now" else None
+        if ms.waiting:
+            ms.last_failure = ms.waiting
+
+    async def _scale(self, m: Model, st: JobState, count: int) -> None:
+        ms = self._state(m.name)
+        try:
+            await self._offload.run(self._client.scale, st.id, render.GROUP, count,
+                                    f"llmgw: {m.name} to {count} replicas")
+        except ScaleBlockedError:
+            # /scale is refused while a deployment runs, which for a model load
+            # can be an hour (§5.3). Re-registering with the new count does the
+            # same thing — but only when the spec is the one registered, or it
+            # would replace every replica.
+            p = m.profile(st.profile)
+            job = (render.render_job(m, p, self._cfg, self._classes, count, self._mirror)
+                   if p else None)
+            if job is None or job.Meta[render.META_SPEC] != st.spec:
+                ms.last_error = (f"scaling to {count} waits for the running deployment to "
+                                 "finish (the job's spec is stale, so it is not re-registered)")
+                return
+            await self._offload.run(self._client.register, job)
+        ms.desired, ms.last_error = count, None
+        self._counts.pop(st.id, None)
+        log.info("scaled %s to %d", st.id, count)
+
+    # ---- Backend: catalog-facing --------------------------------------------
+
+    async def check_placement(self, model: Model, catalog: Catalog) -> None:
+        if model.external:
+            return
+        for p in model.profiles:
+            job = render.render_job(model, p, self._cfg, catalog.gpu_classes or self._classes, 1,
+                                    self._mirror)
+            await self._validate(model, job)
+        choice = await self._choose(model, 1)
+        if choice.job is None:
+            raise PlacementError(
+                f"model {model.name!r} cannot run on this fleet: {choice.verdict.reason}",
+                field="profiles")
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        m = self._model(model)
+        high = m.scaling.max if m.scaling.max is not None else 1
+        count = max(0, min(replicas, high))
+        found = await self._jobs(only=model)
+        entry = found.get(render.job_id(model))
+        if entry is None or entry[0].stopped:
+            await self._register(m, count)
+            return
+        await self._scale(m, entry[0], count)
+
+    async def rollout(self, model: str) -> None:
+        m = self._model(model)
+        found = await self._jobs(only=model)
+        entry = found.get(render.job_id(model))
+        count = _initial_count(m)
+        if entry is not None and not entry[0].stopped:
+            current = await self._count(*entry)
+            count = m.scaling.min if m.scaling.min > 0 else (current or 0)
+        await self._register(m, count)
+
+    def _model(self, name: str) -> Model:
+        m = self._catalog.get(name) if self._catalog else None
+        if m is None:
+            raise NotFoundError(f"there is no model {name!r} in the catalog")
+        if m.external:
+            raise NotFoundError(f"model {name!r} is external (upstream); Nomad runs nothing for it")
+        return m
+
+    def status(self, model: str) -> ModelStatus:
+        ms = self._states.get(model, _ModelState())
+        return ModelStatus(desired=ms.desired, ready=len(self._discovery.endpoints(model)),
+                           waiting_for_capacity=ms.waiting,
+                           last_placement_failure=ms.last_failure, last_error=ms.last_error,
+                           crash_loop=ms.crash_loop)
+
+    def stale(self, model: str) -> str | None:
+        """Why the model's job runs an older spec than the catalog renders, if it does."""
+        ms = self._states.get(model)
+        return ms.stale if ms else None
+
+    # ---- Backend: views -----------------------------------------------------
+
+    async def replicas(self, model: str | None = None) -> list[Replica]:
+        found = await self._jobs(only=model)
+        ids = sorted(jid for jid, (st, _) in found.items() if not st.stopped)
+        health = dict(self._discovery.alloc_health)
+        addresses = {r.AllocID: r for regs in self._discovery.registrations.values()
+                     for r in regs}
+        return await self._offload.run(self._replicas.read, ids, health, addresses)
+
+    async def fleet(self) -> Fleet:
+        nodes, allocs = await self._offload.run(self._fleet_inputs)
+        return build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
+
+    def _fleet_inputs(self) -> tuple[list[wire.Node], list[wire.Allocation]]:
+        return self._client.nodes(), self._client.all_allocations()
+
+    def endpoints(self, model: str) -> list[str]:
+        return self._discovery.endpoints(model)
+
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
+        await self._discovery.wait_changed(timeout)
+
+
+def _initial_count(m: Model) -> int:
+    return m.scaling.min

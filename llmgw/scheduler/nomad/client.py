@@ -1,0 +1,283 @@
+"""Nomad's HTTP API, through python-nomad, in typed calls with llmgw's errors (N10).
+
+python-nomad supplies the connection: address, ACL token (``X-Nomad-Token``),
+namespace and region parameters, TLS (CA via ``verify=path``, a client
+certificate via ``cert``) and its exception classes. Every call here goes
+through its endpoint objects' public ``request()`` rather than the
+convenience methods, for two reasons: the convenience methods return
+``.json()`` and so lose ``X-Nomad-Index``, which blocking queries need; and
+half of what llmgw calls has no method at all (services, allocation checks,
+job scale — nomad-api.md §6). One path for all calls means one place that
+decodes into typed structs and one place that turns failures into errors.
+
+Two python-nomad defaults are overridden on purpose: TLS verification is on
+(python-nomad turns it off unless told), and the namespace is passed
+explicitly on the endpoints python-nomad does not append it to (services,
+evaluations, validate).
+
+Every failure becomes an llmgw error that names the Nomad address, the
+request, what Nomad said, and what to check:
+
+* unreachable, timed out, 5xx trouble, an answer that is not Nomad's JSON,
+  or a 403 (the token cannot do what llmgw needs) → ``BackendUnavailableError``;
+* 404 → ``NotFoundError``; ``/scale`` refused during a deployment →
+  ``ScaleBlockedError``; a job Nomad refuses to register → ``NomadRejectedError``.
+
+All methods block; the backend calls them on its own threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, TypeVar, cast
+
+import msgspec
+import nomad.api.exceptions as nomad_errors  # python-nomad
+import requests
+from nomad.api.base import Requester
+
+from llmgw.config import NomadConfig
+from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError, RefusedError
+from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad import wire
+
+T = TypeVar("T")
+_JSON = {"Content-Type": "application/json"}
+
+
+class ScaleBlockedError(RefusedError):
+    """``/scale`` refused because a deployment is running (nomad-api.md §5.3)."""
+
+    kind = "scale_blocked"
+
+
+class NomadRejectedError(LlmgwError):
+    """Nomad refused a job llmgw rendered; the text is Nomad's."""
+
+    kind = "nomad_rejected"
+
+
+def _short(exc: object) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+class NomadClient:
+    """Typed, blocking calls to one Nomad cluster."""
+
+    def __init__(self, cfg: NomadConfig, *, session: requests.Session | None = None) -> None:
+        self.cfg = cfg
+        self.address = cfg.address.rstrip("/")
+        verify: bool | str = cfg.ca_cert or not cfg.tls_skip_verify
+        cert = (cfg.client_cert, cfg.client_key) if cfg.client_cert and cfg.client_key else ()
+        # The settings python-nomad's ``Nomad`` object would hand each endpoint,
+        # built here rather than through it: its constructor falls back to
+        # NOMAD_* variables on its own, and llmgw has already applied those
+        # (and only those the configuration allows) in load_config.
+        self._session = session or requests.Session()
+        self._settings: dict[str, Any] = {
+            "address": self.address, "token": cfg.token or None,
+            "namespace": cfg.namespace or None, "region": cfg.region or None,
+            "timeout": cfg.timeout, "verify": verify, "cert": cert, "session": self._session,
+        }
+        self._endpoints: dict[str, Requester] = {}
+        self._node_cache: dict[str, wire.Node] = {}
+        self._node_lock = threading.Lock()
+
+    def close(self) -> None:
+        self._session.close()
+
+    # ---- transport ----------------------------------------------------------
+
+    def _endpoint(self, root: str) -> Requester:
+        ep = self._endpoints.get(root)
+        if ep is None:
+            ep = Requester(**self._settings)
+            ep.ENDPOINT = root
+            self._endpoints[root] = ep
+        return ep
+
+    def _send(self, method: str, root: str, *path: str, params: dict[str, Any] | None = None,
+              body: bytes | None = None, timeout: float | None = None,
+              job_write: bool = False) -> requests.Response:
+        where = f"{method.upper()} /v1/{'/'.join((root, *path))}"
+        try:
+            return self._endpoint(root).request(  # type: ignore[no-any-return]
+                *path, method=method, params=dict(params or {}), data=body,
+                headers=dict(_JSON) if body is not None else None,
+                timeout=timeout if timeout is not None else self.cfg.timeout,
+            )
+        except nomad_errors.BaseNomadException as exc:
+            raise self._error(exc, where, job_write) from None
+        except requests.RequestException as exc:  # raised outside python-nomad's own net
+            raise self._unreachable(where, exc) from None
+
+    def _unreachable(self, where: str, reason: object) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"cannot reach Nomad at {self.address} ({where}): {_short(reason)}; check "
+            "scheduler.nomad.address (or NOMAD_ADDR), that the Nomad agent is running, and "
+            "for https the CA (ca_cert / NOMAD_CACERT)"
+        )
+
+    def _error(self, exc: nomad_errors.BaseNomadException, where: str,
+               job_write: bool) -> LlmgwError:
+        resp = exc.nomad_resp
+        if not isinstance(resp, requests.Response):
+            return self._unreachable(where, resp)
+        status, text = resp.status_code, (resp.text or "").strip() or resp.reason
+        said = f"Nomad at {self.address} answered {where} with {status}: {_short(text)}"
+        if status in (401, 403):
+            return BackendUnavailableError(
+                f"{said}; check the ACL token (scheduler.nomad.token or NOMAD_TOKEN): it needs "
+                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r} and "
+                "node:read"
+            )
+        if status == 404:
+            return NotFoundError(said)
+        if status == 400 and "scaling blocked due to active deployment" in text:
+            return ScaleBlockedError(said)
+        if status >= 500 and job_write and "No cluster leader" not in text:
+            # An invalid job is a 500 carrying the validation errors (§7).
+            return NomadRejectedError(
+                f"{said}; the job llmgw rendered was refused (see `llmgw jobspec render`)")
+        if status >= 500:
+            return BackendUnavailableError(f"{said}; check the Nomad servers' health and logs")
+        return LlmgwError(f"{said}; llmgw sent a request Nomad does not accept")
+
+    def _decode(self, resp: requests.Response, type_: type[T], where: str) -> T:
+        return cast(T, self._decode_any(resp, type_, where))
+
+    def _decode_any(self, resp: requests.Response, type_: object, where: str) -> object:
+        """For types mypy cannot spell as ``type[T]`` (``X | None``): cast at the caller."""
+        try:
+            return msgspec.json.decode(resp.content, type=type_)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise BackendUnavailableError(
+                f"Nomad at {self.address} answered {where} with something that is not Nomad's "
+                f"JSON ({_short(exc)}); check that scheduler.nomad.address is a Nomad agent's "
+                "HTTP address"
+            ) from None
+
+    def _get(self, type_: type[T], root: str, *path: str,
+             params: dict[str, Any] | None = None, timeout: float | None = None) -> T:
+        resp = self._send("get", root, *path, params=params, timeout=timeout)
+        return self._decode(resp, type_, f"GET /v1/{'/'.join((root, *path))}")
+
+    @property
+    def _ns(self) -> dict[str, Any]:
+        return {"namespace": self.cfg.namespace} if self.cfg.namespace else {}
+
+    # ---- jobs ---------------------------------------------------------------
+
+    def validate(self, job: js.Job) -> list[str]:
+        """Nomad's validation errors for ``job`` (empty when valid). Always a 200 (§1.1)."""
+        resp = self._send("post", "validate", "job", params=self._ns,
+                          body=js.encode(js.JobValidateRequest(Job=job)), job_write=True)
+        v = self._decode(resp, wire.ValidateResponse, "POST /v1/validate/job")
+        errors = list(v.ValidationErrors or [])
+        if not errors and v.Error:
+            errors.append(v.Error)
+        return errors
+
+    def plan(self, job: js.Job) -> wire.PlanResponse:
+        resp = self._send("post", "job", job.ID, "plan", params=self._ns,
+                          body=js.encode(js.JobPlanRequest(Job=job, Diff=False)), job_write=True)
+        return self._decode(resp, wire.PlanResponse, f"POST /v1/job/{job.ID}/plan")
+
+    def register(self, job: js.Job) -> wire.RegisterResponse:
+        resp = self._send("post", "jobs", params=self._ns,
+                          body=js.encode(js.JobRegisterRequest(Job=job)), job_write=True)
+        return self._decode(resp, wire.RegisterResponse, "POST /v1/jobs")
+
+    def deregister(self, job_id: str) -> None:
+        """Stop the job (not purged, so its history stays readable until Nomad's GC)."""
+        self._send("delete", "job", job_id, params=self._ns)
+
+    def jobs(self, prefix: str) -> list[wire.JobListStub]:
+        return self._get(list[wire.JobListStub], "jobs",
+                         params={**self._ns, "prefix": prefix, "meta": "true"})
+
+    def scale_status(self, job_id: str) -> wire.JobScaleStatus:
+        return self._get(wire.JobScaleStatus, "job", job_id, "scale", params=self._ns)
+
+    def scale(self, job_id: str, group: str, count: int, message: str) -> wire.RegisterResponse:
+        body = js.encode(js.ScalingRequest(Count=count, Target={"Group": group}, Message=message))
+        resp = self._send("post", "job", job_id, "scale", params=self._ns, body=body)
+        return self._decode(resp, wire.RegisterResponse, f"POST /v1/job/{job_id}/scale")
+
+    def job_allocations(self, job_id: str) -> list[wire.Allocation]:
+        return self._get(list[wire.Allocation], "job", job_id, "allocations", params=self._ns)
+
+    def job_evaluations(self, job_id: str) -> list[wire.Evaluation]:
+        return self._get(list[wire.Evaluation], "job", job_id, "evaluations", params=self._ns)
+
+    # ---- allocations --------------------------------------------------------
+
+    def allocation(self, alloc_id: str) -> wire.Allocation:
+        return self._get(wire.Allocation, "allocation", alloc_id, params=self._ns)
+
+    def alloc_checks(self, alloc_id: str) -> dict[str, wire.CheckStatus]:
+        """The latest result of each check of the allocation; empty when it has none yet."""
+        where = f"GET /v1/allocation/{alloc_id}/checks"
+        resp = self._send("get", "allocation", alloc_id, "checks", params=self._ns)
+        got = self._decode_any(resp, dict[str, wire.CheckStatus] | None, where)
+        return cast("dict[str, wire.CheckStatus] | None", got) or {}
+
+    def alloc_stats(self, alloc_id: str) -> wire.AllocStats:
+        return self._get(wire.AllocStats, "client/allocation", alloc_id, "stats",
+                         params=self._ns)
+
+    def all_allocations(self) -> list[wire.Allocation]:
+        """Every allocation in every namespace, with resources: what capacity is spent on."""
+        return self._get(list[wire.Allocation], "allocations",
+                         params={"namespace": "*", "resources": "true", "task_states": "false"})
+
+    # ---- nodes --------------------------------------------------------------
+
+    def nodes(self) -> list[wire.Node]:
+        """Every node with its resources and meta.
+
+        The list endpoint has resources but no meta (where the fabric is), so
+        each node is read once and again only when its ModifyIndex moves.
+        """
+        stubs = self._get(list[wire.Node], "nodes", params={"resources": "true"})
+        out = []
+        for stub in stubs:
+            with self._node_lock:
+                cached = self._node_cache.get(stub.ID)
+            if cached is None or cached.ModifyIndex != stub.ModifyIndex:
+                try:
+                    cached = self._get(wire.Node, "node", stub.ID)
+                except NotFoundError:
+                    continue  # removed between the list and the read
+                with self._node_lock:
+                    self._node_cache[stub.ID] = cached
+            out.append(cached)
+        live = {s.ID for s in stubs}
+        with self._node_lock:
+            for gone in set(self._node_cache) - live:
+                del self._node_cache[gone]
+        return out
+
+    # ---- services -----------------------------------------------------------
+
+    def services(self, index: int, wait: float) -> tuple[list[wire.NamespacedServices], int]:
+        """Blocking query on the service list: returns when any registration may have changed."""
+        params: dict[str, Any] = {**self._ns, "index": index, "wait": f"{int(wait)}s"}
+        # The server adds up to wait/16 of jitter (§4.3).
+        resp = self._send("get", "services", params=params,
+                          timeout=wait + wait / 16 + self.cfg.timeout)
+        got = cast("list[wire.NamespacedServices] | None", self._decode_any(
+            resp, list[wire.NamespacedServices] | None, "GET /v1/services"))
+        try:
+            new_index = int(resp.headers.get("X-Nomad-Index", "0"))
+        except ValueError:
+            new_index = 0
+        return got or [], new_index
+
+    def service(self, name: str) -> list[wire.ServiceRegistration]:
+        """Every registration of ``name``, healthy or not (§4.4: Nomad does not filter)."""
+        resp = self._send("get", "service", name, params=self._ns)
+        got = self._decode_any(resp, list[wire.ServiceRegistration] | None,
+                               f"GET /v1/service/{name}")
+        return cast("list[wire.ServiceRegistration] | None", got) or []

@@ -1,0 +1,338 @@
+"""What Nomad answers, as typed structs: the subset of each response llmgw reads.
+
+Unlike the request structs in ``jobspec``, these are lenient on purpose.
+Nomad encodes responses from its server structs with go-codec, which omits
+zero-valued fields of allocations, evaluations and ports (nomad-api.md,
+"General wire conventions"), and adds fields between versions; so every field
+has a default and unknown keys are ignored. A response that is not JSON of
+the expected shape at all still fails to decode, and the client turns that
+into an error naming the Nomad address.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class _R(msgspec.Struct, kw_only=True, frozen=True, gc=False):
+    """Base: unknown fields ignored, every field defaulted.
+
+    ``gc=False``: decoded answers are trees (no instance refers back to
+    another), so the garbage collector need not track them. A fleet view
+    decodes ~100,000 of these; tracked, the collections they trigger cost
+    more than the decoding (bench/nomad_fleet.py).
+    """
+
+
+# ---- jobs -------------------------------------------------------------------
+
+class TaskGroupSummary(_R, frozen=True):
+    Queued: int = 0
+    Complete: int = 0
+    Failed: int = 0
+    Running: int = 0
+    Starting: int = 0
+    Lost: int = 0
+    Unknown: int = 0
+
+
+class JobSummary(_R, frozen=True):
+    JobID: str = ""
+    Summary: dict[str, TaskGroupSummary] = {}
+
+
+class JobListStub(_R, frozen=True):
+    ID: str
+    Name: str = ""
+    Namespace: str = ""
+    Type: str = ""
+    Stop: bool = False
+    Status: str = ""
+    Meta: dict[str, str] | None = None
+    JobSummary: JobSummary | None = None
+    ModifyIndex: int = 0
+    JobModifyIndex: int = 0
+
+
+class RegisterResponse(_R, frozen=True):
+    EvalID: str = ""
+    JobModifyIndex: int = 0
+    Warnings: str = ""
+
+
+class ValidateResponse(_R, frozen=True):
+    DriverConfigValidated: bool = False
+    ValidationErrors: list[str] | None = None
+    Error: str = ""
+    Warnings: str = ""
+
+
+class AllocationMetric(_R, frozen=True):
+    NodesEvaluated: int = 0
+    NodesFiltered: int = 0
+    NodesInPool: int = 0
+    NodePool: str = ""
+    NodesAvailable: dict[str, int] | None = None
+    ClassFiltered: dict[str, int] | None = None
+    ConstraintFiltered: dict[str, int] | None = None
+    NodesExhausted: int = 0
+    ClassExhausted: dict[str, int] | None = None
+    DimensionExhausted: dict[str, int] | None = None
+    QuotaExhausted: list[str] | None = None
+    CoalescedFailures: int = 0
+
+
+class PlanResponse(_R, frozen=True):
+    JobModifyIndex: int = 0
+    FailedTGAllocs: dict[str, AllocationMetric] | None = None
+    Warnings: str = ""
+
+
+class TaskGroupScaleStatus(_R, frozen=True):
+    Desired: int = 0
+    Placed: int = 0
+    Running: int = 0
+    Healthy: int = 0
+    Unhealthy: int = 0
+
+
+class JobScaleStatus(_R, frozen=True):
+    JobID: str = ""
+    JobModifyIndex: int = 0
+    JobStopped: bool = False
+    TaskGroups: dict[str, TaskGroupScaleStatus] = {}
+
+
+class Evaluation(_R, frozen=True):
+    ID: str
+    Status: str = ""
+    StatusDescription: str = ""
+    TriggeredBy: str = ""
+    JobID: str = ""
+    BlockedEval: str = ""
+    FailedTGAllocs: dict[str, AllocationMetric] | None = None
+    QueuedAllocations: dict[str, int] | None = None
+    CreateIndex: int = 0
+    ModifyIndex: int = 0
+    CreateTime: int = 0
+
+
+class JobMeta(_R, frozen=True):
+    """The part of a job that an allocation's copy is read for."""
+
+    ID: str = ""
+    Version: int = 0
+    Meta: dict[str, str] | None = None
+
+
+# ---- allocations ------------------------------------------------------------
+
+class AllocatedCpu(_R, frozen=True):
+    CpuShares: int = 0
+    ReservedCores: list[int] | None = None
+
+
+class AllocatedMemory(_R, frozen=True):
+    MemoryMB: int = 0
+    MemoryMaxMB: int = 0
+
+
+class AllocatedDevice(_R, frozen=True):
+    Vendor: str = ""
+    Type: str = ""
+    Name: str = ""
+    DeviceIDs: list[str] | None = None
+
+
+class AllocatedTaskResources(_R, frozen=True):
+    Cpu: AllocatedCpu = AllocatedCpu()
+    Memory: AllocatedMemory = AllocatedMemory()
+    Devices: list[AllocatedDevice] | None = None
+
+
+class TaskLifecycle(_R, frozen=True):
+    Hook: str = ""
+    Sidecar: bool = False
+
+
+class PortMapping(_R, frozen=True):
+    Label: str = ""
+    Value: int = 0
+    To: int = 0
+    HostIP: str = ""
+
+
+class AllocatedShared(_R, frozen=True):
+    DiskMB: int = 0
+    Ports: list[PortMapping] | None = None
+
+
+class AllocatedResources(_R, frozen=True):
+    Tasks: dict[str, AllocatedTaskResources] | None = None
+    TaskLifecycles: dict[str, TaskLifecycle | None] | None = None
+    Shared: AllocatedShared = AllocatedShared()
+
+
+class TaskEvent(_R, frozen=True):
+    Type: str = ""
+    Time: int = 0
+    DisplayMessage: str = ""
+
+
+class TaskState(_R, frozen=True):
+    State: str = ""
+    Failed: bool = False
+    Restarts: int = 0
+    Events: list[TaskEvent] | None = None
+
+
+class Allocation(_R, frozen=True):
+    """An allocation stub (``/v1/job/:id/allocations``, ``/v1/allocations``) or the
+    full allocation (``/v1/allocation/:id``, which adds ``Job``)."""
+
+    ID: str
+    Name: str = ""
+    Namespace: str = ""
+    NodeID: str = ""
+    NodeName: str = ""
+    JobID: str = ""
+    JobVersion: int = 0
+    TaskGroup: str = ""
+    DesiredStatus: str = ""
+    ClientStatus: str = ""
+    ClientDescription: str = ""
+    NextAllocation: str = ""
+    TaskStates: dict[str, TaskState] | None = None
+    AllocatedResources: AllocatedResources | None = None
+    Job: JobMeta | None = None
+    CreateIndex: int = 0
+    ModifyIndex: int = 0
+
+
+class CheckStatus(_R, frozen=True):
+    """One entry of ``/v1/allocation/:id/checks`` (§4.4); ``Timestamp`` is Unix seconds."""
+
+    ID: str = ""
+    Check: str = ""
+    Group: str = ""
+    Mode: str = ""
+    Output: str = ""
+    Service: str = ""
+    Task: str = ""
+    Status: str = ""
+    StatusCode: int = 0
+    Timestamp: int = 0
+
+
+class MemoryStats(_R, frozen=True):
+    RSS: int = 0
+    Cache: int = 0
+    Swap: int = 0
+    Usage: int = 0
+    MaxUsage: int = 0
+    Measured: list[str] | None = None
+
+
+class ResourceUsage(_R, frozen=True):
+    MemoryStats: MemoryStats | None = None
+
+
+class AllocStats(_R, frozen=True):
+    """``/v1/client/allocation/:id/stats``: the allocation's measured usage."""
+
+    ResourceUsage: ResourceUsage | None = None
+    Timestamp: int = 0
+
+
+# ---- services ---------------------------------------------------------------
+
+class ServiceRegistration(_R, frozen=True):
+    ID: str = ""
+    ServiceName: str = ""
+    Namespace: str = ""
+    NodeID: str = ""
+    Datacenter: str = ""
+    JobID: str = ""
+    AllocID: str = ""
+    Tags: list[str] | None = None
+    Address: str = ""
+    Port: int = 0
+    CreateIndex: int = 0
+    ModifyIndex: int = 0
+
+
+class ServiceStub(_R, frozen=True):
+    ServiceName: str = ""
+    Tags: list[str] | None = None
+
+
+class NamespacedServices(_R, frozen=True):
+    Namespace: str = ""
+    Services: list[ServiceStub] | None = None
+
+
+# ---- nodes ------------------------------------------------------------------
+
+class Attribute(_R, frozen=True):
+    Int: int | None = None
+    Float: float | None = None
+    String: str | None = None
+    Bool: bool | None = None
+    Unit: str = ""
+
+
+class NodeDevice(_R, frozen=True):
+    ID: str = ""
+    Healthy: bool = False
+
+
+class NodeDeviceResource(_R, frozen=True):
+    Vendor: str = ""
+    Type: str = ""
+    Name: str = ""
+    Instances: list[NodeDevice] | None = None
+    Attributes: dict[str, Attribute] | None = None
+
+
+class NodeCpu(_R, frozen=True):
+    CpuShares: int = 0
+    TotalCpuCores: int = 0
+    ReservableCpuCores: list[int] | None = None
+
+
+class NodeMemory(_R, frozen=True):
+    MemoryMB: int = 0
+
+
+class NodeResources(_R, frozen=True):
+    Cpu: NodeCpu = NodeCpu()
+    Memory: NodeMemory = NodeMemory()
+    Devices: list[NodeDeviceResource] | None = None
+
+
+class ReservedCpu(_R, frozen=True):
+    CpuShares: int = 0
+    ReservedCpuCores: list[int] | None = None
+
+
+class ReservedResources(_R, frozen=True):
+    Cpu: ReservedCpu = ReservedCpu()
+    Memory: NodeMemory = NodeMemory()
+
+
+class Node(_R, frozen=True):
+    """A node stub (``/v1/nodes?resources=true``) or a full node (``/v1/node/:id``,
+    which adds ``Meta``)."""
+
+    ID: str
+    Name: str = ""
+    Datacenter: str = ""
+    NodeClass: str = ""
+    NodePool: str = ""
+    Status: str = ""
+    SchedulingEligibility: str = ""
+    Drain: bool = False
+    Meta: dict[str, str] | None = None
+    NodeResources: NodeResources | None = None
+    ReservedResources: ReservedResources | None = None
+    ModifyIndex: int = 0

@@ -1,0 +1,56 @@
+# A GPU client of a production cluster (one per GPU machine), e.g. an HGX
+# H100 box. Servers, ACLs and TLS are in server.hcl and tls.hcl.
+#
+#   nomad agent -config=/etc/nomad.d/   (this file, tls.hcl, and the plugin dir)
+
+datacenter = "dc1"
+data_dir   = "/opt/nomad/data"
+plugin_dir = "/opt/nomad/plugins"   # holds the nomad-device-nvidia binary
+
+client {
+  enabled    = true
+  node_class = "gpu-h100"
+  servers    = ["nomad-1.internal:4647", "nomad-2.internal:4647", "nomad-3.internal:4647"]
+
+  # The node-local model cache the prestart task `llmgw fetch` fills and the
+  # engine reads; the name is scheduler.nomad.cache_volume. Put it on local
+  # NVMe: a 70B model is 140 GB read at every start.
+  host_volume "llmgw-model-cache" {
+    path      = "/var/lib/llmgw/model-cache"
+    read_only = false
+  }
+
+  # llmgw_fabric: the interconnect group a profile's `fabric` names. A replica
+  # with tensor parallelism never leaves one node, but models that are placed
+  # together expect one fabric; set it per island (ib-a, ib-b, ...).
+  # llmgw_gpu_class: the gpu_classes entry this card is (a label for people and
+  # the fleet view; jobs are constrained on the device string itself).
+  meta {
+    llmgw_fabric    = "ib-a"
+    llmgw_gpu_class = "h100-80g"
+  }
+
+  # Cores 0-1 and 16 GiB stay with the OS, the agent and the NVIDIA daemons.
+  reserved {
+    cores  = "0-1"
+    memory = 16384
+  }
+}
+
+# NVIDIA's device plugin reports each card by its NVML name ("NVIDIA H100
+# 80GB HBM3") and memory in MiB; llmgw's gpu_classes must use those strings.
+plugin "nomad-device-nvidia" {
+  config {
+    enabled            = true
+    fingerprint_period = "1m"
+  }
+}
+
+plugin "docker" {
+  config {
+    # The device plugin hands the container NVIDIA_VISIBLE_DEVICES; the docker
+    # driver then runs it with this runtime (install nvidia-container-toolkit).
+    nvidia_runtime   = "nvidia"
+    allow_privileged = false
+  }
+}

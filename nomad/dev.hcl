@@ -1,0 +1,58 @@
+# A one-machine Nomad for trying llmgw's Nomad mode (used by docker-compose.yml):
+# server and client in one agent, the docker driver, the host volume the
+# prestart fetcher fills, and the node meta llmgw's jobs are constrained on.
+#
+#   nomad agent -dev -config=nomad/dev.hcl
+#
+# Paths are identical inside and outside the compose container on purpose:
+# the agent asks the host's Docker daemon to bind-mount allocation directories
+# and the cache, and the daemon resolves them on the host.
+
+datacenter = "dc1"
+data_dir   = "/tmp/nomad/data"
+bind_addr  = "0.0.0.0"
+
+ports {
+  http = 4646
+  rpc  = 4647
+  serf = 4648
+}
+
+server {
+  enabled          = true
+  bootstrap_expect = 1
+}
+
+client {
+  enabled = true
+
+  # The node-local model cache. Every llmgw job mounts it at /llmgw-cache; the
+  # name must equal scheduler.nomad.cache_volume in llmgw's configuration.
+  host_volume "llmgw-model-cache" {
+    path      = "/var/lib/llmgw/model-cache"
+    read_only = false
+  }
+
+  # Read by llmgw's fleet view and placement: the fabric a GPU profile may ask
+  # for (scheduler.nomad.fabric_meta_key), and the gpu class as a label.
+  meta {
+    llmgw_fabric    = "dev"
+    llmgw_gpu_class = "none"
+  }
+
+  # Keep two cores and 2 GiB for the agent and the OS; llmgw's replicas
+  # reserve whole cores out of the rest.
+  reserved {
+    cores  = "0-1"
+    memory = 2048
+  }
+}
+
+plugin "docker" {
+  config {
+    allow_privileged = false
+    volumes {
+      enabled = false
+    }
+  }
+}
