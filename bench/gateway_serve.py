@@ -1,0 +1,87 @@
+"""The gateway on its own, for benchmarks: one external model in front of a given upstream.
+
+    LLMGW_BENCH_MODELS=bench=http://127.0.0.1:18081,stream=http://127.0.0.1:18082 \\
+        granian --interface asgi --workers 1 --working-dir bench gateway_serve:app
+    # or: uvicorn --app-dir bench gateway_serve:app
+
+Each ``NAME=URL`` is an external model whose only replica is URL; no key is
+needed (loopback listener, no keys_file). The store is a throw-away SQLite
+file, opened in the ASGI lifespan.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from llmgw.catalog.build import Catalog, build_catalog
+from llmgw.catalog.model import Model
+from llmgw.config import ServerConfig
+from llmgw.gateway import Gateway
+from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
+from llmgw.store.sqlite import SqliteStore
+
+
+class StaticCatalog:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+
+class NoScheduler:
+    """A Backend with no scheduled model: the benchmark's model is external."""
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def check_placement(self, model: Model, catalog: Catalog) -> None: ...
+    async def apply(self, catalog: Catalog) -> None: ...
+    async def set_demand(self, model: str, replicas: int) -> None: ...
+    async def rollout(self, model: str) -> None: ...
+
+    async def replicas(self, model: str | None = None) -> list[Replica]:
+        return []
+
+    def status(self, model: str) -> ModelStatus:
+        return ModelStatus()
+
+    async def fleet(self) -> Fleet:
+        return Fleet(nodes=[], pools=[])
+
+    def health(self) -> BackendHealth:
+        return BackendHealth(ok=True)
+
+    def endpoints(self, model: str) -> list[str]:
+        return []
+
+    async def wait_changed(self, timeout: float) -> None: ...
+
+
+def build() -> Any:
+    spec = os.environ.get("LLMGW_BENCH_MODELS", "bench=http://127.0.0.1:18081")
+    models = [Model(name=name, upstream=[url]) for name, _, url in
+              (item.partition("=") for item in spec.split(",") if item)]
+    catalog = build_catalog(models)
+    state = tempfile.mkdtemp(prefix="llmgw-bench-")
+    store = SqliteStore(f"sqlite:///{state}/store.db")
+    gateway = Gateway(ServerConfig(listen="127.0.0.1:0"), StaticCatalog(catalog), NoScheduler(),
+                      store)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await store.open()
+                    await gateway.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await gateway.close()
+                    await store.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await gateway(scope, receive, send)
+
+    return app
+
+
+app = build()

@@ -1,0 +1,23 @@
+"""The OpenAI-compatible gateway (SPEC G): one endpoint in front of every replica.
+
+Split by noun:
+
+* ``app``      — the ASGI entry (``Gateway``): keys, limits, dispatch, disconnects;
+* ``request``  — the client's request: its bounded body and its ``model``/``stream``;
+* ``routing``  — pure: least-outstanding choice, ejection and back-off bookkeeping;
+* ``proxy``    — the upstream client: forwarding, streaming, retries and fallbacks;
+* ``ondemand`` — scale-from-zero and idle scale-down of ``min: 0`` models;
+* ``keys``     — the keys file, key lookup, per-key allow-lists and rate limits;
+* ``metrics``  — the Prometheus metrics served at ``/metrics``;
+* ``errors``   — OpenAI's error shape.
+
+Replicas come from one place per model: an external model's ``upstream``
+URLs, or the scheduler backend's healthy endpoints (Nomad service discovery
+or the embedded scheduler, behind the same ``Backend`` Protocol). The gateway
+never sees a replica that is still loading or failing its health check; on
+top of that it keeps its own passive health (``routing``).
+"""
+
+from llmgw.gateway.app import CatalogView, Gateway
+
+__all__ = ["CatalogView", "Gateway"]

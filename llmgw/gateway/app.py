@@ -1,0 +1,403 @@
+"""The gateway's ASGI entry: OpenAI-compatible inference under ``/v1/`` and ``/metrics``.
+
+This is raw ASGI rather than a Litestar handler because it is the hot path:
+every request pays for whatever sits here, and the work is small enough to
+write out (find the key, read a bounded body, parse just ``model`` and
+``stream``, hand over to the forwarder). ``bench/gateway_compare.py`` keeps
+the measurement that justified it.
+
+A request goes through, in this order: method; API key (401); the key's
+rate limit (429, before the body is read, so a client over its limit costs
+almost nothing); body size (413, from Content-Length when given, else while
+reading); JSON with a string ``model`` and a boolean or absent ``stream``
+(400); the model in the catalog in force (404); the key's allow-list (403).
+Then the forwarder answers it from a replica of the model or a fallback, or
+says why not (502/503/504).
+
+A client that disconnects cancels its request: a watcher on ``receive``
+cancels the task serving it, which closes the upstream connection, so the
+engine stops generating for nobody.
+
+**Without a keys file**, inference is open only when the server listens on a
+loopback address (a laptop, a test); on any other address every inference
+request is refused with 401 saying how to create a key. An operator who
+forgets ``keys_file`` on a cluster must not publish free GPU time to the
+network, and one trying llmgw on a laptop should not need a key first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from llmgw.catalog.build import Catalog
+from llmgw.catalog.model import Model
+from llmgw.catalog.units import parse_duration, parse_size
+from llmgw.config import ServerConfig
+from llmgw.errors import ConfigError, LlmgwError
+from llmgw.gateway.errors import (
+    ClientGone,
+    InvalidKeyError,
+    KeyRateLimitedError,
+    MethodNotAllowedError,
+    ModelNotAllowedError,
+    ModelNotFoundError,
+    NoReplicaError,
+    Receive,
+    Scope,
+    Send,
+    UnknownPathError,
+    send_error,
+)
+from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
+from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
+from llmgw.gateway.ondemand import OnDemand, is_on_demand
+from llmgw.gateway.proxy import Forwarder, ForwardRequest
+from llmgw.gateway.request import header, parse_head, read_body
+from llmgw.gateway.routing import Balancer
+from llmgw.scheduler.base import Backend
+from llmgw.store.base import Store
+
+log = logging.getLogger("llmgw.gateway")
+T = TypeVar("T")
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
+class CatalogView(Protocol):
+    """Where the gateway reads the catalog in force; it changes at runtime."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _ModelCard(msgspec.Struct):
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "llmgw"
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelCard]
+    object: str = "list"
+
+
+class Gateway:
+    """The OpenAI-compatible gateway as one ASGI application."""
+
+    def __init__(self, config: ServerConfig, models: CatalogView, backend: Backend,
+                 store: Store) -> None:
+        gw = config.gateway
+        self.config = config
+        self.models = models
+        self.backend = backend
+        self.store = store
+        self.max_body = _setting(parse_size, gw.max_body_size, "max_body_size")
+        self._loop_time = _clock
+        self.balancer = Balancer(_setting(parse_duration, gw.eject_for, "eject_for"),
+                                 _setting(parse_duration, gw.eject_max, "eject_max"))
+        self.metrics = GatewayMetrics(self._replica_counts)
+        self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
+                                   gw.max_attempts, self._loop_time)
+        holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.ondemand = OnDemand(
+            backend, store, self.metrics, holder,
+            _setting(parse_duration, gw.activity_interval, "activity_interval"), self._loop_time)
+        self.keys = KeyRing()
+        self.keys_watcher: KeysFileWatcher | None = None
+        self._keys_interval = _setting(parse_duration, gw.keys_check_interval,
+                                       "keys_check_interval")
+        self.open_access = False
+        if config.keys_file:
+            self.keys_watcher = KeysFileWatcher(config.keys_file, self.keys)
+            self.keys_watcher.load()
+        elif is_loopback(config.listen):
+            self.open_access = True
+            log.warning("no keys_file configured: inference is open to anyone who can reach "
+                        "%s (loopback only)", config.listen)
+        else:
+            log.warning("no keys_file configured and %s is not a loopback address: every "
+                        "inference request will be refused; set keys_file", config.listen)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.keys_watcher is not None:
+            self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.ondemand.close()
+        await self.forwarder.close()
+
+    async def _watch_keys(self) -> None:
+        assert self.keys_watcher is not None
+        while True:
+            await asyncio.sleep(self._keys_interval)
+            try:
+                content = await asyncio.to_thread(self.keys_watcher.changed)
+                if content is not None:
+                    self.keys_watcher.apply(content)
+                    self.metrics.key_reloads.inc()
+            except Exception:
+                log.exception("checking the keys file failed; keeping the keys in force")
+
+    async def _housekeeping(self) -> None:
+        while True:
+            catalog = self.models.catalog
+            await asyncio.sleep(self.ondemand.tick_interval(catalog))
+            try:
+                await self.ondemand.tick(self.models.catalog)
+                live = {u for m in self.models.catalog for u in self.replicas(m)}
+                self.balancer.prune(live, self._loop_time())
+            except Exception:
+                log.exception("gateway housekeeping failed; retrying on the next tick")
+
+    # ------------------------------------------------------------ replicas
+
+    def replicas(self, model: Model) -> list[str]:
+        """The base URLs that may serve ``model`` now: its upstream list, or the scheduler's."""
+        if model.upstream:
+            return model.upstream
+        return self.backend.endpoints(model.name)
+
+    def _replica_counts(self) -> Iterable[tuple[str, int, int]]:
+        now = self._loop_time()
+        for model in self.models.catalog:
+            urls = self.replicas(model)
+            yield model.name, len(urls), self.balancer.ejected_count(urls, now)
+
+    # ------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        path: str = scope["path"]
+        if path in INFERENCE_PATHS:
+            await self._inference(scope, receive, send, path)
+        elif path == "/metrics":
+            body = self.metrics.render()
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        elif path == "/v1/models" or path.startswith("/v1/models/"):
+            try:
+                await self._list_models(scope, send, path)
+            except LlmgwError as err:
+                await send_error(send, err)
+        else:
+            await send_error(send, UnknownPathError(
+                f"{scope['method']} {path}: not an endpoint of this gateway (it serves "
+                "/v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models)"))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """Serving the gateway on its own (the benchmark); llmgw serve calls start/close."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
+        if self.open_access:
+            return OPEN_ACCESS
+        value = header(headers, b"authorization")
+        if value is None or self.keys_watcher is None:
+            raise InvalidKeyError(self._no_key_message())
+        scheme, _, token = value.decode("latin-1").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise InvalidKeyError("the Authorization header must be 'Bearer <API key>'")
+        key = self.keys.lookup(token)
+        if key is None:
+            raise InvalidKeyError("the API key is not valid (unknown or revoked); ask for a "
+                                  "new one (`llmgw keys add NAME` on the control-plane host)")
+        return key
+
+    def _no_key_message(self) -> str:
+        if self.keys_watcher is None:
+            return ("inference needs an API key, and this server has no keys_file: set "
+                    "keys_file in server.yaml and create a key with `llmgw keys add NAME`")
+        return "no API key: send 'Authorization: Bearer <API key>'"
+
+    async def _list_models(self, scope: Scope, send: Send, path: str) -> None:
+        if scope["method"] != "GET":
+            raise MethodNotAllowedError(f"{scope['method']} {path}: use GET")
+        key = self._authenticate(scope["headers"])
+        catalog = self.models.catalog
+        if path == "/v1/models":
+            cards = [_ModelCard(id=m.name) for m in catalog if key.allows(m.name)]
+            body = _encode(_ModelList(data=cards))
+        else:
+            name = path[len("/v1/models/"):]
+            if name not in catalog or not key.allows(name):
+                raise ModelNotFoundError(f"model {name!r} does not exist or this key may not "
+                                         "use it", field="model")
+            body = _encode(_ModelCard(id=name))
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        started = self._loop_time()
+        call = _Call()
+        status = 500
+        try:
+            req, chain = await self._admit(scope, receive, path, started, call)
+            status = await self._serve(req, chain, receive, send)
+        except LlmgwError as err:
+            status = err.status
+            await send_error(send, err)
+        except ClientGone:
+            status = 499
+        except Exception:
+            log.exception("unexpected error serving %s", path)
+            if not call.responded():
+                await send_error(send, LlmgwError(
+                    "internal error in the gateway; the server's log has the traceback"))
+        finally:
+            mm = call.metrics or self.metrics.for_model("")
+            mm.done(status)
+            mm.latency.observe(self._loop_time() - started)
+
+    async def _admit(self, scope: Scope, receive: Receive, path: str, started: float,
+                     call: _Call) -> tuple[ForwardRequest, list[Model]]:
+        """Every check before forwarding; raises the error to answer instead."""
+        if scope["method"] != "POST":
+            raise MethodNotAllowedError(f"{scope['method']} {path}: use POST")
+        key = self._authenticate(scope["headers"])
+        wait = key.admit(started)
+        if wait > 0:
+            raise KeyRateLimitedError(
+                f"key {key.name!r} is over its limit of {key.rpm} requests per minute; "
+                f"retry in {wait:.0f} s", retry_after=wait)
+        body = await read_body(scope["headers"], receive, self.max_body)
+        head = parse_head(body)
+        catalog = self.models.catalog
+        model = catalog.get(head.model)
+        if model is None:
+            call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
+            raise ModelNotFoundError(
+                f"model {head.model!r} does not exist (GET /v1/models lists the models "
+                "this key may use)", field="model")
+        call.metrics = self.metrics.for_model(model.name)
+        if not key.allows(model.name):
+            raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
+                                       field="model")
+        chain = [model, *(fb for name in model.fallbacks
+                          if (fb := catalog.get(name)) is not None)]
+        query: bytes = scope.get("query_string", b"")
+        if query:
+            path = f"{path}?{query.decode('latin-1')}"
+        call.request = ForwardRequest(path=path, body=body, model=head.model,
+                                      stream=bool(head.stream), headers=scope["headers"],
+                                      started=started, metrics=call.metrics)
+        return call.request, chain
+
+    async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,
+                     send: Send) -> int:
+        """Forward, holding for an on-demand model, cancelled if the client goes away."""
+        model = chain[0]
+        mm = req.metrics
+        task = asyncio.current_task()
+        assert task is not None
+        state = _Watch()
+        watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
+        mm.in_flight.inc()
+        self.ondemand.begin(model)
+        try:
+            if (is_on_demand(model) and not self.backend.endpoints(model.name)
+                    and not await self.ondemand.wait_for_replica(model)):
+                return await self._forward_after_cold_wait(req, chain, send)
+            return await self.forwarder.forward(req, chain, send)
+        except asyncio.CancelledError:
+            if not state.gone:
+                raise
+            task.uncancel()
+            return 499
+        finally:
+            state.done = True
+            watcher.cancel()
+            mm.in_flight.dec()
+            self.ondemand.end(model)
+
+
+    async def _forward_after_cold_wait(self, req: ForwardRequest, chain: list[Model],
+                                       send: Send) -> int:
+        """The model did not come up within scaling.wait: a fallback that is up, or 503."""
+        model = chain[0]
+        try:
+            return await self.forwarder.forward(req, chain, send)
+        except NoReplicaError:
+            wait = parse_duration(model.scaling.wait)
+            raise NoReplicaError(
+                f"model {model.name!r} is starting but had no healthy replica within "
+                f"{wait:g} s (scaling.wait), and no fallback is up; retry shortly",
+                retry_after=min(30.0, max(1.0, wait))) from None
+
+
+class _Call:
+    """What is known about a request so far, for the metrics recorded when it ends."""
+
+    __slots__ = ("metrics", "request")
+
+    def __init__(self) -> None:
+        self.metrics: ModelMetrics | None = None
+        self.request: ForwardRequest | None = None
+
+    def responded(self) -> bool:
+        return self.request is not None and self.request.responded
+
+
+class _Watch:
+    __slots__ = ("done", "gone")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.gone = False
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], state: _Watch) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not state.done:
+                    state.gone = True
+                    task.cancel()
+                return
+
+
+def _setting(parse: Callable[[str | int], T], value: str | int, key: str) -> T:
+    """A gateway setting parsed, or the ConfigError naming it (raised before serving)."""
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"gateway.{key}: {exc}", field=f"gateway.{key}") from None
+
+
+def _clock() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,185 @@
+"""Gateway errors in OpenAI's JSON error shape, as responses and as SSE events.
+
+Every error the gateway answers is an ``llmgw.errors`` exception (the one
+tree), turned into ``{"error": {"message", "type", "param", "code"}}`` here and
+only here. ``type`` uses OpenAI's vocabulary (``invalid_request_error``,
+``authentication_error``, …) and ``code`` is a short machine-readable string
+(``model_not_found``, ``invalid_api_key``), because those are what OpenAI's
+clients and the code written against them look at; the status line carries
+the number.
+
+The leaves below add the statuses the shared tree has no class for (405, 413,
+502, 504) and the ``code`` each gateway failure reports:
+
+    DefinitionError  → InvalidRequestError 400, BodyTooLargeError 413
+    AuthError        → InvalidKeyError 401
+    ForbiddenError   → ModelNotAllowedError 403
+    NotFoundError    → ModelNotFoundError 404, UnknownPathError 404
+    LlmgwError       → MethodNotAllowedError 405
+    RateLimitedError → KeyRateLimitedError 429 (Retry-After)
+    UnavailableError → NoReplicaError 503 (Retry-After)
+                       UpstreamError 502 → UpstreamTimeoutError 504, StreamBrokenError
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import msgspec
+
+from llmgw.errors import (
+    AuthError,
+    DefinitionError,
+    ForbiddenError,
+    LlmgwError,
+    NotFoundError,
+    RateLimitedError,
+    UnavailableError,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class InvalidRequestError(DefinitionError):
+    """Malformed JSON, a missing ``model``, a ``stream`` that is not a boolean."""
+
+    code = "invalid_request"
+
+
+class BodyTooLargeError(DefinitionError):
+    status = 413
+    kind = "request_too_large"
+    code = "request_too_large"
+
+
+class InvalidKeyError(AuthError):
+    code = "invalid_api_key"
+
+
+class ModelNotAllowedError(ForbiddenError):
+    code = "model_not_allowed"
+
+
+class ModelNotFoundError(NotFoundError):
+    code = "model_not_found"
+
+
+class UnknownPathError(NotFoundError):
+    code = "unknown_url"
+
+
+class MethodNotAllowedError(LlmgwError):
+    status = 405
+    kind = "method_not_allowed"
+    code = "method_not_allowed"
+
+
+class KeyRateLimitedError(RateLimitedError):
+    code = "rate_limit_exceeded"
+
+
+class NoReplicaError(UnavailableError):
+    """No replica of the model (nor of a fallback) can take the request now."""
+
+    code = "model_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamError(UnavailableError):
+    """Every replica and fallback that was tried failed before answering."""
+
+    status = 502
+    kind = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """Every attempt that failed did so by timing out before the first byte."""
+
+    status = 504
+    kind = "upstream_timeout"
+    code = "upstream_timeout"
+
+
+class StreamBrokenError(UpstreamError):
+    """A stream that had already sent bytes to the client broke; it cannot be retried."""
+
+    code = "stream_interrupted"
+
+
+class ClientGone(Exception):  # noqa: N818 - a signal, not an error condition
+    """The client went away (disconnected, or sending to it failed). Never a replica's fault."""
+
+
+# OpenAI's ``type`` for each status; anything else is a server_error.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class _Detail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class _Body(msgspec.Struct):
+    error: _Detail
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_json(err: LlmgwError) -> bytes:
+    """``err`` as OpenAI's error object."""
+    detail = _Detail(
+        message=err.message,
+        type=_TYPES.get(err.status, "server_error"),
+        param=err.field,
+        code=getattr(err, "code", None) or err.kind,
+    )
+    return _encode(_Body(detail))
+
+
+def retry_after(err: LlmgwError) -> int | None:
+    """Whole seconds for a ``Retry-After`` header, if the error carries a delay."""
+    value: float | None = getattr(err, "retry_after", None)
+    if value is None:
+        return None
+    return max(1, int(value + 0.999))
+
+
+def sse_error_event(err: LlmgwError) -> bytes:
+    """The last event of a stream that broke after it had started.
+
+    OpenAI's streams carry errors as a ``data:`` event whose object has an
+    ``error`` key; its Python client raises ``APIError`` on exactly that.
+    """
+    return b"data: " + error_json(err) + b"\n\n"
+
+
+async def send_error(send: Send, err: LlmgwError) -> None:
+    body = error_json(err)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    seconds = retry_after(err)
+    if seconds is not None:
+        headers.append((b"retry-after", str(seconds).encode()))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,150 @@
+"""Prometheus metrics of the gateway (G7), served at ``/metrics``.
+
+Each Gateway owns its registry (so two gateways in one process, as in tests,
+do not collide); ``/metrics`` renders it followed by the process-wide default
+registry, where the process collectors and anything the control plane
+registers live.
+
+Label values are bounded: ``model`` is a catalog model name, ``(unknown)``
+for a name the catalog does not have (so a client inventing names cannot grow
+the series without bound), or empty for a request refused before its body was
+read (no key, body too large, malformed JSON). Replica URLs are deliberately
+not a label: on Nomad every restart is a new port, so they would grow forever.
+
+The hot path must not pay for label lookups on every request, so the children
+of each model are resolved once and cached (``for_model``).
+
+Every metric is listed with its labels in the README table; keep them in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
+UNKNOWN_MODEL = "(unknown)"
+
+# Latency of whole requests spans four orders of magnitude: a cached embedding
+# answers in milliseconds, a long generation in minutes.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                    600)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+
+# (model, healthy replicas, ejected replicas) for every model, read at scrape time.
+ReplicaCounts = Callable[[], Iterable[tuple[str, int, int]]]
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, counts: ReplicaCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        healthy = GaugeMetricFamily(
+            "llmgw_gateway_healthy_replicas",
+            "Replicas the gateway may route to: healthy by the scheduler's checks, or a "
+            "model's upstream URLs.", labels=["model"])
+        ejected = GaugeMetricFamily(
+            "llmgw_gateway_ejected_replicas",
+            "Healthy replicas the gateway is keeping out of rotation after failed requests.",
+            labels=["model"])
+        for model, n_healthy, n_ejected in self._counts():
+            healthy.add_metric([model], n_healthy)
+            ejected.add_metric([model], n_ejected)
+        yield healthy
+        yield ejected
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class ModelMetrics:
+    """The label children of one model, resolved once."""
+
+    __slots__ = (
+        "_m",
+        "_name",
+        "_status",
+        "in_flight",
+        "latency",
+        "tokens_completion",
+        "tokens_prompt",
+        "ttft",
+    )
+
+    def __init__(self, m: GatewayMetrics, name: str) -> None:
+        self._m = m
+        self._name = name
+        self._status: dict[int, Counter] = {}
+        self.in_flight = m.in_flight.labels(name)
+        self.latency = m.latency.labels(name)
+        self.ttft = m.ttft.labels(name)
+        self.tokens_prompt = m.tokens.labels(name, "prompt")
+        self.tokens_completion = m.tokens.labels(name, "completion")
+
+    def done(self, status: int) -> None:
+        child = self._status.get(status)
+        if child is None:
+            child = self._status[status] = self._m.requests.labels(self._name, str(status))
+        child.inc()
+
+
+class GatewayMetrics:
+    def __init__(self, replica_counts: ReplicaCounts) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "llmgw_gateway_requests", "Inference requests answered, by requested model and "
+            "HTTP status.", ["model", "status"], registry=r)
+        self.latency = Histogram(
+            "llmgw_gateway_request_duration_seconds", "Time from the request's arrival to the "
+            "last byte of its response, by requested model.", ["model"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "llmgw_gateway_time_to_first_token_seconds", "Streaming requests: time from arrival "
+            "to the first chunk sent to the client, by requested model.", ["model"],
+            buckets=_TTFT_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "llmgw_gateway_in_flight_requests", "Inference requests being served now, by "
+            "requested model.", ["model"], registry=r)
+        self.retries = Counter(
+            "llmgw_gateway_retries", "Attempts on another replica of the same model after a "
+            "failure before the first byte.", ["model"], registry=r)
+        self.fallbacks = Counter(
+            "llmgw_gateway_fallbacks", "Requests passed to a fallback model, by requested "
+            "model and the fallback tried.", ["model", "fallback"], registry=r)
+        self.upstream_errors = Counter(
+            "llmgw_gateway_upstream_errors", "Failed attempts at a replica, by the model "
+            "tried and the reason (connect, timeout, status_5xx, broken, stream_broken, "
+            "idle_timeout).", ["model", "reason"], registry=r)
+        self.tokens = Counter(
+            "llmgw_gateway_tokens", "Tokens reported in the engines' usage fields (also in "
+            "streams when the engine sends usage), by answering model and kind (prompt, "
+            "completion).", ["model", "kind"], registry=r)
+        self.scale_ups = Counter(
+            "llmgw_gateway_scale_ups", "On-demand models this process asked the scheduler to "
+            "start (holding the scale-up lease).", ["model"], registry=r)
+        self.scale_downs = Counter(
+            "llmgw_gateway_scale_downs", "On-demand models this process scaled back to zero "
+            "after their idle timeout.", ["model"], registry=r)
+        self.cold_wait = Histogram(
+            "llmgw_gateway_cold_start_wait_seconds", "How long requests were held waiting for "
+            "an on-demand model's first replica.", ["model"], buckets=_TTFT_BUCKETS,
+            registry=r)
+        self.key_reloads = Counter(
+            "llmgw_gateway_key_reloads", "Times the keys file was reloaded after a change.",
+            registry=r)
+        r.register(_ReplicaCollector(replica_counts))
+        self._models: dict[str, ModelMetrics] = {}
+
+    def for_model(self, name: str) -> ModelMetrics:
+        mm = self._models.get(name)
+        if mm is None:
+            mm = self._models[name] = ModelMetrics(self, name)
+        return mm
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

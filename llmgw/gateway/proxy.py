@@ -1,0 +1,413 @@
+"""Forwarding one inference request to a replica, with retries and fallbacks (G3, G4, G8).
+
+The rule that shapes this module: **a request may be retried only until its
+first byte reaches the client.** Before that, a refused connection, a 5xx, a
+timeout or a replica that dies are all invisible to the client: the next
+replica of the model is tried (least outstanding, never one already tried by
+this request), then each fallback model in order, and ``x-llmgw-model`` says
+who answered. After it, nothing is retried; a stream that breaks ends with
+an SSE ``error`` event in OpenAI's shape, so a client sees a failure rather
+than a stream that merely stops.
+
+To keep that window as wide as possible the response headers are held back
+until the first body chunk has arrived: an engine that sends ``200`` and then
+dies before its first token is still retried. Holding the headers costs the
+client nothing, since it can do nothing with them alone.
+
+Timeouts are per model (``Model.timeouts``): ``connect``; ``first_byte``
+from sending the request to the first body chunk (generous by default,
+because a long prompt on a busy engine can take minutes); and ``idle``
+between chunks once streaming has begun. There is no other timer: nothing
+kills a stream whose first token is slow, and nothing bounds a healthy
+stream's total length.
+
+Event streams (``text/event-stream``) pass through chunk by chunk as the
+engine sends them. Other responses (JSON) are read whole and sent in one
+piece: they are small, the engine produces them at once, and reading them
+whole lets a body that breaks half-way still be retried.
+
+The HTTP client is aiohttp (C parser, connection pool); httpx was measured
+slower on the same path (see ``bench/gateway_compare.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import aiohttp
+import msgspec
+
+from llmgw.catalog.model import Model, Timeouts
+from llmgw.catalog.units import parse_duration
+from llmgw.gateway.errors import (
+    ClientGone,
+    NoReplicaError,
+    Send,
+    StreamBrokenError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    sse_error_event,
+)
+from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
+from llmgw.gateway.routing import Balancer
+
+log = logging.getLogger("llmgw.gateway.proxy")
+
+# Request headers that describe the client's connection to us, or its
+# credentials for llmgw, and must not reach an engine.
+_DROP_REQUEST = frozenset({
+    b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+    b"upgrade", b"te", b"trailer", b"content-length", b"authorization", b"cookie",
+    b"accept-encoding", b"expect", b"proxy-authorization",
+})
+# Response headers that belong to the engine's connection, or that our own
+# server sets; the rest are passed to the client.
+_DROP_RESPONSE = frozenset({
+    b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
+    b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
+})
+_ERROR_SNIPPET = 300
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_WithUsage)
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encode = msgspec.json.Encoder().encode
+
+
+@lru_cache(maxsize=256)
+def timeouts_of(t: Timeouts) -> tuple[float, float, float]:
+    """(connect, first_byte, idle) in seconds; the catalog validated them."""
+    return parse_duration(t.connect), parse_duration(t.first_byte), parse_duration(t.idle)
+
+
+def rewrite_model(body: bytes, served: str) -> bytes:
+    """``body`` with its top-level ``model`` set to ``served``, every other value byte for byte.
+
+    Decoding to ``dict[str, Raw]`` parses only the top level; the other
+    values are copied as the client wrote them (numbers keep their spelling,
+    nested objects their key order).
+    """
+    fields = _raw_object.decode(body)
+    fields["model"] = msgspec.Raw(_encode(served))
+    return _encode(fields)
+
+
+_targets: dict[tuple[str, str], str] = {}
+
+
+def target_url(base: str, path: str) -> str:
+    """The replica URL for ``path`` (``/v1/...``).
+
+    A base URL may or may not end in ``/v1`` (``http://10.0.0.5:8000`` from
+    the scheduler, ``https://api.example.com/v1`` in a model's ``upstream``):
+    either way the request goes to ``<base without /v1>/v1/...``.
+    """
+    key = (base, path)
+    url = _targets.get(key)
+    if url is None:
+        root = base.rstrip("/")
+        if root.endswith("/v1"):
+            root = root[:-3]
+        url = root + path
+        if len(_targets) > 4096:
+            _targets.clear()
+        _targets[key] = url
+    return url
+
+
+class StreamUsage:
+    """Finds the usage object in an SSE stream without parsing every event.
+
+    Only complete lines are examined, and only those that mention
+    ``"usage"``; the last usage seen wins (an engine reporting cumulative
+    usage on every chunk ends with the total).
+    """
+
+    __slots__ = ("tail", "usage")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.usage: _Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.tail + chunk if self.tail else chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            self.tail = data[-65536:]
+            return
+        self.tail = data[end + 1:][-65536:]
+        if data.find(b'"usage"', 0, end) < 0:
+            return
+        for line in data[:end].split(b"\n"):
+            if line.startswith(b"data:") and b'"usage"' in line:
+                try:
+                    found = _usage_decoder.decode(line[5:])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if found.usage is not None:
+                    self.usage = found.usage
+
+
+@dataclass(slots=True)
+class ForwardRequest:
+    """What the gateway learned from the client's request."""
+
+    path: str
+    body: bytes
+    model: str                      # the ``model`` value as the client sent it
+    stream: bool
+    headers: list[tuple[bytes, bytes]]
+    started: float                  # loop time of arrival
+    metrics: ModelMetrics
+    bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
+    responded: bool = False         # the response has started: nothing can be retried
+
+
+@dataclass(slots=True)
+class _Failure:
+    reason: str          # metric label: connect, timeout, status_5xx, broken
+    detail: str
+
+
+def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    out = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
+           if n not in _DROP_REQUEST and not n.startswith(b"x-llmgw-")}
+    out.setdefault("content-type", "application/json")
+    # Compressed bodies could not be read for usage, and the client did not
+    # necessarily ask for them.
+    out["accept-encoding"] = "identity"
+    return out
+
+
+class Forwarder:
+    """Sends requests to replicas; owns the upstream connection pool."""
+
+    def __init__(
+        self,
+        balancer: Balancer,
+        metrics: GatewayMetrics,
+        replicas: Callable[[Model], list[str]],
+        max_attempts: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.balancer = balancer
+        self.metrics = metrics
+        self.replicas = replicas
+        self.max_attempts = max(1, max_attempts)
+        self.clock = clock
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=0,  # no cap: one connection per request in flight, as engines expect
+                # Below the 5 s keep-alive of uvicorn (vLLM, llama-cpp-python): a
+                # connection the engine may be closing is never reused, so a
+                # healthy replica is not ejected for a race on an idle socket.
+                keepalive_timeout=4.0,
+                ttl_dns_cache=10,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+                timeout=aiohttp.ClientTimeout(total=None), cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def body_for(self, req: ForwardRequest, model: Model) -> bytes:
+        served = model.engine_model_name
+        if served == req.model:
+            return req.body
+        body = req.bodies.get(served)
+        if body is None:
+            body = req.bodies[served] = rewrite_model(req.body, served)
+        return body
+
+    async def forward(self, req: ForwardRequest, chain: Sequence[Model], send: Send) -> int:
+        """Answer ``req`` from the first model of ``chain`` that can; returns the status sent.
+
+        ``chain`` is the requested model followed by its fallbacks that exist.
+        Raises an LlmgwError (nothing has been sent) when no replica of any of
+        them answered.
+        """
+        failures: list[str] = []
+        timeouts_only = True
+        back_in: float | None = None
+        requested = chain[0].name
+        for index, model in enumerate(chain):
+            urls = self.replicas(model)
+            tried: set[str] = set()
+            while len(tried) < self.max_attempts:
+                url = self.balancer.choose(urls, self.clock(), tried)
+                if url is None:
+                    break
+                if tried:
+                    self.metrics.retries.labels(model.name).inc()
+                elif index > 0:
+                    self.metrics.fallbacks.labels(requested, model.name).inc()
+                tried.add(url)
+                outcome = await self._attempt(url, model, req, send)
+                if isinstance(outcome, int):
+                    return outcome
+                self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
+                failures.append(f"{model.name} at {url}: {outcome.detail}")
+                timeouts_only = timeouts_only and outcome.reason == "timeout"
+                urls = self.replicas(model)
+            wait = self.balancer.back_in(urls, self.clock())
+            if wait is not None:
+                back_in = wait if back_in is None else min(back_in, wait)
+        names = " or ".join(repr(m.name) for m in chain)
+        if failures:
+            shown = "; ".join(failures[:6]) + (" …" if len(failures) > 6 else "")
+            cls = UpstreamTimeoutError if timeouts_only else UpstreamError
+            raise cls(f"no replica of {names} answered: {shown}")
+        raise NoReplicaError(
+            f"no replica of {names} can take requests now"
+            + (" (all are held out after failures)" if back_in is not None else
+               " (none is running and healthy)"),
+            retry_after=back_in if back_in is not None else 5.0,
+        )
+
+    async def _attempt(self, url: str, model: Model, req: ForwardRequest,
+                       send: Send) -> int | _Failure:
+        connect, first_byte, idle = timeouts_of(model.timeouts)
+        loop = asyncio.get_running_loop()
+        session = self._client()
+        body = self.body_for(req, model)
+        sent = False
+        resp: aiohttp.ClientResponse | None = None
+        self.balancer.acquire(url)
+        try:
+            async with asyncio.timeout(first_byte) as deadline:
+                try:
+                    resp = await session.post(
+                        target_url(url, req.path), data=body,
+                        headers=upstream_headers(req.headers),
+                        timeout=aiohttp.ClientTimeout(total=None, connect=connect),
+                    )
+                    status = resp.status
+                    if status >= 500:
+                        snippet = await resp.content.read(_ERROR_SNIPPET)
+                        self.balancer.failed(url, self.clock())
+                        text = snippet.decode("utf-8", "replace").strip()
+                        return _Failure("status_5xx", f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
+                    headers = [(n.lower(), v) for n, v in resp.raw_headers
+                               if n.lower() not in _DROP_RESPONSE]
+                    headers.append((b"x-llmgw-model", model.name.encode()))
+                    ctype = resp.headers.get("content-type", "")
+                    if ctype.startswith("text/event-stream"):
+                        chunk = await resp.content.readany()
+                        self.balancer.succeeded(url)
+                        await _to_client(send, {"type": "http.response.start", "status": status,
+                                                "headers": headers})
+                        sent = req.responded = True
+                        await self._stream(req, model, resp, chunk, send, deadline, idle, loop)
+                    else:
+                        deadline.reschedule(loop.time() + idle)
+                        data = await resp.read()
+                        self.balancer.succeeded(url)
+                        headers.append((b"content-length", str(len(data)).encode()))
+                        await _to_client(send, {"type": "http.response.start", "status": status,
+                                                "headers": headers})
+                        sent = req.responded = True
+                        await _to_client(send, {"type": "http.response.body", "body": data})
+                        if status == 200 and ctype.startswith("application/json"):
+                            self._count_usage(model, data)
+                    return status
+                except (aiohttp.ClientError, OSError) as exc:
+                    self.balancer.failed(url, self.clock())
+                    if sent:
+                        await self._broken(send, model, req, f"the replica's stream broke: "
+                                           f"{_describe(exc)}", "stream_broken")
+                        return status
+                    reason = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else \
+                        "broken"
+                    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+                        reason = "timeout"
+                    return _Failure(reason, _describe(exc))
+        except TimeoutError:
+            self.balancer.failed(url, self.clock())
+            if sent:
+                await self._broken(send, model, req, f"the replica sent nothing for {idle:g} s "
+                                   f"(timeouts.idle of model {model.name!r})", "idle_timeout")
+                return status
+            return _Failure("timeout", f"no response within {first_byte:g} s "
+                            f"(timeouts.first_byte of model {model.name!r})")
+        finally:
+            self.balancer.release(url)
+            if resp is not None:
+                resp.close()
+
+    async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
+                      chunk: bytes, send: Send, deadline: asyncio.Timeout, idle: float,
+                      loop: asyncio.AbstractEventLoop) -> None:
+        usage = StreamUsage()
+        content = resp.content
+        if chunk:
+            req.metrics.ttft.observe(loop.time() - req.started)
+        while chunk:
+            usage.feed(chunk)
+            await _to_client(send, {"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+            deadline.reschedule(loop.time() + idle)
+            chunk = await content.readany()
+        await _to_client(send, {"type": "http.response.body", "body": b""})
+        if usage.usage is not None:
+            self._add_tokens(model, usage.usage)
+
+    async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
+                      reason: str) -> None:
+        """End a stream that broke after it started: an error event, then the end."""
+        self.metrics.upstream_errors.labels(model.name, reason).inc()
+        log.warning("stream of a request for %r broke: %s", req.model, message)
+        event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
+        await _to_client(send, {"type": "http.response.body", "body": event, "more_body": True})
+        await _to_client(send, {"type": "http.response.body", "body": b""})
+
+    def _count_usage(self, model: Model, data: bytes) -> None:
+        try:
+            found = _usage_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if found.usage is not None:
+            self._add_tokens(model, found.usage)
+
+    def _add_tokens(self, model: Model, usage: _Usage) -> None:
+        mm = self.metrics.for_model(model.name)
+        if usage.prompt_tokens > 0:
+            mm.tokens_prompt.inc(usage.prompt_tokens)
+        if usage.completion_tokens > 0:
+            mm.tokens_completion.inc(usage.completion_tokens)
+
+
+async def _to_client(send: Send, message: dict[str, object]) -> None:
+    try:
+        await send(message)
+    except Exception as exc:
+        raise ClientGone(str(exc)) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the replica closed the connection before answering"
+    return str(exc) or type(exc).__name__
+

@@ -1,0 +1,26 @@
+"""The gateway's README documents every metric it exports and every gateway setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmgw.config import GatewayConfig
+from llmgw.gateway.metrics import GatewayMetrics
+
+README = Path(__file__).resolve().parents[2] / "llmgw" / "gateway" / "README.md"
+
+
+def test_every_metric_is_in_the_readme_table() -> None:
+    """A metric added to GatewayMetrics without a README row fails here."""
+    metrics = GatewayMetrics(lambda: [("m", 1, 0)])
+    names = {family.name for family in metrics.registry.collect()}
+    text = README.read_text()
+    assert len(names) >= 14
+    for name in names:   # a counter's family name drops its _total suffix
+        assert f"`{name}`" in text or f"`{name}_total`" in text, f"{name} is not in {README}"
+
+def test_every_gateway_setting_is_in_the_readme() -> None:
+    """Each field of GatewayConfig has a row in the configuration table."""
+    text = README.read_text()
+    for field in GatewayConfig.__struct_fields__:
+        assert f"| `{field}` |" in text, field

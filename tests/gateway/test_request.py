@@ -1,0 +1,51 @@
+"""The pieces of a request the gateway reads or rewrites, without servers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw.gateway.errors import InvalidRequestError
+from llmgw.gateway.proxy import rewrite_model, target_url
+from llmgw.gateway.request import parse_head
+
+
+def test_parse_head_reads_model_and_stream_only() -> None:
+    """model and stream are read; every other field, however odd, is left alone."""
+    head = parse_head(b'{"messages": [{"x": [1, {"y": null}]}], "model": "m", "stream": true}')
+    assert (head.model, head.stream) == ("m", True)
+    assert parse_head(b'{"model": "m", "stream": null}').stream is None
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (b"", None), (b"{", None), (b"null", None), (b'"model"', None),
+    (b"{}", "model"), (b'{"model": null}', "model"), (b'{"model": ""}', "model"),
+    (b'{"model": "m", "stream": 1}', "stream"), (b'{"model": "m", "stream": "true"}', "stream"),
+])
+def test_parse_head_errors_name_the_field(body: bytes, param: str | None) -> None:
+    """Each malformed body is a 400 whose param names the field at fault, if any."""
+    with pytest.raises(InvalidRequestError) as err:
+        parse_head(body)
+    assert err.value.status == 400
+    assert err.value.field == param
+
+
+def test_rewrite_model_changes_only_the_model() -> None:
+    """The served name replaces model; other values keep their exact spelling."""
+    body = b'{"model":"alias","temperature":1.0e0,"messages":[{"b":1,"a":2}]}'
+    out = rewrite_model(body, "org/Served-Model")
+    assert json.loads(out)["model"] == "org/Served-Model"
+    assert b'"temperature":1.0e0' in out
+    assert b'"messages":[{"b":1,"a":2}]' in out
+
+
+@pytest.mark.parametrize(("base", "url"), [
+    ("http://10.0.0.5:8000", "http://10.0.0.5:8000/v1/chat/completions"),
+    ("http://10.0.0.5:8000/", "http://10.0.0.5:8000/v1/chat/completions"),
+    ("https://api.example.com/v1", "https://api.example.com/v1/chat/completions"),
+    ("https://example.com/openai/v1/", "https://example.com/openai/v1/chat/completions"),
+])
+def test_target_url_accepts_base_urls_with_or_without_v1(base: str, url: str) -> None:
+    """A replica's base URL may end in /v1 or not; the request lands on .../v1/<endpoint>."""
+    assert target_url(base, "/v1/chat/completions") == url
