@@ -1,0 +1,477 @@
+"""The embedded scheduler: the catalog run as child processes on this machine (L1).
+
+``LocalBackend`` implements the same ``Backend`` Protocol as Nomad, so the
+reconciler, the API and the gateway cannot tell which one runs. Where Nomad
+has a job per model and an allocation per replica, this has a
+``ReplicaRunner`` per replica (``supervisor.py``) and a ``Ledger`` of this
+machine's cores, memory and GPUs (``resources.py``).
+
+Every decision is taken in one synchronous pass, ``_reconcile``: which
+replicas to start and stop (``planner.plan``), where each fits, what the model
+shows when one does not. It never awaits, so two triggers (a catalog change and
+an engine dying) cannot interleave half-way through a decision; a trigger that
+arrives from a replica schedules a pass instead of running one inside the
+replica's callback. Processes start and stop in the runners' own tasks.
+
+A replica keeps the model definition and profile it was started with, for its
+restarts too, as a Nomad allocation keeps its job version: a profile edit
+shows the replica as stale until ``rollout``.
+
+Only one LocalBackend may run per machine and port range: it owns its
+children, and a second one would count the same cores again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, cast
+
+import msgspec
+
+from llmgw.catalog.build import Catalog
+from llmgw.catalog.fingerprint import fingerprint, is_stale
+from llmgw.catalog.model import Model, Profile
+from llmgw.catalog.units import parse_duration
+from llmgw.config import ServerConfig
+from llmgw.errors import ConfigError, NotFoundError, PlacementError
+from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
+from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
+from llmgw.scheduler.local.gguf import NotGgufError, read_gguf
+from llmgw.scheduler.local.machine import detect_machine
+from llmgw.scheduler.local.planner import ReplicaView, desired_count, plan
+from llmgw.scheduler.local.resources import Demand, Grant, Ledger, Machine, demand_of
+from llmgw.scheduler.local.supervisor import (
+    LaunchError,
+    PortPool,
+    ReplicaRunner,
+    Timing,
+    kill_all_groups,
+    rss_of,
+)
+from llmgw.sources import SourceError, local_source_refusal, parse_pkg_source, resolve_source
+
+log = logging.getLogger("llmgw.scheduler.local")
+
+EventKind = Literal["loading", "ready", "unhealthy", "failed", "stopped", "waiting",
+                    "unplaceable"]
+
+
+class LocalEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """Something a person starting ``llmgw serve`` wants to see happen.
+
+    ``loading``: an engine process started and is loading the model;
+    ``ready``: it answers its health check and takes traffic (``address``);
+    ``unhealthy``: a running engine stopped answering; ``failed``: it exited or
+    could not start (``message`` has why and its last output lines; it is
+    restarted with back-off); ``stopped``: it was stopped on purpose;
+    ``waiting``: a replica does not fit in what is free now; ``unplaceable``:
+    no profile of the model could ever run on this machine.
+    """
+
+    kind: EventKind
+    model: str
+    replica: str | None = None
+    address: str | None = None
+    message: str = ""
+    at: float = 0.0          # time.time()
+
+    def line(self) -> str:
+        """One line for a terminal: ``gemma-3-270m: ready at http://127.0.0.1:28000 after 2.1s``."""
+        who = f"{self.model} ({self.replica})" if self.replica else self.model
+        first = self.message.splitlines()[0] if self.message else ""
+        if self.kind == "loading":
+            return f"{who}: loading ({first})"
+        if self.kind == "ready":
+            return f"{who}: ready at {first}" if first.startswith("http") else f"{who}: ready"
+        if self.kind == "failed":
+            return f"{who}: failed: {first}; it is restarted with back-off"
+        if self.kind == "stopped":
+            return f"{who}: stopped"
+        if self.kind == "unhealthy":
+            return f"{who}: not answering its health check ({first}); taken out of routing"
+        if self.kind == "waiting":
+            return f"{who}: waiting for capacity: {first}"
+        return f"{who}: cannot run here: {first}"
+
+
+EventCallback = Callable[[LocalEvent], None]
+
+_atexit_registered = False
+
+
+class _Wait(msgspec.Struct, frozen=True):
+    reason: str
+
+
+class _Never(msgspec.Struct, frozen=True):
+    reason: str
+
+
+class LocalBackend:
+    """Runs the catalog's models as child processes of this llmgw."""
+
+    def __init__(
+        self, config: ServerConfig, store: object | None = None, *,
+        machine: Machine | None = None, on_event: EventCallback | None = None,
+        timing: Timing | None = None,
+    ) -> None:
+        # ``store`` is accepted so every backend is built the same way; one
+        # machine has one scheduler, so there is nothing to share through it.
+        local = config.scheduler.local
+        low, high = local.port_range
+        if not 1024 <= low <= high <= 65535:
+            raise ConfigError(
+                f"scheduler.local.port_range: {list(local.port_range)} is not a range of "
+                "unprivileged ports [low, high] with 1024 <= low <= high <= 65535",
+                field="scheduler.local.port_range")
+        if timing is None:
+            try:
+                timing = Timing(stop_grace=parse_duration(local.stop_grace),
+                                start_timeout=parse_duration(local.start_timeout))
+            except ValueError as exc:
+                raise ConfigError(f"scheduler.local: {exc}", field="scheduler.local") from None
+        self.config = config
+        self.machine = machine or detect_machine(local)
+        self._ledger = Ledger(self.machine)
+        self._ports = PortPool(low, high)
+        self._timing = timing
+        self._python = local.python or sys.executable
+        self._catalog: Catalog | None = None
+        self._demand: dict[str, int] = {}
+        self._desired: dict[str, int] = {}
+        self._runners: dict[str, ReplicaRunner] = {}
+        self._waiting: dict[str, str] = {}
+        self._never: dict[str, str] = {}
+        self._placement_failure: dict[str, str] = {}
+        self._blocked: set[str] = set()
+        self._seq = 0
+        self._listeners: list[EventCallback] = [on_event] if on_event else []
+        self._changed = asyncio.Event()
+        self._stoppers: set[asyncio.Task[None]] = set()
+        self._kick_pending = False
+        self._closed = False
+        self._fault: str | None = None
+        self._pkg_paths: dict[str, Path] = {}
+
+    # -- events ------------------------------------------------------------
+
+    def subscribe(self, callback: EventCallback) -> Callable[[], None]:
+        """Call ``callback`` with every LocalEvent from now on; returns the unsubscribe."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
+
+    def _emit(self, kind: EventKind, model: str, *, replica: str | None = None,
+              address: str | None = None, message: str = "") -> None:
+        event = LocalEvent(kind=kind, model=model, replica=replica, address=address,
+                           message=message, at=time.time())
+        # Failures go to the log in full (with the engine's output lines);
+        # the routine life of a replica only at debug level, since `llmgw
+        # serve` prints it as one line per event.
+        if kind in ("failed", "unhealthy", "waiting", "unplaceable"):
+            log.warning("%s", event.line() if kind != "failed" else
+                        f"{model} ({replica}): {message}")
+        else:
+            log.debug("%s", event.line())
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("an event listener failed on %s", event)
+
+    def _notify_changed(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- the Protocol ------------------------------------------------------
+
+    async def start(self) -> None:
+        global _atexit_registered
+        if not _atexit_registered:
+            # The last line of defence if the server dies without close():
+            # engines must not outlive llmgw (PDEATHSIG covers a SIGKILL).
+            atexit.register(kill_all_groups)
+            _atexit_registered = True
+
+    async def close(self) -> None:
+        """Stop every replica (gracefully, then by force) and return when all have exited."""
+        self._closed = True
+        runners = list(self._runners.values())
+        for r in runners:
+            r.request_stop()
+        self._notify_changed()
+        await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+        for task in list(self._stoppers):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def check_placement(self, model: Model, catalog: Catalog) -> None:
+        if model.external:
+            return
+        if refusal := engine_refusal(model, bool(self.machine.gpus)):
+            raise PlacementError(refusal, field="engine")
+        if refusal := local_source_refusal(model.source or ""):
+            raise PlacementError(refusal, field="source")
+        reasons = []
+        for i, p in enumerate(model.profiles):
+            reason = self._ledger.never_fits(demand_of(p, catalog.gpu_classes))
+            if reason is None:
+                return
+            reasons.append((i, reason))
+        raise PlacementError(
+            f"model {model.name!r} cannot run on this machine ({self.machine.name}): "
+            + "; ".join(r for _, r in reasons),
+            field=f"profiles[{reasons[0][0]}]" if reasons else "profiles",
+        )
+
+    async def apply(self, catalog: Catalog) -> None:
+        if self._closed:
+            return
+        self._catalog = catalog
+        self._reconcile()
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        self._model(model)
+        self._demand[model] = max(0, replicas)
+        self._reconcile()
+
+    async def rollout(self, model: str) -> None:
+        """Replace the model's stale replicas; each keeps serving until its successor is ready."""
+        m = self._model(model)
+        for r in self._live(model):
+            if self._stale(m, r):
+                r.retiring = True
+        self._reconcile()
+
+    async def replicas(self, model: str | None = None) -> list[Replica]:
+        runners = sorted((r for r in self._runners.values() if model in (None, r.model)),
+                         key=lambda r: (r.model, r.seq))
+        return [r.replica(measured_memory=rss_of(r.pid)) for r in runners]
+
+    def status(self, model: str) -> ModelStatus:
+        live = self._live(model)
+        # A replica that failed and is not serving again: its message stays the
+        # model's error through the restart attempts, so it does not flicker.
+        failing = [r for r in live if r.message and not r.healthy]
+        last_error = self._never.get(model) or (failing[0].message if failing else None)
+        return ModelStatus(
+            desired=self._desired.get(model, 0),
+            ready=sum(1 for r in live if r.healthy),
+            waiting_for_capacity=self._waiting.get(model),
+            last_placement_failure=self._placement_failure.get(model),
+            last_error=last_error,
+            crash_loop=any(r.crash_loop for r in live),
+        )
+
+    async def fleet(self) -> Fleet:
+        m = self.machine
+        device = m.gpus[0].device if m.gpus else None
+        gpu_class = next((name for name, gc in self.config.gpu_classes.items()
+                          if device is not None and gc.device == device), None)
+        gpu_memory = m.gpus[0].memory if m.gpus else None
+        gpus_free = len(self._ledger.free_gpus())
+        node = NodeView(
+            name=m.name, id="local", status="ready", schedulable=not self._closed,
+            gpu_class=gpu_class, gpu_device=device, fabric=None,
+            gpus_total=len(m.gpus), gpus_free=gpus_free, gpu_memory=gpu_memory,
+            cores_total=len(m.cores), cores_free=len(self._ledger.free_cores()),
+            memory_total=m.memory, memory_free=max(self._ledger.free_memory(), 0),
+        )
+        pool = Pool(name=gpu_class or ("gpu" if m.gpus else "cpu"), gpu_class=gpu_class,
+                    fabric=None, gpu_memory=gpu_memory, nodes=[m.name],
+                    gpus_total=len(m.gpus), gpus_free=gpus_free,
+                    largest_free_gpus_on_a_node=gpus_free)
+        return Fleet(nodes=[node], pools=[pool])
+
+    def health(self) -> BackendHealth:
+        if self._fault:
+            return BackendHealth(ok=False, message=self._fault)
+        if self._closed:
+            return BackendHealth(ok=False, message="the local scheduler is stopped")
+        live = [r for r in self._runners.values() if not r.stopping]
+        ready = sum(1 for r in live if r.healthy)
+        return BackendHealth(
+            ok=True, message=f"local scheduler on {self.machine.name}: "
+                             f"{ready} of {len(live)} replicas ready")
+
+    def endpoints(self, model: str) -> list[str]:
+        return [r.address for r in sorted(self._live(model), key=lambda r: r.seq)
+                if r.healthy and r.state == "running" and r.address]
+
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
+
+    # -- deciding ----------------------------------------------------------
+
+    def _model(self, name: str) -> Model:
+        m = self._catalog.get(name) if self._catalog else None
+        if m is None or m.external:
+            raise NotFoundError(f"the local scheduler runs no model named {name!r}")
+        return m
+
+    def _live(self, model: str) -> list[ReplicaRunner]:
+        return [r for r in self._runners.values() if r.model == model and not r.stopping]
+
+    @staticmethod
+    def _stale(model: Model, r: ReplicaRunner) -> bool:
+        p = model.profile(r.profile)
+        return p is None or is_stale(r.fingerprint, fingerprint(model, p))
+
+    def _kick(self) -> None:
+        """Run a reconcile pass soon (not inside the caller's callback)."""
+        if self._kick_pending or self._closed:
+            return
+        self._kick_pending = True
+
+        def run() -> None:
+            self._kick_pending = False
+            self._reconcile()
+
+        asyncio.get_running_loop().call_soon(run)
+
+    def _reconcile(self) -> None:
+        if self._closed or self._catalog is None:
+            return
+        try:
+            catalog = self._catalog
+            for r in list(self._runners.values()):
+                m = catalog.get(r.model)
+                if not r.stopping and (m is None or m.external):
+                    self._stop_runner(r)
+            for name in set(self._desired) - set(catalog.models):
+                for table in (self._desired, self._waiting, self._never,
+                              self._placement_failure, self._demand):
+                    table.pop(name, None)
+                self._blocked.discard(name)
+            for m in catalog:
+                if not m.external:
+                    self._reconcile_model(m, catalog)
+            self._fault = None
+        except Exception as exc:
+            log.exception("the local scheduler failed to reconcile the catalog")
+            self._fault = f"the local scheduler failed to reconcile the catalog: {exc!r}"
+
+    def _reconcile_model(self, m: Model, catalog: Catalog) -> None:
+        name = m.name
+        desired = desired_count(m, self._demand.get(name, 0))
+        self._desired[name] = desired
+        live = self._live(name)
+        views = [ReplicaView(id=r.id, healthy=r.healthy, stale=self._stale(m, r),
+                             retiring=r.retiring, seq=r.seq) for r in live]
+        decided = plan(desired, views, blocked=name in self._blocked)
+        for rid in decided.stop:
+            self._stop_runner(self._runners[rid])
+        was_blocked = name in self._blocked
+        self._blocked.discard(name)
+        for _ in range(decided.start):
+            choice = self._choose(m, catalog)
+            if isinstance(choice, _Never):
+                if self._never.get(name) != choice.reason:
+                    self._emit("unplaceable", name, message=choice.reason)
+                self._never[name] = self._placement_failure[name] = choice.reason
+                self._waiting.pop(name, None)
+                return
+            if isinstance(choice, _Wait):
+                if self._waiting.get(name) != choice.reason:
+                    self._emit("waiting", name, message=choice.reason)
+                self._waiting[name] = self._placement_failure[name] = choice.reason
+                self._blocked.add(name)
+                if not was_blocked and any(r.retiring for r in live):
+                    self._kick()      # a rollout may free room by stopping an old replica
+                return
+            profile, demand = choice
+            self._launch(m, profile, demand)
+            self._placement_failure.pop(name, None)
+        self._waiting.pop(name, None)
+        self._never.pop(name, None)
+
+    def _choose(self, m: Model, catalog: Catalog) -> tuple[Profile, Demand] | _Wait | _Never:
+        """The first profile that fits now (C2); else why it must wait, or can never run."""
+        refusal = (engine_refusal(m, bool(self.machine.gpus))
+                   or local_source_refusal(m.source or ""))
+        if refusal:
+            return _Never(refusal)
+        waits: list[str] = []
+        nevers: list[str] = []
+        for p in m.profiles:
+            demand = demand_of(p, catalog.gpu_classes)
+            if reason := self._ledger.never_fits(demand):
+                nevers.append(reason)
+            elif reason := self._ledger.why_not_now(demand):
+                waits.append(reason)
+            else:
+                return p, demand
+        if waits:
+            return _Wait(waits[0])
+        return _Never(f"model {m.name!r} cannot run on this machine: " + "; ".join(nevers))
+
+    def _launch(self, m: Model, profile: Profile, demand: Demand) -> None:
+        self._seq += 1
+        rid = f"{m.name}-{self._seq}"
+        grant = self._ledger.reserve(rid, demand)
+        runner = ReplicaRunner(
+            id=rid, model=m.name, profile=profile.name, fingerprint=fingerprint(m, profile),
+            seq=self._seq, node=self.machine.name,
+            cpus=grant.cores if self.machine.pinnable else (),
+            reserved_memory=demand.memory or None,
+            prepare=functools.partial(self._prepare, m, profile, grant),
+            ports=self._ports, timing=self._timing, on_change=self._on_runner,
+        )
+        self._runners[rid] = runner
+        runner.start()
+
+    def _stop_runner(self, r: ReplicaRunner) -> None:
+        r.request_stop()
+        self._notify_changed()
+        task = asyncio.get_running_loop().create_task(r.stop(), name=f"stop-{r.id}")
+        self._stoppers.add(task)
+        task.add_done_callback(self._stoppers.discard)
+
+    def _on_runner(self, r: ReplicaRunner, kind: str, message: str) -> None:
+        if kind == "stopped":
+            self._ledger.release(r.id)
+            self._runners.pop(r.id, None)
+        self._notify_changed()
+        if kind in ("loading", "ready", "unhealthy", "failed", "stopped"):
+            self._emit(cast(EventKind, kind), r.model, replica=r.id, address=r.address,
+                       message=message)
+        self._kick()
+
+    # -- launching (runs in the replica's task) ------------------------------
+
+    async def _resolve(self, m: Model) -> Path:
+        source = m.source or ""
+        dist = parse_pkg_source(source)
+        if dist is not None and (known := self._pkg_paths.get(dist)) and known.is_file():
+            return known
+        path = await asyncio.to_thread(resolve_source, source,
+                                       want_gguf=m.engine == "llama.cpp")
+        if dist is not None:
+            self._pkg_paths[dist] = path
+        return path
+
+    async def _prepare(self, m: Model, profile: Profile, grant: Grant, port: int) -> EngineLaunch:
+        try:
+            path = await self._resolve(m)
+        except SourceError as exc:
+            raise LaunchError(str(exc)) from None
+        info = None
+        if m.engine == "llama.cpp":
+            try:
+                info = await asyncio.to_thread(read_gguf, path)
+            except NotGgufError as exc:
+                raise LaunchError(str(exc)) from None
+            except OSError as exc:
+                raise LaunchError(f"cannot read model file {str(path)!r}: {exc.strerror}; "
+                                  "check its permissions") from None
+        return launch_for(m, profile, python=self._python, model_path=str(path), port=port,
+                          gguf=info, gpu_indexes=grant.gpus)
