@@ -8,11 +8,14 @@ unauthorised, unreachable. The check only reads (M6).
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from litestar import post
+from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
-from llmgw.api.context import AppContext
+from llmgw.api.context import Ctx
 from llmgw.sourcecheck import check_source
 
 
@@ -26,9 +29,9 @@ class SourceCheckAnswer(msgspec.Struct, kw_only=True):
 
 @post("/source-check", status_code=HTTP_200_OK,
       summary="Check that a model source exists and is reachable")
-async def source_check(ctx: AppContext, data: SourceCheckRequest) -> SourceCheckAnswer:
+async def source_check(ctx: Ctx, data: JSONBody[SourceCheckRequest]) -> SourceCheckAnswer:
     await check_source(data.source, mirror=ctx.config.mirror)
     return SourceCheckAnswer(ok=True)
 
 
-route_handlers = [source_check]
+route_handlers: list[Any] = [source_check]

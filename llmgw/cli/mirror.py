@@ -1,0 +1,207 @@
+"""``llmgw mirror serve|add|unused|remove`` and ``llmgw fetch``.
+
+The mirror commands run on the mirror host and work on its directory, the
+precedent ``llmgw keys`` set for operator tooling that works on files rather
+than through the API. ``unused`` and ``remove`` also read the catalog in force
+through the control API (``--url``/``LLMGW_URL``, ``--token``/
+``LLMGW_ADMIN_TOKEN``, as ``ctl`` does) and refuse to go on without it.
+``fetch`` is the prestart task of every scheduled replica.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+import msgspec
+
+from llmgw.catalog.units import format_size
+from llmgw.cli.client import ApiClient
+from llmgw.cli.output import failures, output_option, print_json, print_table
+
+if TYPE_CHECKING:
+    from llmgw.mirror.add import AddResult
+
+_dir_option = click.option(
+    "--dir", "mirror_dir", envvar="LLMGW_MIRROR_DIR", default=".", show_default=True,
+    type=click.Path(file_okay=False), help="The mirror directory (env LLMGW_MIRROR_DIR).",
+)
+_mirror_url_option = click.option(
+    "--mirror-url", envvar="LLMGW_MIRROR_URL", default=None,
+    help="The base URL catalog sources use for this mirror (env LLMGW_MIRROR_URL). Only its "
+         "path prefix matters: sources are compared by path, whatever host they spell.",
+)
+_url_option = click.option(
+    "--url", envvar="LLMGW_URL", default="http://127.0.0.1:8080", show_default=True,
+    help="Base URL of the llmgw API, to read the catalog (env LLMGW_URL).",
+)
+_token_option = click.option("--token", envvar="LLMGW_ADMIN_TOKEN", default=None,
+                             help="Admin token (env LLMGW_ADMIN_TOKEN).")
+
+
+@click.group()
+def mirror() -> None:
+    """Serve the model mirror, add models to it, find and remove unused files."""
+
+
+@mirror.command("serve")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--listen", default="127.0.0.1:8070", show_default=True,
+              help="HOST:PORT to listen on; 0.0.0.0:8070 to serve the nodes.")
+def serve(directory: str, listen: str) -> None:
+    """Serve DIRECTORY read-only over HTTP: GET and HEAD with ranges, nothing else.
+
+    Every write method answers 405; a path escaping the directory answers 404.
+    Models are put on the mirror with `llmgw mirror add`, on this host.
+    """
+    import asyncio
+
+    from llmgw.cli.serve import parse_listen
+    from llmgw.mirror.server import MirrorServer, raise_file_limit, serve_forever
+
+    with failures():
+        host, port = parse_listen(listen)
+    raise_file_limit()
+
+    def ready(server: MirrorServer) -> None:
+        click.echo(f"serving {server.root} read-only on {server.url}")
+        sys.stdout.flush()
+
+    try:
+        asyncio.run(serve_forever(directory, host, port, ready))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror}") from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _source_hint(mirror_url: str | None, result: AddResult) -> str | None:
+    if not mirror_url:
+        return None
+    base = mirror_url.rstrip("/")
+    if len(result.files) == 1:
+        return f"{base}/{result.files[0].path}"
+    return f"{base}/{result.directory}"
+
+
+@mirror.command("add")
+@click.argument("source")
+@click.option("--name", default=None,
+              help="Directory name on the mirror (default: from the repository or file).")
+@click.option("--version", default=None,
+              help="Version directory (default for hf://: the commit; required for a URL).")
+@click.option("--sha256", default=None, help="The expected sum of an http(s) download.")
+@_dir_option
+@_mirror_url_option
+@output_option
+def add(source: str, name: str | None, version: str | None, sha256: str | None,
+        mirror_dir: str, mirror_url: str | None, output: str) -> None:
+    """Download SOURCE onto the mirror as NAME/VERSION/FILE, checked.
+
+    SOURCE is hf://ORG/REPO[@REVISION] (the whole snapshot), hf://ORG/REPO[@REVISION]/FILE
+    or an http(s) URL. The download lands under a hidden name and is renamed into
+    place when complete; its length is checked against what the source promised and
+    a sha256 is written beside each file. An existing version is never replaced.
+    """
+    from llmgw.mirror.add import add as add_source
+
+    with failures():
+        result = add_source(source, mirror_dir, name=name, version=version, sha256=sha256,
+                            progress=sys.stderr.isatty())
+    hint = _source_hint(mirror_url, result)
+    if output == "json":
+        print_json({**msgspec.to_builtins(result), "source": hint})
+        return
+    for f in result.files:
+        click.echo(f"{f.sha256}  {f.path}  ({format_size(f.size)})")
+    click.echo(f"added {result.directory}")
+    if hint:
+        click.echo(f"source for the catalog: {hint}")
+
+
+def _warn_stale(stale: list[str]) -> None:
+    for name in stale:
+        click.echo(f"warning: {name} has replicas started from an older definition, whose "
+                   f"source may still be fetched; `llmgw ctl rollout {name}` first", err=True)
+
+
+@mirror.command("unused")
+@_dir_option
+@_mirror_url_option
+@_url_option
+@_token_option
+@output_option
+def unused(mirror_dir: str, mirror_url: str | None, url: str, token: str | None,
+           output: str) -> None:
+    """List mirror files that no catalog entry uses.
+
+    Refuses when the catalog cannot be read: an unreachable catalog and an empty
+    one would both list every file.
+    """
+    from llmgw.mirror import usage
+
+    with failures(), ApiClient(url, token) as client:
+        files, catalog = usage.unused(mirror_dir, client, mirror_url)
+    _warn_stale(catalog.stale)
+    if output == "json":
+        print_json(msgspec.to_builtins(files))
+        return
+    print_table([(f.path, format_size(f.size)) for f in files], ["path", "size"])
+    total = sum(f.size for f in files)
+    click.echo(f"{len(files)} unused file(s), {format_size(total)}", err=True)
+
+
+@mirror.command("remove")
+@click.argument("path")
+@_dir_option
+@_mirror_url_option
+@_url_option
+@_token_option
+def remove(path: str, mirror_dir: str, mirror_url: str | None, url: str,
+           token: str | None) -> None:
+    """Delete PATH (a file with its .sha256, or a directory) from the mirror.
+
+    Refused while a catalog entry uses it: retire the entry first, since a node
+    that must refetch a deleted file cannot.
+    """
+    from llmgw.mirror import usage
+
+    with failures(), ApiClient(url, token) as client:
+        removed = usage.remove(mirror_dir, path, client, mirror_url)
+    for rel in removed:
+        click.echo(f"removed {rel}")
+
+
+@click.command("fetch")
+@click.argument("url")
+@click.argument("dest")
+@click.option("--sha256", default=None,
+              help="Expected sum; by default the mirror's URL.sha256 (when it has one).")
+@click.option("--retries", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Attempts without progress before giving up (a resumed transfer that "
+                   "makes progress does not count).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds to wait for the server on each read.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar, even on a terminal.")
+def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
+          quiet: bool) -> None:
+    """Fetch URL to DEST: resumed, verified, renamed into place (the prestart task).
+
+    A URL ending in '/' is a mirror directory: every file below it is fetched into
+    DEST. Two fetches of one file on one node download it once; the second waits.
+    """
+    from llmgw.fetch import fetch as fetch_url
+    from llmgw.mirror.add import ProgressBar
+
+    bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
+    with failures():
+        try:
+            results = fetch_url(url, dest, sha256=sha256, retries=retries, timeout=timeout,
+                                notify=lambda m: click.echo(m, err=True), progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    for r in results:
+        note = "" if r.transferred else "  (already in place)"
+        click.echo(f"{r.sha256 or '-'}  {r.path}{note}")

@@ -1,0 +1,341 @@
+"""``llmgw mirror serve``: the read-only HTTP file server every node fetches from.
+
+**Read-only is stated here, not inherited.** The server answers exactly the
+methods in ``METHODS`` — GET and HEAD — and the table is checked against
+``SAFE_METHODS`` when this module is imported, so a handler added later for
+PUT or DELETE stops the server from starting instead of quietly making the
+mirror writable. A mirror writable by the thing reading from it is a way to
+replace a model with one every node then fetches without complaint. Every
+other method answers 405 with ``Allow: GET, HEAD``. Files are opened in one
+place, ``_open_file``, with ``O_RDONLY``; nothing in this module creates,
+writes, renames or deletes (a test reads the module to hold it to that).
+
+Request paths become file paths only through ``layout.request_parts``, which
+refuses ``..`` in every spelling, encoded separators and absolute paths; the
+resolved path must then still lie inside the mirror directory, which catches
+symbolic links that point out of it. All of those answer 404, the same as a
+missing file, so probing learns nothing.
+
+File bodies go through ``loop.sendfile`` (the kernel copies page cache to
+socket), so memory stays flat however large the file and however many
+downloads run at once. HTTP parsing, keep-alive and connection handling come
+from aiohttp's low-level server, which is already a dependency: a parser of our
+own would be the riskiest part of a server exposed to every node. Its
+high-level ``FileResponse`` was rejected: it serves one range only and would
+own the precondition logic that ``llmgw.mirror.answer`` states and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mimetypes
+import os
+import secrets
+import signal
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import BinaryIO, Final
+
+import msgspec
+from aiohttp import web
+from aiohttp.web_request import BaseRequest
+
+from llmgw.mirror import layout
+from llmgw.mirror.answer import Answer, FileFacts, Slice, http_date, make_etag, plan
+
+log = logging.getLogger("llmgw.mirror")
+
+SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
+LISTING_TYPE: Final = "application/json"
+
+
+class Entry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One item of a directory listing."""
+
+    name: str
+    type: str                     # "file" or "directory"
+    size: int | None = None
+    modified: str | None = None   # HTTP date of the file's last change
+
+
+class Listing(msgspec.Struct, kw_only=True):
+    """``GET /dir/``: what a directory holds, for tooling (``llmgw fetch`` of a
+    directory, the source check)."""
+
+    path: str
+    entries: list[Entry]
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class _Opened(msgspec.Struct):
+    fd: int
+    facts: FileFacts
+
+
+class _Dir(msgspec.Struct):
+    path: Path
+
+
+def _content_type(name: str) -> str:
+    if name.endswith(layout.SIDECAR):
+        return "text/plain; charset=utf-8"
+    guessed, _ = mimetypes.guess_type(name)
+    return guessed or "application/octet-stream"
+
+
+class MirrorServer:
+    """Serves ``root`` read-only. ``start`` binds; ``close`` stops."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(os.path.realpath(root))
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"mirror directory {root} does not exist or is not a directory")
+        self._runner: web.ServerRunner | None = None
+        self.port = 0
+        self.host = ""
+
+    # -- resolving a request to a file ---------------------------------------------------
+
+    def _inside(self, real: str) -> bool:
+        root = str(self.root)
+        return real == root or real.startswith(root + os.sep)
+
+    def _resolve(self, parts: tuple[str, ...]) -> tuple[str, os.stat_result] | None:
+        real = os.path.realpath(self.root.joinpath(*parts))
+        if not self._inside(real):
+            return None  # a symbolic link pointing out of the mirror
+        rel = os.path.relpath(real, self.root)
+        if rel != "." and any(layout.is_hidden(p) for p in rel.split(os.sep)):
+            return None  # a link into a version still being added
+        try:
+            return real, os.stat(real)
+        except OSError:
+            return None
+
+    def _open_file(self, real: str, name: str) -> _Opened | None:
+        """The one place a file is opened: read-only, never following a late link swap,
+        never blocking on a FIFO."""
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        facts = FileFacts(size=st.st_size, mtime=st.st_mtime,
+                          etag=make_etag(st.st_ino, st.st_size, st.st_mtime_ns),
+                          content_type=_content_type(name))
+        return _Opened(fd, facts)
+
+    def _lookup(self, parts: tuple[str, ...]) -> _Opened | _Dir | None:
+        found = self._resolve(parts)
+        if found is None:
+            return None
+        real, st = found
+        if stat.S_ISDIR(st.st_mode):
+            return _Dir(Path(real))
+        if stat.S_ISREG(st.st_mode):
+            return self._open_file(real, parts[-1] if parts else "")
+        return None
+
+    def _listing(self, directory: Path, url_path: str) -> bytes:
+        entries: list[Entry] = []
+        with os.scandir(directory) as it:
+            for item in it:
+                if layout.is_hidden(item.name):
+                    continue
+                found = self._resolve((*directory.relative_to(self.root).parts, item.name))
+                if found is None:
+                    continue
+                _, st = found
+                if stat.S_ISDIR(st.st_mode):
+                    entries.append(Entry(name=item.name, type="directory"))
+                elif stat.S_ISREG(st.st_mode):
+                    entries.append(Entry(name=item.name, type="file", size=st.st_size,
+                                         modified=http_date(st.st_mtime)))
+        entries.sort(key=lambda e: e.name)
+        return _encode(Listing(path=url_path, entries=entries))
+
+    # -- answering -----------------------------------------------------------------------
+
+    async def _get(self, request: BaseRequest) -> web.StreamResponse:
+        return await self._answer(request, send_body=True)
+
+    async def _head(self, request: BaseRequest) -> web.StreamResponse:
+        return await self._answer(request, send_body=False)
+
+    async def _answer(self, request: BaseRequest, *, send_body: bool) -> web.StreamResponse:
+        parsed = layout.request_parts(request.raw_path)
+        if parsed is None:
+            return _not_found()
+        parts, trailing = parsed
+        loop = asyncio.get_running_loop()
+        # stat and open may block on a slow disk; keep them off the event loop.
+        lookup = loop.run_in_executor(None, self._lookup, parts)
+        try:
+            target = await asyncio.shield(lookup)
+        except asyncio.CancelledError:
+            # The client left while the file was being opened: close it when the
+            # thread is done, or every abandoned request would leak a descriptor.
+            lookup.add_done_callback(_close_abandoned)
+            raise
+        if target is None:
+            return _not_found()
+        if isinstance(target, _Dir):
+            url_path = "/" + "".join(f"{p}/" for p in parts)
+            if not trailing and parts:
+                return web.Response(status=301, headers={"Location": url_path})
+            body = await loop.run_in_executor(None, self._listing, target.path, url_path)
+            return web.Response(body=body if send_body else None, status=200,
+                                headers={"Content-Type": LISTING_TYPE,
+                                         "Cache-Control": "no-cache",
+                                         "Content-Length": str(len(body))})
+        if trailing:
+            os.close(target.fd)
+            return _not_found()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        answer = plan(request.method, headers, target.facts, boundary=secrets.token_hex(16))
+        with os.fdopen(target.fd, "rb", buffering=0) as fobj:
+            return await _send(request, answer, fobj if send_body else None)
+
+    async def _dispatch(self, request: BaseRequest) -> web.StreamResponse:
+        handler = METHODS.get(request.method)
+        if handler is None:
+            return web.Response(
+                status=405, text="the mirror is read-only: only GET and HEAD are answered\n",
+                headers={"Allow": ", ".join(sorted(SAFE_METHODS))},
+            )
+        return await handler(self, request)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        # A thousand nodes starting at once should queue, not be refused.
+        sock.listen(4096)
+        sock.setblocking(False)
+        server = web.Server(self._dispatch, access_log=None, handler_cancellation=True)
+        self._runner = web.ServerRunner(server, shutdown_timeout=5.0)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self.host, self.port = sock.getsockname()[:2]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+Handler = Callable[[MirrorServer, BaseRequest], Awaitable[web.StreamResponse]]
+
+# The whole of what the mirror answers. Adding a method here that is not in
+# SAFE_METHODS stops this module from importing (see _check_read_only).
+METHODS: Final[Mapping[str, Handler]] = MappingProxyType({
+    "GET": MirrorServer._get,
+    "HEAD": MirrorServer._head,
+})
+
+
+def _check_read_only(methods: Mapping[str, Handler]) -> None:
+    unsafe = set(methods) - SAFE_METHODS
+    if unsafe:
+        raise RuntimeError(
+            f"the mirror server must stay read-only (M1, M6) but answers {sorted(unsafe)}; "
+            "writes to the mirror belong to `llmgw mirror add`, run by a person on the host"
+        )
+
+
+_check_read_only(METHODS)
+
+
+def _close_abandoned(lookup: asyncio.Future[_Opened | _Dir | None]) -> None:
+    if not lookup.cancelled() and lookup.exception() is None:
+        found = lookup.result()
+        if isinstance(found, _Opened):
+            os.close(found.fd)
+
+
+def _not_found() -> web.Response:
+    return web.Response(status=404, text="not found\n")
+
+
+async def _send(request: BaseRequest, answer: Answer, fobj: BinaryIO | None) -> web.StreamResponse:
+    """Carry out an answer: literal parts written, file slices sent by the kernel."""
+    resp = web.StreamResponse(status=answer.status, headers=answer.headers)
+    if answer.status != 304:
+        resp.content_length = answer.length
+    loop = asyncio.get_running_loop()
+    transport = request.transport
+    try:
+        await resp.prepare(request)
+        if fobj is not None and request.method != "HEAD" and answer.status != 304:
+            for part in answer.body:
+                if transport is None or transport.is_closing():
+                    raise ConnectionResetError("the client went away")
+                if isinstance(part, Slice):
+                    # fallback=True: a transport without sendfile (TLS) reads in chunks.
+                    await loop.sendfile(transport, fobj, part.offset, part.length)
+                else:
+                    await resp.write(part)
+        await resp.write_eof()
+    except ConnectionError:
+        # A client leaving mid-answer is ordinary (a node restarted, a fetch was
+        # cancelled): drop the connection, since the answer cannot be completed,
+        # and let the server forget it without logging a traceback.
+        resp.force_close()
+        if transport is not None:
+            transport.abort()
+    return resp
+
+
+async def serve_forever(root: str | Path, host: str, port: int,
+                        ready: Callable[[MirrorServer], None] | None = None) -> None:
+    """Run the server until cancelled (Ctrl-C) or sent SIGTERM (a service manager's stop);
+    downloads in flight get a few seconds to finish."""
+    server = MirrorServer(root)
+    await server.start(host, port)
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if ready is not None:
+        ready(server)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def raise_file_limit() -> int:
+    """Lift the soft open-file limit to the hard one: each download holds a socket and
+    a file, and the default 1024 caps the mirror at ~500 concurrent downloads."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            return soft
+    return soft

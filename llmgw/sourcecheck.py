@@ -1,0 +1,215 @@
+"""The source check (S1): a model's weights exist and can be reached, checked at add time.
+
+One module, used by the API (``POST /api/v1/source-check`` and adding a model,
+which is what the admin page does) and by ``llmgw ctl model add`` through it.
+It used to live only in the CLI, and a model added another way skipped it: a
+typo or a mirror that was down then became a replica failing on a node
+minutes later, with an error naming the node instead of the source.
+
+It only reads — HEAD and GET against the Hub or the mirror (M6: neither the
+gateway nor the API ever writes to the mirror).
+
+What is checked, by the source's form:
+
+- ``hf://org/repo[@revision][/file]``: the repository and revision exist; the
+  named file (or, for a whole repository, ``config.json`` or its first file)
+  answers a metadata request — which is where a gated repository refuses a
+  server without access, so that is caught now rather than on the node.
+- ``http(s)://…`` (the mirror, or any server): HEAD answers with a length. A
+  URL ending in '/' names a mirror directory; its JSON listing must answer
+  and hold at least one file.
+- ``pkg:<distribution>`` (the embedded mode's model shipped in a Python
+  package): the distribution is installed where the server runs.
+- anything else is a local path (the embedded mode): it exists.
+
+Every failure is a ``DefinitionError`` on field ``source`` naming the source
+and the reason: not found, gated or unauthorised, unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+import aiohttp
+import msgspec
+
+from llmgw.errors import DefinitionError
+from llmgw.mirror import hub
+from llmgw.sources import parse_pkg_source
+
+if TYPE_CHECKING:
+    from llmgw.catalog.model import Model
+
+
+def _fail(source: str, reason: str) -> DefinitionError:
+    return DefinitionError(f"source {source!r}: {reason}", field="source")
+
+
+# -- Hugging Face -------------------------------------------------------------------------
+
+def _check_hf(src: hub.HfSource, token: str | None, timeout: float, where: str) -> None:
+    """Blocking: run in a thread. Raises what huggingface-hub raises."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+
+    api = HfApi(endpoint=where, token=token)
+    info = api.model_info(src.repo_id, revision=src.revision, timeout=timeout)
+    filename = src.filename
+    if filename is None:
+        names = [s.rfilename for s in info.siblings or []]
+        filename = "config.json" if "config.json" in names else next(iter(names), None)
+    if filename is None:
+        return  # an empty repository exists; nothing further to reach
+    url = hf_hub_url(src.repo_id, filename, revision=info.sha or src.revision, endpoint=where)
+    get_hf_file_metadata(url, token=token, timeout=timeout, endpoint=where)
+
+
+async def _hf(source: str, src: hub.HfSource, token: str | None, seconds: float) -> None:
+    where = hub.endpoint()
+    try:
+        # Two requests at most, each bounded by `seconds`; the thread cannot be
+        # cancelled, so the overall bound only stops the wait for it.
+        await asyncio.wait_for(asyncio.to_thread(_check_hf, src, token, seconds, where),
+                               seconds * 2 + 1)
+    except TimeoutError:
+        raise _fail(source, f"the Hugging Face Hub at {where} did not answer within "
+                            f"{seconds:g}s; unreachable") from None
+    except Exception as exc:
+        reason = hub.describe(exc, src, where)
+        if reason is None:
+            raise
+        raise _fail(source, reason) from None
+
+
+# -- HTTP (the mirror, or any server) -----------------------------------------------------
+
+class _Listing(msgspec.Struct):
+    entries: list[dict[str, object]]
+
+
+def _on_mirror(url: str, mirror: str | None) -> bool:
+    if not mirror:
+        return False
+    a, b = urlsplit(url), urlsplit(mirror)
+    return (a.hostname or "").lower() == (b.hostname or "").lower() and \
+        (a.port or 0) == (b.port or 0)
+
+
+async def _http(source: str, mirror: str | None, seconds: float) -> None:
+    label = "the mirror" if _on_mirror(source, mirror) else "the server"
+    hint = "; is `llmgw mirror serve` running there?" if label == "the mirror" else ""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as http:
+            async with http.head(source, allow_redirects=True) as resp:
+                final, status = str(resp.url), resp.status
+                length = resp.headers.get("Content-Length")
+            if status == 404:
+                raise _fail(source, f"not found: {label} answered HTTP 404; check the path")
+            if status in (401, 403):
+                raise _fail(source, f"unauthorised: {label} answered HTTP {status}")
+            if status >= 400:
+                raise _fail(source, f"{label} answered HTTP {status}; unreachable or failing")
+            if final.endswith("/"):
+                async with http.get(final, headers={"Accept": "application/json"}) as resp:
+                    body = await resp.read()
+                await asyncio.to_thread(_check_listing, source, body)
+                return
+    except TimeoutError:
+        raise _fail(source, f"{label} did not answer within {seconds:g}s; unreachable{hint}"
+                    ) from None
+    except aiohttp.ClientError as exc:
+        raise _fail(source, f"cannot reach {label}: {exc or type(exc).__name__}; "
+                            f"unreachable{hint}") from None
+    if length is None or not length.isdigit():
+        raise _fail(source, f"{label} answers HEAD without a Content-Length, so a node could "
+                            "not tell a complete download from a cut one")
+    if int(length) == 0:
+        raise _fail(source, f"{label} serves an empty file (0 bytes)")
+
+
+def _check_listing(source: str, body: bytes) -> None:
+    try:
+        listing = msgspec.json.decode(body, type=_Listing)
+    except msgspec.DecodeError:
+        raise _fail(source, "a URL ending in '/' must be a directory on an `llmgw mirror "
+                            "serve` mirror, and this one has no JSON listing") from None
+    if not any(e.get("type") in ("file", "directory") for e in listing.entries):
+        raise _fail(source, "the mirror directory is empty; add the model with "
+                            "`llmgw mirror add` first")
+
+
+# -- a package, a local path ---------------------------------------------------------------
+
+async def _pkg(source: str, name: str) -> None:
+    try:
+        await asyncio.to_thread(importlib.metadata.distribution, name)
+    except importlib.metadata.PackageNotFoundError:
+        raise _fail(source, f"the Python package {name!r} is not installed where the server "
+                            f"runs; install it there (pip install {name})") from None
+
+
+def _local_path(source: str) -> str:
+    if source.startswith("file://"):
+        return unquote(urlsplit(source).path)
+    return os.path.expanduser(source)
+
+
+async def _local(source: str) -> None:
+    path = await asyncio.to_thread(_local_path, source)
+    if not await asyncio.to_thread(os.path.exists, path):
+        raise _fail(source, f"not found: no file or directory {path!r} on the server's host "
+                            f"(relative to {os.getcwd()!r}); a local path serves the "
+                            "embedded mode, where the server runs the engine itself")
+
+
+# -- the one entry point -------------------------------------------------------------------
+
+# `timeout` bounds each request made (and is handed to the HTTP clients), which
+# asyncio.timeout around the call could not do for the Hub's blocking client.
+async def check_source(source: str, *, mirror: str | None = None, hf_token: str | None = None,
+                       timeout: float = 10) -> None:  # noqa: ASYNC109
+    """Raise DefinitionError(field="source") unless ``source`` exists and is reachable.
+
+    ``mirror`` is the configured mirror's base URL (errors then speak of the
+    mirror); ``hf_token`` defaults to huggingface-hub's own (HF_TOKEN).
+    """
+    source = source.strip()
+    if not source:
+        raise DefinitionError("source is empty; give hf://ORG/REPO, a mirror URL, pkg:NAME or "
+                              "a local path", field="source")
+    try:
+        hf_src = hub.parse_hf_source(source)
+    except ValueError as exc:
+        raise _fail(source, str(exc)) from None
+    if hf_src is not None:
+        await _hf(source, hf_src, hf_token, timeout)
+        return
+    scheme = urlsplit(source).scheme.lower()
+    if scheme in ("http", "https"):
+        await _http(source, mirror, timeout)
+        return
+    pkg = parse_pkg_source(source)
+    if pkg is not None:
+        await _pkg(source, pkg)
+        return
+    if scheme not in ("", "file") and "://" in source:
+        raise _fail(source, f"unsupported scheme {scheme!r}; use hf://, http(s)://, pkg: or a "
+                            "local path")
+    await _local(source)
+
+
+def model_source_checker(mirror: str | None = None, hf_token: str | None = None,
+                         timeout: float = 10) -> Callable[[Model], Awaitable[None]]:
+    """What ``AppContext.source_check`` expects: check a model's source, if it has one
+    (an external model routes to ``upstream`` and has none)."""
+
+    async def check(model: Model) -> None:
+        if model.source is not None and not model.external:
+            await check_source(model.source, mirror=mirror, hf_token=hf_token,
+                               timeout=timeout)
+
+    return check

@@ -1,0 +1,190 @@
+"""``llmgw mirror add``: whole versions appear at once, checked, and are never replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmgw.cli import main
+from llmgw.errors import LlmgwError
+from llmgw.mirror.add import add
+
+from .conftest import wait_for
+from .fakehub import FakeHub, FakeRepo
+from .servers import FileServer, ThreadedMirror, running, sha
+
+WEIGHTS = os.urandom(400_000)
+COMMIT = "9a8b7c6d5e4f30211223344556677889900aabbc"
+REPO = FakeRepo(
+    files={"config.json": b'{"num_hidden_layers": 24}', "model.safetensors": WEIGHTS,
+           "tokenizer/tokenizer.json": b'{"version": "1.0"}', ".gitattributes": b"*.bin lfs\n"},
+    commit=COMMIT, lfs={"model.safetensors"},
+)
+BAD_LFS = FakeRepo(files={"model.safetensors": WEIGHTS}, lfs={"model.safetensors"},
+                   wrong_lfs_sha={"model.safetensors"})
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    server = FakeHub({"Qwen/Qwen2.5-0.5B-Instruct": REPO, "org/bad-lfs": BAD_LFS})
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "mirror"
+    path.mkdir()
+    return path
+
+
+def hidden_entries(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for p in root.rglob(".*")]
+
+
+def test_a_hub_snapshot_lands_as_one_checked_version(hub: FakeHub, root: Path) -> None:
+    """hf://org/repo is downloaded pinned to one commit into <name>/<commit12>/, each
+    file with a .sha256 beside it; repository dot-files and download bookkeeping are
+    not left on the mirror."""
+    result = CliRunner().invoke(main, ["mirror", "add", "hf://Qwen/Qwen2.5-0.5B-Instruct",
+                                       "--dir", str(root), "--mirror-url", "http://m:8070"])
+    assert result.exit_code == 0, result.output
+    version = root / "qwen2-5-0-5b-instruct" / COMMIT[:12]
+    assert sorted(str(p.relative_to(version)) for p in version.rglob("*") if p.is_file()) == [
+        "config.json", "config.json.sha256", "model.safetensors", "model.safetensors.sha256",
+        "tokenizer/tokenizer.json", "tokenizer/tokenizer.json.sha256"]
+    assert (version / "model.safetensors").read_bytes() == WEIGHTS
+    assert (version / "model.safetensors.sha256").read_text() == \
+        f"{sha(WEIGHTS)}  model.safetensors\n"
+    assert f"{sha(WEIGHTS)}  qwen2-5-0-5b-instruct/{COMMIT[:12]}/model.safetensors" in \
+        result.output
+    assert f"source for the catalog: http://m:8070/qwen2-5-0-5b-instruct/{COMMIT[:12]}/" in \
+        result.output
+    assert hidden_entries(root) == []
+    resolved = [s.path for s in hub.seen if "/resolve/" in s.path]
+    assert resolved
+    assert all(f"/resolve/{COMMIT}/" in p for p in resolved)
+
+
+def test_one_hub_file_with_a_chosen_name_and_version(hub: FakeHub, root: Path) -> None:
+    """hf://org/repo/file adds just that file under --name/--version."""
+    result = add("hf://Qwen/Qwen2.5-0.5B-Instruct/model.safetensors", root, name="qwen-small",
+                 version="2025-01")
+    assert [f.path for f in result.files] == ["qwen-small/2025-01/model.safetensors"]
+    assert sorted(p.name for p in (root / "qwen-small/2025-01").iterdir()) == [
+        "model.safetensors", "model.safetensors.sha256"]
+
+
+def test_a_sum_differing_from_the_hubs_adds_nothing(hub: FakeHub, root: Path) -> None:
+    """A file whose sha256 is not the Hub's LFS sum is refused with both sums, and the
+    half-built version is removed."""
+    result = CliRunner().invoke(main, ["mirror", "add", "hf://org/bad-lfs", "--dir", str(root)])
+    assert result.exit_code == 1
+    assert sha(WEIGHTS) in result.output
+    assert "0" * 64 in result.output
+    assert "nothing was added" in result.output
+    assert list(root.iterdir()) == []
+
+
+def test_an_existing_version_is_never_replaced(hub: FakeHub, root: Path) -> None:
+    """Adding a version that exists is refused before anything is downloaded, and the
+    version on the mirror is untouched."""
+    version = root / "qwen2-5-0-5b-instruct" / COMMIT[:12]
+    version.mkdir(parents=True)
+    (version / "model.safetensors").write_bytes(b"what the nodes already have")
+    result = CliRunner().invoke(main, ["mirror", "add", "hf://Qwen/Qwen2.5-0.5B-Instruct",
+                                       "--dir", str(root)])
+    assert result.exit_code == 1
+    assert "never replaced" in result.output
+    assert "--version" in result.output
+    assert (version / "model.safetensors").read_bytes() == b"what the nodes already have"
+    assert not [s for s in hub.seen if "/resolve/" in s.path]
+    assert hidden_entries(root) == []
+
+
+def test_an_http_download_is_invisible_until_renamed_into_place(root: Path) -> None:
+    """While an http(s) download runs, the version exists only under a hidden name the
+    mirror server neither lists nor serves; when done it is renamed into place."""
+    content = os.urandom(1_000_000)
+    mirror = ThreadedMirror(root)
+    with running(lambda: FileServer(content, name="weights.gguf", hold_at=300_000)) as srv:
+        outcome: list[object] = []
+        worker = threading.Thread(target=lambda: outcome.append(
+            add(srv.url, root, name="llama", version="v1")))
+        worker.start()
+        try:
+            assert srv.holding.wait(60)
+            final = root / "llama" / "v1"
+            assert not final.exists()
+            staging = [p for p in (root / "llama").iterdir() if p.name.startswith(".v1.adding-")]
+            assert len(staging) == 1
+            part = staging[0] / "weights.gguf.part"
+            wait_for(lambda: part.stat().st_size == 300_000, 30, "the first 300 kB on disk")
+            with urllib.request.urlopen(f"{mirror.url}/llama/") as r:
+                assert json.loads(r.read())["entries"] == []
+        finally:
+            srv.release.set()
+            worker.join(60)
+            mirror.stop()
+    assert final.is_dir()
+    assert (final / "weights.gguf").read_bytes() == content
+    assert (final / "weights.gguf.sha256").read_text() == f"{sha(content)}  weights.gguf\n"
+    assert sorted(p.name for p in final.iterdir()) == ["weights.gguf", "weights.gguf.sha256"]
+    assert hidden_entries(root) == []
+
+
+def test_an_http_source_needs_a_version(root: Path) -> None:
+    """A URL carries no version, so --version is required and the error says so."""
+    result = CliRunner().invoke(main, ["mirror", "add", "http://127.0.0.1:9/x/model.gguf",
+                                       "--dir", str(root)])
+    assert result.exit_code == 1
+    assert "give --version" in result.output
+
+
+def test_a_length_short_of_the_promise_adds_nothing(root: Path) -> None:
+    """A download whose length differs from what the server promised is refused and
+    leaves nothing on the mirror."""
+    with running(lambda: FileServer(WEIGHTS, name="w.gguf", head_extra=1000)) as srv:
+        with pytest.raises(LlmgwError, match=f"received {len(WEIGHTS)} bytes but the server "
+                                             f"promised {len(WEIGHTS) + 1000}"):
+            add(srv.url, root, name="w", version="v1")
+    assert list(root.iterdir()) == []
+
+
+def test_a_wrong_sum_given_for_an_http_source_adds_nothing(root: Path) -> None:
+    """--sha256 that does not match the download is refused, naming both sums."""
+    with running(lambda: FileServer(WEIGHTS, name="w.gguf")) as srv:
+        result = CliRunner().invoke(main, ["mirror", "add", srv.url, "--dir", str(root),
+                                           "--version", "v1", "--sha256", "1" * 64])
+    assert result.exit_code == 1
+    assert "1" * 64 in result.output
+    assert sha(WEIGHTS) in result.output
+    assert list(root.iterdir()) == []
+
+
+def test_copying_from_another_mirror_verifies_its_sums(threaded_mirror: ThreadedMirror,
+                                                       tmp_path: Path) -> None:
+    """Adding from another llmgw mirror checks the file against that mirror's .sha256."""
+    target = tmp_path / "second"
+    target.mkdir()
+    result = CliRunner().invoke(main, ["mirror", "add",
+                                       f"{threaded_mirror.url}/qwen/2024-11/model.gguf",
+                                       "--dir", str(target), "--name", "qwen",
+                                       "--version", "2024-11"])
+    assert result.exit_code == 0, result.output
+    first = (tmp_path / "mirror" / "qwen/2024-11/model.gguf").read_bytes()
+    assert (target / "qwen/2024-11/model.gguf").read_bytes() == first
+    assert "\r" not in result.output  # no progress bar off a terminal
+    assert (target / "qwen/2024-11/model.gguf.sha256").read_text() == \
+        (tmp_path / "mirror" / "qwen/2024-11/model.gguf.sha256").read_text()

@@ -1,0 +1,183 @@
+"""``llmgw fetch``: resume after a cut, checksums, lying servers, one download per node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmgw.cli import main
+from llmgw.errors import LlmgwError, NotFoundError, UnavailableError
+from llmgw.fetch import fetch, fetch_file
+
+from .conftest import LLMGW, wait_for
+from .servers import FileServer, ThreadedMirror, closed_port_url, running, sha
+
+CONTENT = os.urandom(2_000_000)
+
+
+def test_a_cut_transfer_resumes_with_range(tmp_path: Path) -> None:
+    """A connection closed half-way is resumed from the bytes already on disk with
+    Range and If-Range, and the result is the whole, verified file."""
+    dest = tmp_path / "cache" / "model.bin"
+    with running(lambda: FileServer(CONTENT, cut_after=[700_000],
+                                    sidecar=f"{sha(CONTENT)}  model.bin\n")) as srv:
+        [result] = fetch(srv.url, dest, backoff=0)
+        gets = srv.body_gets()
+    assert dest.read_bytes() == CONTENT
+    assert len(gets) == 2
+    assert "Range" not in gets[0].headers
+    assert gets[1].headers["Range"] == "bytes=700000-"
+    assert gets[1].headers["If-Range"] == '"v1"'
+    assert result.verified
+    assert result.sha256 == sha(CONTENT)
+    assert not dest.with_name("model.bin.part").exists()
+    assert dest.with_name("model.bin.sha256").read_text() == f"{sha(CONTENT)}  model.bin\n"
+
+
+def test_a_fetch_killed_mid_transfer_resumes_in_the_next_run(tmp_path: Path) -> None:
+    """When the task gives up (or dies) the part file stays; the next run asks only
+    for the rest and the two halves verify as one file."""
+    dest = tmp_path / "cache" / "model.bin"
+    part = dest.with_name("model.bin.part")
+    with running(lambda: FileServer(CONTENT, cut_after=[1_200_000, 0])) as srv:
+        with pytest.raises(UnavailableError, match="resumes on the next run"):
+            fetch_file(srv.url, dest, sha256=sha(CONTENT), retries=0, backoff=0)
+        assert part.stat().st_size == 1_200_000
+        assert not dest.exists()
+        result = fetch_file(srv.url, dest, sha256=sha(CONTENT), backoff=0)
+        assert srv.body_gets()[2].headers["Range"] == "bytes=1200000-"
+    assert dest.read_bytes() == CONTENT
+    assert result.transferred == len(CONTENT)
+    assert not part.exists()
+
+
+def test_a_changed_file_restarts_instead_of_splicing(tmp_path: Path) -> None:
+    """If-Range with an old ETag gets the whole new file (200): the part starts over."""
+    dest = tmp_path / "model.bin"
+    new = os.urandom(1_500_000)
+    with running(lambda: FileServer(CONTENT, cut_after=[500_000, 0], etag='"old"')) as srv:
+        with pytest.raises(UnavailableError):
+            fetch_file(srv.url, dest, retries=0, backoff=0)
+        srv.content, srv.etag = new, '"new"'
+        fetch_file(srv.url, dest, sha256=sha(new), backoff=0)
+        third = srv.body_gets()[2]
+    assert third.headers["Range"] == "bytes=500000-"
+    assert third.headers["If-Range"] == '"old"'
+    assert dest.read_bytes() == new
+
+
+def test_checksum_mismatch_removes_the_part_and_names_both_sums(tmp_path: Path) -> None:
+    """A wrong --sha256 fails naming the expected and the actual sum; nothing is left
+    under the final name and the partial file is gone."""
+    dest = tmp_path / "model.bin"
+    wrong = "0" * 64
+    with running(lambda: FileServer(CONTENT)) as srv:
+        result = CliRunner().invoke(main, ["fetch", srv.url, str(dest), "--sha256", wrong])
+    assert result.exit_code == 1
+    assert wrong in result.output
+    assert sha(CONTENT) in result.output
+    assert "partial file was removed" in result.output
+    assert not dest.exists()
+    assert not dest.with_name("model.bin.part").exists()
+
+
+def test_the_mirrors_sidecar_is_used_when_no_sum_is_given(tmp_path: Path) -> None:
+    """Without --sha256 the mirror's <url>.sha256 is fetched and enforced."""
+    dest = tmp_path / "model.bin"
+    bad = "ab" * 32
+    with running(lambda: FileServer(CONTENT, sidecar=f"{bad}  model.bin\n")) as srv:
+        with pytest.raises(LlmgwError, match=f"expected {bad} \\(from .*model.bin.sha256\\)"):
+            fetch_file(srv.url, dest, backoff=0)
+        assert [s.path for s in srv.seen if s.method == "GET"] == ["/model.bin.sha256",
+                                                                  "/model.bin"]
+    assert not dest.exists()
+
+
+def test_a_server_lying_about_content_length_is_reported(tmp_path: Path) -> None:
+    """A server that keeps promising more bytes than it sends is detected and named,
+    not retried forever."""
+    dest = tmp_path / "model.bin"
+    with running(lambda: FileServer(CONTENT, lie_extra=4096)) as srv:
+        with pytest.raises(UnavailableError) as info:
+            fetch_file(srv.url, dest, retries=2, backoff=0)
+    message = str(info.value)
+    assert f"promised {len(CONTENT) + 4096} bytes" in message or "disagree" in message
+    assert "giving up after 3 attempts" in message
+    assert not dest.exists()
+
+
+def test_a_missing_file_is_not_found_and_not_retried(tmp_path: Path) -> None:
+    """HTTP 404 fails at once with a NotFoundError naming the URL."""
+    with running(lambda: FileServer(CONTENT)) as srv:
+        with pytest.raises(NotFoundError, match="missing.bin"):
+            fetch_file(srv.url.replace("model.bin", "missing.bin"), tmp_path / "x",
+                       backoff=0)
+        assert len([s for s in srv.seen if s.path == "/missing.bin"]) == 1
+
+
+def test_an_unreachable_mirror_gives_up_with_the_reason(tmp_path: Path) -> None:
+    """A closed port is retried up to --retries, then reported as unavailable."""
+    with pytest.raises(UnavailableError, match="cannot reach the server"):
+        fetch_file(closed_port_url() + "/m.bin", tmp_path / "m.bin", retries=1, backoff=0)
+
+
+def test_two_fetches_of_one_file_on_one_node_download_once(tmp_path: Path) -> None:
+    """Two `llmgw fetch` processes for the same destination: the second waits on the
+    lock while the first downloads, then finds the file in place. One body GET."""
+    dest = tmp_path / "cache" / "model.bin"
+    with running(lambda: FileServer(CONTENT, hold_at=1_000_000,
+                                    sidecar=f"{sha(CONTENT)}  model.bin\n")) as srv:
+        err_a, err_b = tmp_path / "a.err", tmp_path / "b.err"
+        with err_a.open("w") as ea, err_b.open("w") as eb:
+            a = subprocess.Popen([LLMGW, "fetch", srv.url, str(dest), "-q"], stderr=ea,
+                                 stdout=subprocess.PIPE, text=True)
+            assert srv.holding.wait(60), "the first fetch never started its transfer"
+            b = subprocess.Popen([LLMGW, "fetch", srv.url, str(dest), "-q"], stderr=eb,
+                                 stdout=subprocess.PIPE, text=True)
+            wait_for(lambda: "waiting for another fetch" in err_b.read_text(), 60,
+                     "the second fetch to wait on the lock")
+            srv.release.set()
+            out_a, _ = a.communicate(timeout=120)
+            out_b, _ = b.communicate(timeout=120)
+        assert a.returncode == 0, err_a.read_text()
+        assert b.returncode == 0, err_b.read_text()
+        assert len(srv.body_gets()) == 1
+    assert dest.read_bytes() == CONTENT
+    assert "already in place" in out_b
+    assert sha(CONTENT) in out_a
+
+
+def test_an_existing_file_with_another_sum_is_fetched_again(tmp_path: Path) -> None:
+    """A cached file whose sum differs from the one asked for is replaced, not trusted."""
+    dest = tmp_path / "model.bin"
+    dest.write_bytes(b"stale weights")
+    with running(lambda: FileServer(CONTENT)) as srv:
+        result = fetch_file(srv.url, dest, sha256=sha(CONTENT), backoff=0)
+    assert result.transferred == len(CONTENT)
+    assert dest.read_bytes() == CONTENT
+
+
+def test_a_mirror_directory_is_fetched_file_by_file(threaded_mirror: ThreadedMirror,
+                                                    mirror_root: Path, tmp_path: Path) -> None:
+    """A URL ending in '/' fetches every file of the directory from the real mirror,
+    each verified against its .sha256 where the mirror has one."""
+    dest = tmp_path / "cache"
+    results = fetch(f"{threaded_mirror.url}/qwen/2024-11/", dest, backoff=0)
+    by_name = {Path(r.path).name: r for r in results}
+    assert sorted(by_name) == ["config.json", "model.gguf"]
+    assert by_name["model.gguf"].verified
+    assert not by_name["config.json"].verified
+    for name in by_name:
+        assert (dest / name).read_bytes() == (mirror_root / "qwen/2024-11" / name).read_bytes()
+
+
+def test_a_directory_url_without_its_slash_is_refused(threaded_mirror: ThreadedMirror,
+                                                      tmp_path: Path) -> None:
+    """Fetching a directory as if it were a file says to end the URL with '/'."""
+    with pytest.raises(LlmgwError, match="is a directory on the mirror"):
+        fetch_file(f"{threaded_mirror.url}/qwen/2024-11", tmp_path / "x", backoff=0)
+    assert not (tmp_path / "x").exists()
