@@ -69,6 +69,10 @@ class Server:
             config.models, dict(config.gpu_classes), self.store,
             placement_check=self.backend.check_placement, config_name=config_name,
         )
+        if source_check is None:
+            from llmgw.sourcecheck import model_source_checker
+
+            source_check = model_source_checker(mirror=config.mirror)
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
                               store=self.store, source_check=source_check)
         self.api = create_app(self.ctx)

@@ -26,7 +26,7 @@ from llmgw.api.errors import error_response, exception_handlers
 from llmgw.scheduler.base import BackendHealth, Fleet
 
 # Route modules that contribute `route_handlers` under /api/v1 beside the models.
-_EXTRA_ROUTES: tuple[str, ...] = ("llmgw.api.plan",)
+_EXTRA_ROUTES: tuple[str, ...] = ("llmgw.api.plan", "llmgw.api.sourcecheck")
 
 # A model definition is a few kilobytes; a megabyte is generous and bounds the
 # work a single request can cause (D1).

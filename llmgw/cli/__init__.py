@@ -18,6 +18,10 @@ from llmgw import __version__
 _COMMANDS = [
     ("llmgw.cli.serve", "serve"),
     ("llmgw.cli.ctl", "ctl"),
+    ("llmgw.cli.nomad", "jobspec"),
+    ("llmgw.cli.keys", "keys"),
+    ("llmgw.cli.mirror", "mirror"),
+    ("llmgw.cli.mirror", "fetch"),
 ]
 
 

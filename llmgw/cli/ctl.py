@@ -197,7 +197,7 @@ def scale(client: ApiClient, name: str, min_: int, max_: int | None, output: str
 
 # ctl subcommands that live in their own modules; each registers itself on
 # `ctl` or `model` when imported.
-_EXTENSIONS: tuple[str, ...] = ("llmgw.cli.plan",)
+_EXTENSIONS: tuple[str, ...] = ("llmgw.cli.nomad", "llmgw.cli.plan")
 
 for _ext in _EXTENSIONS:
     importlib.import_module(_ext)

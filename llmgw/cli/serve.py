@@ -54,5 +54,11 @@ def serve(config_path: str, listen: str | None, log_level: str) -> None:
                    f"(gateway /v1, control API /api/v1, metrics /metrics)", err=True)
 
     server.api.on_startup.append(announce)
+    subscribe = getattr(server.backend, "subscribe", None)
+    if subscribe is not None:
+        # The embedded scheduler reports each replica loading, ready, failing
+        # and stopping; a person watching `serve` wants exactly those lines.
+        subscribe(lambda event: click.echo(event.line(), err=True))
+    # A bound method is not recognised as ASGI 3 by uvicorn's sniffing.
     uvicorn.run(server.asgi, host=host, port=port, lifespan="on", log_level=log_level,
-                access_log=False, timeout_graceful_shutdown=30)
+                access_log=False, timeout_graceful_shutdown=30, interface="asgi3")

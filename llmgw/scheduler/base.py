@@ -134,5 +134,5 @@ class Backend(Protocol):
     def endpoints(self, model: str) -> list[str]:
         """Base URLs of the model's healthy replicas, from the backend's cache (no I/O)."""
 
-    async def wait_changed(self, timeout: float) -> None:
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
         """Return when the set of endpoints may have changed, or after ``timeout``."""
