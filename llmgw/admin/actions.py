@@ -33,7 +33,7 @@ from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in
 from llmgw.admin.render import page, scaling_text
 from llmgw.admin.session import flash_cookie
 from llmgw.api.context import Ctx
-from llmgw.api.models import _model
+from llmgw.api.models import find_model
 from llmgw.catalog.decode import decode_model_file
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model
@@ -117,7 +117,7 @@ async def remove_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath
 async def rollout_model(request: Request[Any, Any, Any], ctx: Ctx,
                         name: FromPath[str]) -> Redirect:
     try:
-        m = _model(ctx, name)
+        m = find_model(ctx, name)
         if m.external:
             raise NotFoundError(
                 f"model {name!r} is external (upstream); there is nothing to roll out")

@@ -26,7 +26,7 @@ from llmgw.admin.csrf import session_of
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
 from llmgw.api.context import AppContext, Ctx
-from llmgw.api.models import _model, _replicas, _view
+from llmgw.api.models import find_model, model_view, replicas_of
 from llmgw.api.views import ModelView, ReplicaView, replica_view
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
@@ -61,8 +61,8 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 # -- what the templates show -------------------------------------------------
 
 async def models_context(ctx: AppContext) -> dict[str, Any]:
-    replicas = await _replicas(ctx)
-    views = [_view(ctx, m, replicas) for m in ctx.models.catalog]
+    replicas = await replicas_of(ctx)
+    views = [model_view(ctx, m, replicas) for m in ctx.models.catalog]
     return {
         "models": views,
         "replicas_unknown": replicas is None,
@@ -73,9 +73,9 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
 
 
 async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
-    m = _model(ctx, name)
-    replicas = await _replicas(ctx, name)
-    view: ModelView = _view(ctx, m, replicas)
+    m = find_model(ctx, name)
+    replicas = await replicas_of(ctx, name)
+    view: ModelView = model_view(ctx, m, replicas)
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
     return {"m": view, "replicas": rows, "replicas_unknown": replicas is None,
             "backend": ctx.backend.health()}

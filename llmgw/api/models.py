@@ -50,7 +50,7 @@ class RolloutAnswer(msgspec.Struct, kw_only=True):
     message: str
 
 
-async def _replicas(ctx: AppContext, model: str | None = None) -> list[Replica] | None:
+async def replicas_of(ctx: AppContext, model: str | None = None) -> list[Replica] | None:
     try:
         return await asyncio.wait_for(ctx.backend.replicas(model), REPLICA_LOOKUP_TIMEOUT)
     except Exception as exc:  # the list must answer even when the scheduler does not
@@ -58,7 +58,7 @@ async def _replicas(ctx: AppContext, model: str | None = None) -> list[Replica] 
         return None
 
 
-def _view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelView:
+def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelView:
     row = ctx.models.stored(m.name)
     mine = [r for r in replicas or [] if r.model == m.name]
     views = [replica_view(r, m) for r in mine]
@@ -79,7 +79,7 @@ def _view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelVie
     )
 
 
-def _model(ctx: AppContext, name: str) -> Model:
+def find_model(ctx: AppContext, name: str) -> Model:
     m = ctx.models.catalog.get(name)
     if m is None:
         raise NotFoundError(
@@ -89,14 +89,14 @@ def _model(ctx: AppContext, name: str) -> Model:
 
 @get("/models", summary="List the models in force")
 async def list_models(ctx: Ctx) -> list[ModelView]:
-    replicas = await _replicas(ctx)
-    return [_view(ctx, m, replicas) for m in ctx.models.catalog]
+    replicas = await replicas_of(ctx)
+    return [model_view(ctx, m, replicas) for m in ctx.models.catalog]
 
 
 @get("/models/{name:str}", summary="Show one model")
 async def show_model(ctx: Ctx, name: FromPath[str]) -> ModelView:
-    m = _model(ctx, name)
-    return _view(ctx, m, await _replicas(ctx, name))
+    m = find_model(ctx, name)
+    return model_view(ctx, m, await replicas_of(ctx, name))
 
 
 @post("/models", status_code=HTTP_200_OK, summary="Add (or replace) a runtime model")
@@ -107,7 +107,8 @@ async def add_model(
     if not skip_source_check and ctx.source_check is not None:
         await ctx.source_check(data)
     final = await ctx.models.add(data, actor(request))
-    return _view(ctx, ctx.models.catalog.get(final.name) or final, await _replicas(ctx, final.name))
+    in_force = ctx.models.catalog.get(final.name) or final
+    return model_view(ctx, in_force, await replicas_of(ctx, final.name))
 
 
 @delete("/models/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Remove a runtime model")
@@ -132,7 +133,7 @@ async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromP
 @post("/models/{name:str}/rollout", status_code=HTTP_200_OK,
       summary="Replace a model's replicas with ones running its current profile")
 async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
-    m = _model(ctx, name)
+    m = find_model(ctx, name)
     if m.external:
         raise NotFoundError(f"model {name!r} is external (upstream); there is nothing to roll out")
     await ctx.backend.rollout(name)
@@ -146,7 +147,7 @@ async def list_replicas(
     ctx: Ctx, model: FromQuery[str | None] = None,
 ) -> list[ReplicaView]:
     if model is not None:
-        _model(ctx, model)
+        find_model(ctx, model)
     replicas = await ctx.backend.replicas(model)
     catalog = ctx.models.catalog
     return [replica_view(r, catalog.get(r.model)) for r in replicas]
