@@ -78,11 +78,18 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
         print_json(rows)
         return
     print_table(
-        [(r["model"], r["id"][:8], r["node"], r["state"], "yes" if r["healthy"] else "no",
+        [(r["model"], _short_id(r["id"]), r["node"], r["state"], "yes" if r["healthy"] else "no",
           r["profile"], _memory(r), _note(r)) for r in rows],
         ["model", "replica", "node", "state", "healthy", "profile", "memory used/reserved",
          "note"],
     )
+
+
+def _short_id(replica_id: str) -> str:
+    """Nomad allocation UUIDs shortened as Nomad's own CLI shows them; other ids whole."""
+    if len(replica_id) == 36 and replica_id.count("-") == 4:
+        return replica_id[:8]
+    return replica_id
 
 
 @ctl.command("fleet")

@@ -53,6 +53,13 @@ def test_a_new_request_does_not_cut_a_running_stream() -> None:
     assert arg(argv, "--interrupt_requests") == "false"
 
 
+def test_the_engine_does_not_keep_every_positions_logits() -> None:
+    """logits_all would grow a replica by n_ctx x vocabulary floats, past its reservation."""
+    m = cpu_model("gemma")
+    argv = launch_for(m, m.profiles[0], python="p", model_path="m", port=1).argv
+    assert arg(argv, "--logits_all") == "false"
+
+
 def test_a_gemma_gguf_without_a_template_gets_the_gemma_chat_format() -> None:
     """The server's llama-2 fallback answers a Gemma model with an empty message."""
     assert chat_format_for(GEMMA3_BASE) == "gemma"

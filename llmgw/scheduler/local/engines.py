@@ -13,6 +13,11 @@ expect:
   (with a normal ``[DONE]``, so it looks complete) as soon as another request
   arrives; behind a gateway that balances several clients onto one replica
   that would silently truncate answers.
+* ``--logits_all false``: the server's default keeps every position's logits,
+  a float per vocabulary entry per token of context (2 GiB for Gemma 3's
+  262,144-entry vocabulary at 2,048 tokens), which makes a replica outgrow
+  its memory reservation as soon as an answer is long. Only ``logprobs``
+  needs them; a profile that wants those passes ``--logits_all true``.
 * the chat format: a GGUF that carries a chat template gets it; one that does
   not (base models) gets the format of its architecture's family, because the
   server's fallback, ``llama-2``, makes a Gemma model answer an empty message.
@@ -95,6 +100,7 @@ def llama_cpp_launch(
         "--n_threads", threads,
         "--n_threads_batch", threads,
         "--interrupt_requests", "false",
+        "--logits_all", "false",
     ]
     fmt = chat_format_for(gguf)
     if fmt and not _has_flag(profile.engine_args, "--chat_format"):
