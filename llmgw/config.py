@@ -14,6 +14,7 @@ Environment variables override connection settings only (``LLMGW_DATABASE_URL``,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -123,6 +124,20 @@ class ServerConfig(_Conf, frozen=True):
         return out
 
 
+_TOKEN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# An admin token opens every change to the catalog; a short one is guessable.
+MIN_TOKEN_LENGTH = 8
+
+
+def _check_tokens(cfg: ServerConfig, source: str) -> None:
+    for token, name in cfg.admin_token_names().items():
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"{source}: admin token {name!r} is {len(token)} characters long; use at least "
+                f"{MIN_TOKEN_LENGTH} (e.g. the output of `openssl rand -base64 32`)",
+                field="admin_tokens")
+
+
 def _env_overrides(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
     replace = msgspec.structs.replace
     if url := env.get("LLMGW_DATABASE_URL"):
@@ -132,8 +147,15 @@ def _env_overrides(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
     if tokens := env.get("LLMGW_ADMIN_TOKENS"):
         parsed: list[AdminToken | str] = []
         for item in filter(None, (t.strip() for t in tokens.split(","))):
+            # NAME=TOKEN only when NAME is a plain identifier and something
+            # other than base64 padding follows: a bare base64 token ends in
+            # "=", and splitting it there would make its secret the (logged)
+            # name and its padding the token.
             name, sep, token = item.partition("=")
-            parsed.append(AdminToken(name=name, token=token) if sep else item)
+            if sep and _TOKEN_NAME.match(name) and token.strip("="):
+                parsed.append(AdminToken(name=name, token=token))
+            else:
+                parsed.append(item)
         cfg = replace(cfg, admin_tokens=[*cfg.admin_tokens, *parsed])
     nomad = cfg.scheduler.nomad
     mapping = {
@@ -159,6 +181,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Serve
         raise ConfigError(f"{p}: cannot read the configuration file: {exc.strerror}") from None
     cfg = decode_yaml(data, ServerConfig, source=str(p))
     cfg = _env_overrides(cfg, os.environ if env is None else env)
+    _check_tokens(cfg, f"{p} (or LLMGW_ADMIN_TOKENS)")
     try:
         build_catalog(cfg.models, cfg.gpu_classes)
     except DefinitionError as exc:

@@ -35,7 +35,7 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.catalog.build import Catalog, build_catalog, dependants
+from llmgw.catalog.build import Catalog, build_catalog, check_model, dependants
 from llmgw.catalog.decode import decode_json
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
 from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
@@ -116,14 +116,18 @@ class ModelService:
         log.warning("stored model %r was skipped: %s", name, why)
 
     def _assemble(self, rows: Sequence[StoredModel]) -> tuple[list[Model], dict[str, StoredModel]]:
-        """Declared models, then each stored one validated against what is accepted (C11).
+        """Declared models, plus every stored one that makes a valid catalog with them (C11).
 
-        One bad row is skipped and named rather than taking the cluster with it;
-        the declared models are precisely the ones that must survive that.
+        One bad row is skipped and named rather than taking the cluster with
+        it; the declared models are precisely the ones that must survive that.
+        Each stored model is first checked on its own; then models whose
+        fallbacks are missing are dropped until none is, since dropping one can
+        orphan another that falls back to it. Checking rows one at a time in
+        some order instead would wrongly skip a model whose fallback merely
+        comes later in that order.
         """
         self.skipped = {}
-        accepted = list(self._declared)
-        kept: dict[str, StoredModel] = {}
+        candidates: dict[str, tuple[Model, StoredModel]] = {}
         for row in sorted(rows, key=lambda r: r.name):
             if row.name in self._declared_index:
                 self._skip(row.name, f"a model of that name is declared in {self._config_name}, "
@@ -133,13 +137,24 @@ class ModelService:
             if model is None:
                 continue
             try:
-                build_catalog([*accepted, model], self._gpu_classes)
+                check_model(model, self._gpu_classes)
             except DefinitionError as exc:
                 self._skip(row.name, f"it does not make a valid catalog: {exc.message}")
                 continue
-            accepted.append(model)
-            kept[row.name] = row
-        return accepted, kept
+            candidates[row.name] = (model, row)
+        while True:
+            known = set(self._declared_index) | set(candidates)
+            orphans = {name: [f for f in m.fallbacks if f not in known]
+                       for name, (m, _) in candidates.items()}
+            orphans = {name: missing for name, missing in orphans.items() if missing}
+            if not orphans:
+                break
+            for name, missing in orphans.items():
+                del candidates[name]
+                self._skip(name, "it does not make a valid catalog: its fallback "
+                                 f"{', '.join(map(repr, missing))} is not in the catalog")
+        accepted = [*self._declared, *(m for m, _ in candidates.values())]
+        return accepted, {name: row for name, (_, row) in candidates.items()}
 
     async def load(self) -> Catalog:
         """Build the catalog from configuration plus the store, and put it in force."""
@@ -192,6 +207,14 @@ class ModelService:
 
     # -- changing ----------------------------------------------------------
 
+    def _require_store(self) -> None:
+        """Changes need the catalog as stored; until it was read once, refuse them (D2)."""
+        if self._version < 0:
+            raise StoreUnavailableError(
+                "the catalog could not be read from the store yet "
+                f"({self.store_error or 'it has not been opened'}); changes are refused "
+                "until it is back, and reads serve the declared models meanwhile")
+
     def _refuse_declared(self, name: str, consequence: str) -> None:
         if name in self._declared_index:
             where = f"{self._config_name} (models[{self._declared_index[name]}])"
@@ -206,6 +229,7 @@ class ModelService:
         """
         self._refuse_declared(
             model.name, "edit it there rather than adding a second definition")
+        self._require_store()
         invalid = f"model {model.name!r} would make the catalog invalid"
         if self._placement_check is not None:
             # Asked before the catalog lock is taken: a placement check is a
@@ -232,6 +256,7 @@ class ModelService:
     async def remove(self, name: str, by: str) -> None:
         """Take a runtime model out of the catalog (C8)."""
         self._refuse_declared(name, "remove it there, or it comes back on the next restart")
+        self._require_store()
         async with self._store.change() as tx:
             rows = await tx.models()
             if not any(r.name == name for r in rows):
@@ -310,6 +335,7 @@ class ModelService:
 
     async def _update(self, name: str, by: str, change: Callable[[Model], Model],
                       invalid: str, *, place: bool) -> Model:
+        self._require_store()
         if place and self._placement_check is not None:
             rows = await self._store.models()
             row = next((r for r in rows if r.name == name), None)

@@ -7,9 +7,10 @@ and is fixed here: the configuration was validated before this runs; the store
 is opened and the catalog loaded before the scheduler is asked to apply it;
 the gateway starts last, so no request is routed against an empty catalog.
 
-If the store cannot be reached at start-up the server still starts, serving
-the declared models, and keeps trying; writes answer 503 until the store is
-back (D2). Nothing a person added is lost: it is in the store, not here.
+If the store cannot be reached at start-up the server still starts: the API
+and the gateway answer from the declared models, writes answer 503, and the
+scheduler is not told anything until the catalog has been read from the store
+(D2). Nothing a person added is lost: it is in the store, not here.
 """
 
 from __future__ import annotations
@@ -78,10 +79,16 @@ class Server:
         self.api = create_app(self.ctx)
         self.api.on_startup.append(self.start)
         self.api.on_shutdown.append(self.close)
-        self.gateway: Any = None
+        # Built here, not at start-up: the gateway validates its settings and
+        # reads the keys file, and a mistake there must stop `serve` before it
+        # binds a port or starts an engine (STYLE 10), not fail the lifespan.
+        from llmgw.gateway.app import Gateway
+
+        self.gateway = Gateway(config, self.models, self.backend, self.store)
         self._watch_interval = watch_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
+        self._serving = False
 
     async def _open_store(self) -> bool:
         if self._store_open:
@@ -95,26 +102,23 @@ class Server:
         return True
 
     async def start(self) -> None:
+        await self.backend.start()
+        # The scheduler is told about a catalog only once it has been read
+        # from the store: handed the declared models alone during an outage,
+        # a Nomad reconciler would deregister every runtime model's job.
+        self.models.subscribe(self.backend.apply)
         if await self._open_store():
             try:
                 await self.models.load()
             except StoreUnavailableError as exc:
-                log.warning("serving the declared models only: %s", exc.message)
+                log.warning("the store cannot be read; routing the declared models and "
+                            "refusing changes until it is back: %s", exc.message)
         else:
-            log.warning("the store is unreachable; serving the declared models only, and "
-                        "refusing changes until it is back: %s", self.models.store_error)
-        await self.backend.start()
-        self.models.subscribe(self.backend.apply)
-        await self.backend.apply(self.models.catalog)
+            log.warning("the store is unreachable; routing the declared models and refusing "
+                        "changes until it is back: %s", self.models.store_error)
         self._tasks.append(asyncio.create_task(self._follow(), name="llmgw-catalog-watch"))
-        self.gateway = self._make_gateway()
-        if self.gateway is not None:
-            await self.gateway.start()
-
-    def _make_gateway(self) -> Any:
-        from llmgw.gateway.app import Gateway
-
-        return Gateway(self.config, self.models, self.backend, self.store)
+        await self.gateway.start()
+        self._serving = True
 
     async def _follow(self) -> None:
         """Keep the catalog in step with the store (other processes' changes)."""
@@ -127,21 +131,23 @@ class Server:
                 log.exception("following the catalog failed; serving the one in force")
 
     async def close(self) -> None:
+        self._serving = False
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self.gateway is not None:
-            await self.gateway.close()
+        await self.gateway.close()
         await self.backend.close()
         if self._store_open:
             await self.store.close()
             self._store_open = False
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.gateway is not None:
+        # Until start() has finished, /v1 falls through to the API (404): no
+        # request is routed against a catalog that is not loaded yet.
+        if scope["type"] == "http" and self._serving:
             path: str = scope["path"]
             if path.startswith("/v1/") or path == "/metrics":
                 await self.gateway(scope, receive, send)

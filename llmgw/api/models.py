@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar import Request, delete, get, post, put
@@ -14,12 +14,14 @@ from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 from llmgw.api.auth import actor
 from llmgw.api.context import AppContext, Ctx
 from llmgw.api.views import ModelView, ReplicaView, ScalingInForce, memory_warning, replica_view
+from llmgw.catalog.decode import decode_json
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model, Profile
 from llmgw.errors import NotFoundError
 from llmgw.scheduler.base import Replica
 
 log = logging.getLogger("llmgw.api")
+T = TypeVar("T")
 
 # The list view asks the scheduler for replicas once per request; if that is
 # slow (Nomad busy) the list still answers, without the per-replica details.
@@ -79,6 +81,16 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> Mod
     )
 
 
+async def strict_body(request: Request[Any, Any, Any], type_: type[T]) -> T:
+    """The body decoded strictly, as server.yaml and `ctl model add -f` files are (C4).
+
+    Litestar has already decoded it (which also documents it in the OpenAPI
+    schema), but leniently: "4" would pass for 4. A field that is refused in
+    the YAML must be refused here too.
+    """
+    return decode_json(await request.body(), type_)
+
+
 def find_model(ctx: AppContext, name: str) -> Model:
     m = ctx.models.catalog.get(name)
     if m is None:
@@ -104,6 +116,7 @@ async def add_model(
     ctx: Ctx, request: Request[Any, Any, Any], data: JSONBody[Model],
     skip_source_check: FromQuery[bool] = False,
 ) -> ModelView:
+    data = await strict_body(request, Model)
     if not skip_source_check and ctx.source_check is not None:
         await ctx.source_check(data)
     final = await ctx.models.add(data, actor(request))
@@ -119,12 +132,14 @@ async def remove_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath
 @put("/models/{name:str}/scale", summary="Change a runtime model's scaling")
 async def scale_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
                       data: JSONBody[ScaleRequest]) -> ScalingInForce:
+    data = await strict_body(request, ScaleRequest)
     return ScalingInForce.of(await ctx.models.scale(name, data.min, data.max, actor(request)))
 
 
 @put("/models/{name:str}/resources", summary="Set a runtime model's cores and memory")
 async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
                           data: JSONBody[ResourcesRequest]) -> ResourcesAnswer:
+    data = await strict_body(request, ResourcesRequest)
     p: Profile = await ctx.models.resources(name, data.cpu_cores, data.memory, data.profile,
                                             actor(request))
     return ResourcesAnswer(model=name, profile=p.name, cpu_cores=p.cpu_cores, memory=p.memory)

@@ -229,7 +229,21 @@ def test_environment_overrides_connection_settings(tmp_path: object) -> None:
     """LLMGW_DATABASE_URL and NOMAD_ADDR win over the file."""
     cfg = load_config("examples/server.yaml", env={
         "LLMGW_DATABASE_URL": "sqlite:///x.db", "NOMAD_ADDR": "http://n:4646",
-        "LLMGW_ADMIN_TOKENS": "alice=s3cret,plain"})
+        "LLMGW_ADMIN_TOKENS": "alice=s3cret-alice,plain-token-1"})
     assert cfg.database == "sqlite:///x.db"
     assert cfg.scheduler.nomad.address == "http://n:4646"
-    assert cfg.admin_token_names() == {"s3cret": "alice", "plain": "admin-1"}
+    assert cfg.admin_token_names() == {"s3cret-alice": "alice", "plain-token-1": "admin-1"}
+
+
+def test_a_base64_admin_token_is_not_split_at_its_padding() -> None:
+    """q1w2...== is one token; splitting at '=' would make the secret a logged name."""
+    cfg = load_config("examples/server.yaml", env={
+        "LLMGW_ADMIN_TOKENS": "q1w2e3r4t5y6u7i8o9p0AsDfGhJkL==,Q9w8e7r6t5y4u3i2o1p0zX="})
+    assert set(cfg.admin_token_names()) == {"q1w2e3r4t5y6u7i8o9p0AsDfGhJkL==",
+                                            "Q9w8e7r6t5y4u3i2o1p0zX="}
+
+
+def test_a_short_admin_token_is_refused() -> None:
+    """An admin token opens every change; one of a few characters is guessable."""
+    with pytest.raises(ConfigError, match="at least 8"):
+        load_config("examples/server.yaml", env={"LLMGW_ADMIN_TOKENS": "ops=abc"})

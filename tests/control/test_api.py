@@ -102,6 +102,19 @@ async def test_a_definition_error_is_400_with_the_reason_and_the_field(
     assert await store.models() == []
 
 
+async def test_numbers_written_as_strings_are_refused_as_in_yaml(
+        client: AsyncTestClient, store: Store) -> None:
+    """C4: the API decodes as strictly as server.yaml; "4" is not a core count."""
+    body = cpu("trial", profiles=[{"name": "cpu", "gpus": 0, "cpu_cores": "4", "memory": "8GiB"}])
+    r = await client.post("/api/v1/models", json=body, headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "profiles[0].cpu_cores"
+    await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": "2"}, headers=ADMIN)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "min"
+
+
 async def test_malformed_json_is_400(client: AsyncTestClient) -> None:
     """D1: a body that is not JSON says so."""
     r = await client.post("/api/v1/models", content=b"{name: ", headers={

@@ -90,6 +90,39 @@ async def test_an_unplaceable_profile_is_refused_at_add_time(store: Store,
     assert await stored_names(store) == []
 
 
+async def test_a_fallback_that_sorts_after_its_model_is_kept(store: Store) -> None:
+    """C11: 'alpha' falling back to 'zulu' stays in force, and zulu cannot be removed."""
+    svc = await service(store)
+    await svc.add(cpu("zulu"), "alice")
+    await svc.add(cpu("alpha", fallbacks=["zulu"]), "alice")
+    assert sorted(svc.catalog.models) == ["alpha", "prod-chat", "zulu"]
+    assert svc.skipped == {}
+    with pytest.raises(RefusedError, match="fallback of 'alpha'"):
+        await svc.remove("zulu", "alice")
+
+
+async def test_a_chain_of_orphans_is_skipped_whole(store: Store) -> None:
+    """C11: a row whose fallback was skipped is skipped too, and named."""
+    enc = msgspec.json.encode
+    await _put_raw(store, "a", enc(cpu("a", fallbacks=["b"])))
+    await _put_raw(store, "b", enc(cpu("b", fallbacks=["ghost"])))
+    await _put_raw(store, "c", enc(cpu("c")))
+    svc = await service(store)
+    assert sorted(svc.catalog.models) == ["c", "prod-chat"]
+    assert set(svc.skipped) == {"a", "b"}
+
+
+async def test_changes_are_refused_until_the_catalog_was_read(store: Store) -> None:
+    """D2: before the store was read once, a write is 503, never a 500 or a guess."""
+    from llmgw.errors import StoreUnavailableError
+
+    svc = ModelService(DECLARED, GPU_CLASSES, store)
+    with pytest.raises(StoreUnavailableError, match="could not be read"):
+        await svc.add(cpu("trial"), "alice")
+    with pytest.raises(StoreUnavailableError):
+        await svc.scale("trial", 1, None, "alice")
+
+
 async def test_removing_a_declared_model_is_refused(store: Store) -> None:
     """C8: it would come back on the next restart."""
     svc = await service(store)

