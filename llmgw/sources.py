@@ -27,7 +27,7 @@ import importlib
 import importlib.metadata
 import os
 import re
-import tempfile
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -100,21 +100,64 @@ def _module_of(dist: str) -> str:
     return public[0]
 
 
+def lock_dir() -> Path:
+    """The directory of this user's lock files: created 0700, owned by this user.
+
+    ``$XDG_RUNTIME_DIR/llmgw`` when that is set (an absolute directory), else
+    ``$XDG_CACHE_HOME/llmgw/locks`` (``~/.cache/llmgw/locks``). A shared
+    directory such as /tmp would let another user's lock file make the open
+    fail, or a symlink planted there redirect it.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(runtime) and os.path.isdir(runtime):
+        return Path(runtime) / "llmgw"
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "llmgw" / "locks"
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` 0700 if missing; refuse one that is not this user's own directory."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SourceError(f"the lock directory {str(path)!r} is not a directory (a symbolic "
+                          "link or a file is in its place); remove it and retry")
+    if info.st_uid != os.geteuid():
+        raise SourceError(f"the lock directory {str(path)!r} belongs to user id {info.st_uid}, "
+                          f"not to this user ({os.geteuid()}); remove it, or set "
+                          "XDG_RUNTIME_DIR to a directory of this user's own")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
 @contextlib.contextmanager
 def _assembly_lock(dist: str) -> Iterator[None]:
-    """Serialise ``assemble()`` of one package across processes.
+    """Serialise ``assemble()`` of one package across this user's processes.
 
     Assembling writes the model file; two replicas (or two llmgw processes)
     starting at once would otherwise write it together, and one would see a
-    half-written file with the wrong checksum.
+    half-written file with the wrong checksum. The lock file lives in a
+    directory of this user's (``lock_dir``) and is opened without following a
+    symbolic link, so nobody else can block or redirect it.
     """
-    path = Path(tempfile.gettempdir()) / f"llmgw-pkg-{dist.lower()}.lock"
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    directory = lock_dir()
+    path = directory / f"pkg-{dist.lower()}.lock"
+    try:
+        _private_dir(directory)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SourceError(
+            f"source pkg:{dist}: cannot open the lock file {str(path)!r} "
+            f"({exc.strerror or exc}); it must be a plain file this user can write, in a "
+            "directory of its own: remove what is in its place, or set XDG_RUNTIME_DIR"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
 
 
 def resolve_pkg(dist: str) -> Path:
@@ -122,31 +165,45 @@ def resolve_pkg(dist: str) -> Path:
     module_name = _module_of(dist)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:    # its top-level code may raise anything, not only ImportError
         raise SourceError(
-            f"source pkg:{dist}: cannot import its module {module_name!r}: {exc}; "
-            f"reinstall it (pip install --force-reinstall {dist})"
-        ) from None
+            f"source pkg:{dist}: cannot import its module {module_name!r}: "
+            f"{type(exc).__name__}: {exc}; reinstall it (pip install --force-reinstall {dist})"
+        ) from exc
     assemble = getattr(module, "assemble", None)
     if not callable(assemble):
         raise SourceError(
             f"source pkg:{dist}: module {module_name!r} has no assemble() function, so it "
             "does not ship a model llmgw can use; point source at the model file instead"
         )
-    try:
-        with _assembly_lock(dist):
+    with _assembly_lock(dist):
+        try:
             result = assemble()
-    except Exception as exc:
+        except Exception as exc:
+            raise SourceError(
+                f"source pkg:{dist}: {module_name}.assemble() failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    if not isinstance(result, (str, os.PathLike)):
         raise SourceError(
-            f"source pkg:{dist}: {module_name}.assemble() failed: {exc}"
-        ) from exc
+            f"source pkg:{dist}: {module_name}.assemble() returned {result!r}, not the path "
+            "of a model file; the package is broken: reinstall it or point source at the file"
+        )
     path = Path(os.fspath(result))
-    if not path.is_file():
+    if not _is_file(path):
         raise SourceError(
             f"source pkg:{dist}: {module_name}.assemble() returned {str(path)!r}, "
             "which is not a file"
         )
     return path
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; a path this user may not look at is not one."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _local_path(source: str) -> Path:
@@ -168,13 +225,26 @@ def resolve_source(source: str, *, want_gguf: bool) -> Path:
     if dist is not None:
         return resolve_pkg(dist)
     path = _local_path(source).absolute()
-    if not path.exists():
+    try:
+        exists, is_dir = path.exists(), path.is_dir()
+    except OSError as exc:     # e.g. a parent directory this user may not enter
+        raise SourceError(
+            f"cannot look at model file {str(path)!r} ({exc.strerror or exc}); check the "
+            f"permissions of it and its directories (source {source!r})"
+        ) from None
+    if not exists:
         raise SourceError(
             f"model file {str(path)!r} does not exist; check the model's source "
             f"({source!r}) or copy the file there"
         )
-    if path.is_dir() and want_gguf:
-        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if is_dir and want_gguf:
+        try:
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        except OSError as exc:
+            raise SourceError(
+                f"cannot list directory {str(path)!r} ({exc.strerror or exc}); check its "
+                f"permissions (source {source!r})"
+            ) from None
         if len(ggufs) != 1:
             found = ", ".join(ggufs) if ggufs else "none"
             raise SourceError(

@@ -33,11 +33,10 @@ from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in
 from llmgw.admin.render import page, scaling_text
 from llmgw.admin.session import flash_cookie
 from llmgw.api.context import Ctx
-from llmgw.api.models import find_model
+from llmgw.api.models import roll_out
 from llmgw.catalog.decode import decode_model_file
-from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model
-from llmgw.errors import DefinitionError, LlmgwError, NotFoundError
+from llmgw.errors import DefinitionError, LlmgwError
 
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 SOURCE = "pasted YAML"
@@ -117,16 +116,10 @@ async def remove_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath
 async def rollout_model(request: Request[Any, Any, Any], ctx: Ctx,
                         name: FromPath[str]) -> Redirect:
     try:
-        m = find_model(ctx, name)
-        if m.external:
-            raise NotFoundError(
-                f"model {name!r} is external (upstream); there is nothing to roll out")
-        await ctx.backend.rollout(name)
+        answer = await roll_out(ctx, name)
     except LlmgwError as exc:
         return done(request, f"/admin/models/{name}", exc.message, kind="error")
-    fp = fingerprint(m, m.profiles[0])
-    return done(request, f"/admin/models/{name}",
-                f"replicas of {name} are being replaced with profile {fp}")
+    return done(request, f"/admin/models/{name}", answer.message)
 
 
 route_handlers = [add_model, scale_model, remove_model, rollout_model]

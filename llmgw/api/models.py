@@ -48,6 +48,7 @@ class ResourcesAnswer(msgspec.Struct, kw_only=True):
 
 class RolloutAnswer(msgspec.Struct, kw_only=True):
     model: str
+    profile: str | None
     fingerprint: str
     message: str
 
@@ -145,16 +146,30 @@ async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromP
     return ResourcesAnswer(model=name, profile=p.name, cpu_cores=p.cpu_cores, memory=p.memory)
 
 
-@post("/models/{name:str}/rollout", status_code=HTTP_200_OK,
-      summary="Replace a model's replicas with ones running its current profile")
-async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
+async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
+    """Roll out a model's current profile; the answer names the profile its new replicas run.
+
+    Shared by the API and the admin page, so both say the same thing.
+    """
     m = find_model(ctx, name)
     if m.external:
         raise NotFoundError(f"model {name!r} is external (upstream); there is nothing to roll out")
-    await ctx.backend.rollout(name)
-    fp = fingerprint(m, m.profiles[0])
-    return RolloutAnswer(model=name, fingerprint=fp,
-                         message=f"replicas of {name} are being replaced with profile {fp}")
+    profile = await ctx.backend.rollout(name)
+    chosen = m.profile(profile) if profile else None
+    if chosen is None:
+        return RolloutAnswer(model=name, fingerprint="", profile=None,
+                             message=f"no profile of {name} fits the fleet now; its replicas "
+                                     "are replaced once one does")
+    fp = fingerprint(m, chosen)
+    return RolloutAnswer(model=name, fingerprint=fp, profile=chosen.name,
+                         message=f"replicas of {name} are being replaced with profile "
+                                 f"{chosen.name} ({fp})")
+
+
+@post("/models/{name:str}/rollout", status_code=HTTP_200_OK,
+      summary="Replace a model's replicas with ones running its current profile")
+async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
+    return await roll_out(ctx, name)
 
 
 @get("/replicas", summary="Replicas of every model, or of one")

@@ -113,6 +113,9 @@ class Backend(Protocol):
     async def apply(self, catalog: Catalog) -> None:
         """Make the running set match ``catalog`` (register, scale, deregister).
 
+        May return before the scheduler has acted (Nomad's reconciler runs the
+        pass in its own loop); status and replicas show the progress.
+
         Does not replace running replicas whose profile changed; they show as
         stale until ``rollout``.
         """
@@ -120,8 +123,13 @@ class Backend(Protocol):
     async def set_demand(self, model: str, replicas: int) -> None:
         """On-demand scaling (G5): run ``replicas`` copies of a min-0 model (0 stops it)."""
 
-    async def rollout(self, model: str) -> None:
-        """Replace the model's replicas with ones running the current profile."""
+    async def rollout(self, model: str) -> str | None:
+        """Replace the model's replicas with ones running the current profile.
+
+        Returns the name of the profile the new replicas run (the first one
+        the fleet can meet, not necessarily the first listed), or None when no
+        profile fits now.
+        """
 
     async def replicas(self, model: str | None = None) -> list[Replica]: ...
 

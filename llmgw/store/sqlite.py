@@ -38,7 +38,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -174,6 +174,15 @@ class _Connection:
         # Submitted work runs even if the awaiting task is cancelled, so a
         # rollback queued here cannot be skipped by a second cancellation.
         return await loop.run_in_executor(self._executor, self._call, fn)
+
+    def submit(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+        """Queue ``fn`` on the connection's thread without waiting; failures are logged."""
+        def report(done: Future[object]) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                logger.warning("SQLite %s: queued work failed", self.path,
+                               exc_info=done.exception())
+
+        self._executor.submit(self._call, fn).add_done_callback(report)
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
@@ -401,15 +410,27 @@ class SqliteStore:
     async def change(self) -> AsyncIterator[CatalogChange]:
         async with self._change_lock:
             conn = self._conn(self._catalog)
-            await conn.run(lambda db: db.execute("BEGIN IMMEDIATE"))
             change = _SqliteChange(conn)
+            began = False
             try:
+                await conn.run(lambda db: db.execute("BEGIN IMMEDIATE"))
+                began = True
                 yield change
                 change.ended = True
                 await conn.run(_bump_and_commit)
             except BaseException:
                 change.ended = True
-                await conn.run(_rollback)
+                if began:
+                    await conn.run(_rollback)
+                else:
+                    # Cancelled (or failed) while BEGIN waited for another
+                    # process's lock: the BEGIN still runs to its end on the
+                    # connection's thread, and would leave the connection
+                    # inside a write transaction nobody owns. Queue the
+                    # rollback behind it without waiting, so the cancellation
+                    # is not held up for the lock; the thread runs work in
+                    # order, so the next change's BEGIN comes after it.
+                    conn.submit(_rollback)
                 raise
 
     async def catalog_version(self) -> int:

@@ -115,9 +115,11 @@ class FleetBackend:
     async def set_demand(self, model: str, replicas: int) -> None:
         return None
 
-    async def rollout(self, model: str) -> None:
+    async def rollout(self, model: str) -> str | None:
         self.rollouts.append(model)
         self.stale.discard(model)
+        m = self.catalog.get(model) if self.catalog else None
+        return m.profiles[0].name if m and m.profiles else None
 
     def _of(self, m: Model) -> list[Replica]:
         if m.external or not m.profiles or m.name in self.waiting:

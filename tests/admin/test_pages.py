@@ -175,7 +175,7 @@ async def test_a_stale_replica_is_flagged_and_a_rollout_clears_it(
         assert '<tr data-replica="trial-1" class="">' in page
     assert "1 replica on a stale profile" in (await admin.get("/admin/fragments/models")).text
     r = await admin.post("/admin/models/trial/rollout", data={"csrf": token})
-    assert "replicas of trial are being replaced with profile sha256:" in r.text
+    assert "replicas of trial are being replaced with profile cpu (sha256:" in r.text
     assert backend.rollouts == ["trial"]
     assert 'class="stale"' not in r.text
 

@@ -54,8 +54,10 @@ class RecordingBackend:
     async def set_demand(self, model: str, replicas: int) -> None:
         return None
 
-    async def rollout(self, model: str) -> None:
+    async def rollout(self, model: str) -> str | None:
         self.rollouts.append(model)
+        m = self.applied[-1].get(model) if self.applied else None
+        return m.profiles[0].name if m and m.profiles else None
 
     async def replicas(self, model: str | None = None) -> list[Replica]:
         return [r for r in self.replica_list if model is None or r.model == model]

@@ -7,6 +7,8 @@ which is what lets these tests fill the machine without loading a model.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from pathlib import Path
 
 import msgspec
@@ -15,9 +17,11 @@ import pytest
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
 from llmgw.errors import NotFoundError, PlacementError
+from llmgw.scheduler.local import backend as backend_module
 from llmgw.scheduler.local.backend import LocalBackend
+from llmgw.scheduler.local.supervisor import backoff
 
-from .conftest import cpu_model, until
+from .conftest import FAST, cpu_model, until
 
 
 def missing(tmp_path: Path) -> str:
@@ -99,6 +103,34 @@ async def test_a_file_that_is_not_gguf_is_an_error_on_the_model(
     await backend.apply(build_catalog([cpu_model("html", str(page))]))
     await until(lambda: backend.status("html").last_error is not None, "the model's error", 30)
     assert "is not a GGUF model file" in (backend.status("html").last_error or "")
+
+
+async def test_an_unexpected_error_resolving_the_source_backs_off_on_one_replica(
+        backend: LocalBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TypeError from resolving the source is retried with back-off, not relaunched in a loop."""
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+
+    def broken(source: str, *, want_gguf: bool) -> Path:
+        calls.append(loop.time())
+        raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
+
+    monkeypatch.setattr(backend_module, "resolve_source", broken)
+    await backend.apply(build_catalog([cpu_model("broken", missing(tmp_path))]))
+    await until(lambda: len(calls) >= 2 and calls[-1] - calls[0] >= 2.0,
+                "an attempt two seconds after the first", 30)
+    assert sum(1 for t in calls if t - calls[0] < 2.0) <= 5
+    assert all(later - earlier >= 0.9 * backoff(n, FAST)
+               for n, (earlier, later) in enumerate(itertools.pairwise(calls), 1))
+    status = backend.status("broken")
+    assert status.crash_loop
+    assert status.last_error is not None
+    assert "preparing the launch of model 'broken'" in status.last_error
+    assert "TypeError: expected str, bytes or os.PathLike object, not NoneType" in (
+        status.last_error)
+    assert [r.id for r in await backend.replicas("broken")] == ["broken-1"]
+    kinds = {e.kind for e in backend.seen if e.model == "broken"}  # type: ignore[attr-defined]
+    assert kinds == {"failed"}
 
 
 async def test_a_replica_that_does_not_fit_now_waits_with_the_reason(

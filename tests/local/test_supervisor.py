@@ -7,6 +7,7 @@ a port and answers GET, which is all the supervisor relies on.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import socket
@@ -263,6 +264,9 @@ async def test_a_port_taken_while_the_engine_loads_is_retried_elsewhere(tmp_path
         if not taken_ports:   # another program grabs the port between the check and the bind
             taken_ports.append(port)
             sock = socket.socket()
+            # As the engine does: a port in TIME_WAIT from an earlier test's
+            # probes must not keep the squatter out while the engine gets in.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
                 sock.listen()
@@ -284,3 +288,94 @@ async def test_a_port_taken_while_the_engine_loads_is_retried_elsewhere(tmp_path
         await r.stop()
         for sock in squatters:
             sock.close()
+
+
+def gaps_hold_backoff(times: list[float], timing: Timing) -> bool:
+    """Whether each attempt after a failure came no sooner than its back-off allows."""
+    return all(later - earlier >= 0.9 * backoff(n, timing)
+               for n, (earlier, later) in enumerate(itertools.pairwise(times), 1))
+
+
+async def test_an_unexpected_error_while_preparing_is_retried_with_backoff() -> None:
+    """A prepare raising TypeError fails the attempt with back-off, and the message names it."""
+    loop = asyncio.get_running_loop()
+    attempts: list[float] = []
+    events: list[tuple[str, str]] = []
+
+    async def broken(port: int) -> EngineLaunch:
+        attempts.append(loop.time())
+        raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
+
+    r = runner(broken, events)
+    r.start()
+    try:
+        await until(lambda: r.crash_loop, "a crash loop", 30)
+        assert r.state in ("failed", "pending")
+        assert "TypeError: expected str, bytes or os.PathLike object" in r.message
+        assert r.message.startswith("crash loop: ")
+        assert r.port is None
+        assert "stopped" not in [k for k, _ in events]
+        assert gaps_hold_backoff(attempts, TIMING)
+    finally:
+        await r.stop()
+    assert r.state == "stopped"
+
+
+async def test_an_unexpected_error_while_watching_ends_the_engine_and_retries(
+        tmp_path: Path) -> None:
+    """A defect in the health watch stops that engine and starts another after back-off."""
+    events: list[tuple[str, str]] = []
+    r = runner(http_engine(tmp_path), events)
+    pids: list[int] = []
+
+    async def broken_watch(proc: EngineProcess, launch: EngineLaunch) -> str:
+        assert proc.pid is not None
+        pids.append(proc.pid)
+        raise RuntimeError("the watch tripped over itself")
+
+    r._watch = broken_watch  # type: ignore[method-assign]
+    r.start()
+    try:
+        await until(lambda: len(pids) >= 2, "a second attempt", 60)
+        assert pids[0] != pids[1]
+        assert not alive(pids[0])
+        assert not group_members(pids[0])
+        assert "RuntimeError: the watch tripped over itself" in r.message
+        assert "stopped" not in [k for k, _ in events]
+    finally:
+        await r.stop()
+    assert all(not alive(pid) for pid in pids)
+
+
+def stubborn_http_engine(directory: Path):  # type: ignore[no-untyped-def]
+    """An http.server that ignores SIGTERM, so stopping it takes the whole grace period."""
+    async def prepare(port: int) -> EngineLaunch:
+        script = textwrap.dedent(f"""\
+            import runpy, signal, sys
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sys.argv = ["http.server", "{port}", "--bind", "127.0.0.1",
+                        "--directory", {str(directory)!r}]
+            runpy.run_module("http.server", run_name="__main__")
+        """)
+        return EngineLaunch(argv=[sys.executable, "-c", script], env={}, health_path="/",
+                            port=port)
+    return prepare
+
+
+async def test_stop_passes_on_a_cancellation_of_its_caller(tmp_path: Path) -> None:
+    """A task cancelled while waiting in stop() ends cancelled; the replica still stops."""
+    r = runner(stubborn_http_engine(tmp_path))
+    r.start()
+    try:
+        await until(lambda: r.healthy, "the replica to become healthy", 60)
+        pid = r.pid
+        assert pid is not None
+        waiting = asyncio.create_task(r.stop())
+        await until(lambda: r.stopping, "the stop to begin", 30)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert waiting.cancelled()
+    finally:
+        await r.stop()
+    assert not alive(pid)

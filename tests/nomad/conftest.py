@@ -64,6 +64,12 @@ async def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str 
         await asyncio.sleep(0.05)
 
 
+async def applied(backend: NomadBackend, cat: Catalog) -> None:
+    """apply() and wait for the reconciler pass that follows it to finish."""
+    await backend.apply(cat)
+    await backend.reconciled()
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeNomad]:
     with FakeNomad(default_fleet()) as f:

@@ -82,6 +82,7 @@ async def instance(fake: FakeNomad, store: Store, holder: str) -> AsyncIterator[
     await backend.start()
     svc.subscribe(backend.apply)
     await backend.apply(svc.catalog)
+    await backend.reconciled()
     ctx = AppContext(config=cfg, models=svc, backend=backend, store=store)
     try:
         async with serving(ctx) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -108,6 +109,7 @@ async def test_an_added_model_runs_as_a_job_and_its_replicas_are_listed(fake, ap
     """POST a model → a job with its devices, cores and memory → allocations → replicas."""
     r = await api.client.post("/api/v1/models", json=gpu_body("qwen", 2), headers=ADMIN)
     assert r.status_code == 200, r.text
+    await api.backend.reconciled()
     fake.settle()
     job = fake.job("llmgw-qwen")
     engine = next(t for t in job["TaskGroups"][0]["Tasks"] if t["Name"] == "engine")
@@ -141,9 +143,11 @@ async def test_a_model_waiting_for_capacity_says_why(fake, api):
     """A profile that fits the fleet but not its free GPUs is accepted and shows the reason."""
     r = await api.client.post("/api/v1/models", json=gpu_body("hog", 8, "ib-b"), headers=ADMIN)
     assert r.status_code == 200, r.text
+    await api.backend.reconciled()
     fake.settle()
     r = await api.client.post("/api/v1/models", json=gpu_body("late", 4, "ib-b"), headers=ADMIN)
     assert r.status_code == 200, r.text
+    await api.backend.reconciled()
     fake.settle()
     shown = (await api.client.get("/api/v1/models/late", headers=ADMIN)).json()
     assert shown["status"]["waiting_for_capacity"] == (
@@ -155,10 +159,12 @@ async def test_edit_shows_stale_replicas_rollout_replaces_them_remove_deregister
     c = api.client
     assert (await c.post("/api/v1/models", json=cpu_body("embed"), headers=ADMIN)).status_code \
         == 200
+    await api.backend.reconciled()
     fake.settle()
     version = fake.job("llmgw-embed")["Version"]
     edited = await c.post("/api/v1/models", json=cpu_body("embed", context=4096), headers=ADMIN)
     assert edited.status_code == 200
+    await api.backend.reconciled()
     fake.settle()
     assert fake.job("llmgw-embed")["Version"] == version            # not churned
     [rep] = (await c.get("/api/v1/replicas?model=embed", headers=ADMIN)).json()
@@ -167,6 +173,7 @@ async def test_edit_shows_stale_replicas_rollout_replaces_them_remove_deregister
 
     r = await c.post("/api/v1/models/embed/rollout", headers=ADMIN)
     assert r.status_code == 200, r.text
+    await api.backend.reconciled()
     fake.settle()
     assert fake.job("llmgw-embed")["Version"] == version + 1
 
@@ -176,6 +183,7 @@ async def test_edit_shows_stale_replicas_rollout_replaces_them_remove_deregister
 
     await eventually(fresh, what="replicas running the new profile")
     assert (await c.delete("/api/v1/models/embed", headers=ADMIN)).status_code == 204
+    await api.backend.reconciled()
     fake.settle()
     assert fake.job("llmgw-embed")["Stop"] is True
 
@@ -184,6 +192,7 @@ async def test_nomad_down_the_api_says_so_and_changes_are_refused(fake, api):
     """Unreachable Nomad: /readyz is 503 naming it, an add is 503 and nothing is stored."""
     fake.stop()
     await api.backend.apply(api.models.catalog)
+    await api.backend.reconciled()
     r = await api.client.get("/readyz")
     assert r.status_code == 503
     assert f"cannot reach Nomad at {fake.address}" in r.json()["error"]["message"]
@@ -206,6 +215,7 @@ async def test_two_api_instances_one_reconciler(fake, store):
         fake.clear_requests()
         r = await follower.client.post("/api/v1/models", json=cpu_body("embed"), headers=ADMIN)
         assert r.status_code == 200, r.text
+        await follower.backend.reconciled()
         assert fake.job("llmgw-embed") is None           # the follower did not register
 
         async def registered() -> bool:
@@ -228,6 +238,7 @@ async def _ctl(url: str, *args: str) -> Any:
 async def test_ctl_fleet_replicas_and_rollout(fake, api):
     """`llmgw ctl fleet|replicas|rollout` print what the API answers, with exit code 0."""
     await api.client.post("/api/v1/models", json=cpu_body("embed"), headers=ADMIN)
+    await api.backend.reconciled()
     fake.settle()
     [alloc] = fake.allocations("llmgw-embed")
     url = api.url

@@ -15,7 +15,7 @@ from llmgw.scheduler.nomad.render import render_job
 from llmgw.store import open_store
 from llmgw.testing.fake_nomad import FakeNomad
 
-from .conftest import catalog, config, cpu_model, eventually, gpu_model, make_backend
+from .conftest import applied, catalog, config, cpu_model, eventually, gpu_model, make_backend
 from .shapes import GPU_CLASSES
 
 GIB = 1024**3
@@ -33,7 +33,7 @@ def _urls(fake: FakeNomad, job: str, alloc_ids: set[str]) -> list[str]:
 async def test_a_model_becomes_a_job_whose_allocations_are_its_replicas(fake, backend):
     """apply() registers the job with its GPUs, cores and memory; allocations list as replicas."""
     m = gpu_model("qwen", gpus=2, min_=2)
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     fake.settle()
     engine = _engine(fake.job("llmgw-qwen"))
     assert engine["Resources"]["Devices"][0]["Count"] == 2
@@ -59,7 +59,7 @@ async def test_a_model_becomes_a_job_whose_allocations_are_its_replicas(fake, ba
 async def test_a_registered_but_loading_replica_gets_no_traffic(fake, backend):
     """Endpoints are only replicas whose checks all pass; wait_changed wakes on changes."""
     m = cpu_model("embed", min_=2)
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     fake.settle()
     a0, a1 = (a.id for a in fake.allocations("llmgw-embed"))
     await eventually(lambda: len(fake.services("llmgw-embed")) == 2, what="registrations")
@@ -97,22 +97,22 @@ async def test_a_profile_no_node_could_ever_run_is_refused_with_the_reason(fake,
 async def test_a_profile_that_fits_later_waits_for_capacity_with_the_reason(fake, backend):
     """Busy GPUs: accepted, registered, 'waiting for capacity' until the hog leaves."""
     hog = gpu_model("hog", gpus=8, fabric="ib-b")
-    await backend.apply(catalog(hog))
+    await applied(backend, catalog(hog))
     fake.settle()
     want = gpu_model("want", gpus=4, fabric="ib-b")
     await backend.check_placement(want, catalog(hog, want))       # not refused
-    await backend.apply(catalog(hog, want))
+    await applied(backend, catalog(hog, want))
     fake.settle()
     assert fake.allocations("llmgw-want") == []
     reason = backend.status("want").waiting_for_capacity
     assert reason == "no node with 4 free NVIDIA H100 80GB HBM3 on fabric ib-b; " \
                      "best: gpu-h100-03 has 0"
-    await backend.apply(catalog(hog, want))                        # a later pass keeps it
+    await applied(backend, catalog(hog, want))                        # a later pass keeps it
     assert backend.status("want").waiting_for_capacity == reason
-    await backend.apply(catalog(want))                             # the hog leaves
+    await applied(backend, catalog(want))                             # the hog leaves
     fake.settle()
     await eventually(lambda: fake.allocations("llmgw-want"), what="the waiting job to place")
-    await backend.apply(catalog(want))
+    await applied(backend, catalog(want))
     assert backend.status("want").waiting_for_capacity is None
     assert backend.status("want").last_placement_failure.startswith(
         "no node with 4 free NVIDIA H100 80GB HBM3 on fabric ib-b")
@@ -121,7 +121,7 @@ async def test_a_profile_that_fits_later_waits_for_capacity_with_the_reason(fake
 async def test_the_first_profile_that_fits_now_is_chosen(fake, backend):
     """Profiles are tried in order; one that cannot place now yields to one that can."""
     hog = gpu_model("hog", gpus=8, fabric="ib-b")
-    await backend.apply(catalog(hog))
+    await applied(backend, catalog(hog))
     fake.settle()
     from llmgw.catalog.model import Profile
 
@@ -130,7 +130,7 @@ async def test_the_first_profile_that_fits_now_is_chosen(fake, backend):
                 memory="64GiB"),
         Profile(name="l40s", gpu_class="l40s-48g", gpus=1, cpu_cores=8, memory="64GiB"),
     ])
-    await backend.apply(catalog(hog, m))
+    await applied(backend, catalog(hog, m))
     fake.settle()
     assert fake.job("llmgw-two")["Meta"]["llmgw_profile"] == "l40s"
     assert [a.node_name for a in fake.allocations("llmgw-two")] == ["gpu-l40s-01"]
@@ -138,12 +138,12 @@ async def test_the_first_profile_that_fits_now_is_chosen(fake, backend):
 
 async def test_scaling_during_a_deployment_re_registers_without_replacing_replicas(fake, backend):
     """/scale refused mid-deployment: the same spec is re-registered with the new count."""
-    await backend.apply(catalog(cpu_model("embed", min_=1)))
+    await applied(backend, catalog(cpu_model("embed", min_=1)))
     fake.settle()
     [first] = fake.allocations("llmgw-embed")
     assert fake.deployment("llmgw-embed").status == "running"      # checks still pending
     fake.clear_requests()
-    await backend.apply(catalog(cpu_model("embed", min_=3)))
+    await applied(backend, catalog(cpu_model("embed", min_=3)))
     fake.settle()
     ids = {a.id for a in fake.allocations("llmgw-embed")}
     assert len(ids) == 3
@@ -156,13 +156,13 @@ async def test_scaling_during_a_deployment_re_registers_without_replacing_replic
 
 async def test_scaling_after_the_deployment_uses_the_scale_endpoint(fake, backend):
     """With no deployment running, /scale changes the count and nothing is re-registered."""
-    await backend.apply(catalog(cpu_model("embed", min_=1)))
+    await applied(backend, catalog(cpu_model("embed", min_=1)))
     fake.settle()
     fake.set_job_checks("llmgw-embed", "success")
     await eventually(lambda: fake.deployment("llmgw-embed").status == "successful")
     version = fake.job("llmgw-embed")["Version"]
     fake.clear_requests()
-    await backend.apply(catalog(cpu_model("embed", min_=2)))
+    await applied(backend, catalog(cpu_model("embed", min_=2)))
     fake.settle()
     assert len(fake.allocations("llmgw-embed")) == 2
     assert ("POST", "/v1/jobs") not in [(r.method, r.path) for r in fake.requests]
@@ -172,12 +172,12 @@ async def test_scaling_after_the_deployment_uses_the_scale_endpoint(fake, backen
 async def test_a_profile_edit_leaves_replicas_running_until_rollout(fake, backend):
     """An edited profile is not re-registered (stale); rollout registers the new version."""
     old = cpu_model("embed", context=8192)
-    await backend.apply(catalog(old))
+    await applied(backend, catalog(old))
     fake.settle()
     version = fake.job("llmgw-embed")["Version"]
     [alloc] = fake.allocations("llmgw-embed")
     new = cpu_model("embed", context=4096)
-    await backend.apply(catalog(new))
+    await applied(backend, catalog(new))
     fake.settle()
     assert fake.job("llmgw-embed")["Version"] == version
     assert [a.id for a in fake.allocations("llmgw-embed")] == [alloc.id]
@@ -193,18 +193,18 @@ async def test_a_profile_edit_leaves_replicas_running_until_rollout(fake, backen
     assert job["Meta"]["llmgw_fingerprint"] == fingerprint(new, new.profiles[0])
     await eventually(lambda: any(a.job_version == version + 1
                                  for a in fake.allocations("llmgw-embed")))
-    await backend.apply(catalog(new))
+    await applied(backend, catalog(new))
     assert backend.stale("embed") is None
 
 
 async def test_removed_models_are_deregistered_and_foreign_jobs_left_alone(fake, backend):
     """Only jobs with llmgw's meta are deregistered when their model leaves the catalog."""
-    await backend.apply(catalog(cpu_model("embed")))
+    await applied(backend, catalog(cpu_model("embed")))
     manual = cpu_model("manual")
     job = render_job(manual, manual.profiles[0], config(fake).scheduler.nomad, GPU_CLASSES, 1)
     NomadClient(config(fake).scheduler.nomad).register(msgspec.structs.replace(job, Meta={}))
     fake.settle()
-    await backend.apply(catalog())
+    await applied(backend, catalog())
     fake.settle()
     assert fake.job("llmgw-embed")["Stop"] is True
     assert fake.job("llmgw-manual")["Stop"] is False
@@ -213,13 +213,13 @@ async def test_removed_models_are_deregistered_and_foreign_jobs_left_alone(fake,
 async def test_an_on_demand_model_is_scaled_by_demand_and_kept_there(fake, backend):
     """min 0: registered at 0; set_demand scales it (up to max); the reconciler keeps it."""
     m = cpu_model("burst", min_=0, max_=2)
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     fake.settle()
     assert fake.job("llmgw-burst")["TaskGroups"][0]["Count"] == 0
     await backend.set_demand("burst", 1)
     fake.settle()
     assert len(fake.allocations("llmgw-burst")) == 1
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     fake.settle()
     assert len(fake.allocations("llmgw-burst")) == 1
     await backend.set_demand("burst", 5)
@@ -235,7 +235,7 @@ async def test_the_fleet_groups_the_fake_nodes_and_counts_what_is_placed(fake, b
     before = {p.name: p for p in (await backend.fleet()).pools}
     assert sorted(before) == ["cpu", "h100-80g@ib-a", "h100-80g@ib-b", "l40s-48g"]
     assert before["h100-80g@ib-a"].gpus_free == 16
-    await backend.apply(catalog(gpu_model("qwen", gpus=2)))
+    await applied(backend, catalog(gpu_model("qwen", gpus=2)))
     fake.settle()
     after = await backend.fleet()
     pools = {p.name: p for p in after.pools}
@@ -249,13 +249,13 @@ async def test_the_fleet_groups_the_fake_nodes_and_counts_what_is_placed(fake, b
 async def test_nomad_down_backs_off_reports_the_outage_and_keeps_endpoints(fake, backend):
     """D3: unreachable Nomad → health says so with since, retries back off, endpoints stay."""
     m = cpu_model("embed")
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     fake.settle()
     fake.set_job_checks("llmgw-embed", "success")
     await eventually(lambda: backend.endpoints("embed"), what="a healthy endpoint")
     known = backend.endpoints("embed")
     fake.stop()
-    await backend.apply(catalog(m))
+    await applied(backend, catalog(m))
     health = backend.health()
     assert not health.ok
     assert health.since is not None
@@ -286,10 +286,12 @@ async def test_only_the_lease_holder_reconciles(fake, tmp_path: Path):
     await store.open()
     a = make_backend(fake, store, holder="api-a", lease_ttl=3.0)
     b = make_backend(fake, store, holder="api-b", lease_ttl=3.0)
+    await a.start()
+    await b.start()
     try:
         cat = catalog(cpu_model("embed"))
-        await a.apply(cat)
-        await b.apply(cat)
+        await applied(a, cat)
+        await applied(b, cat)
         assert a.leader
         assert not b.leader
         fake.settle()
@@ -297,7 +299,7 @@ async def test_only_the_lease_holder_reconciles(fake, tmp_path: Path):
         assert len(registers) == 1
         assert b.status("embed").desired == 1          # the follower still reads Nomad
         await a.close()                                  # releases the lease
-        await b.apply(catalog())
+        await applied(b, catalog())
         assert b.leader
         fake.settle()
         assert fake.job("llmgw-embed")["Stop"] is True

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TypeVar
@@ -15,7 +17,7 @@ from llmgw.errors import StoreUnavailableError
 from llmgw.store.base import StoredModel
 from llmgw.store.schema import LATEST
 
-from .conftest import AnyStore, Database, StoreFactory
+from .conftest import AnyStore, Database, StoreFactory, with_params
 
 T = TypeVar("T")
 
@@ -327,3 +329,52 @@ async def test_activity_is_none_until_marked_then_counts_up(make_store: StoreFac
     assert older is not None
     assert again < older
     assert await reconciler.last_activity("gemma-3-270m") is None
+
+
+def _running_on_catalog_thread(store: AnyStore) -> bool:
+    """The SQLite adapter's catalog connection is executing a statement right now."""
+    threads = store._catalog._executor._threads  # type: ignore[union-attr]
+    frames = sys._current_frames()
+    for t in threads:
+        frame = frames.get(t.ident) if t.ident is not None else None
+        while frame is not None:
+            if frame.f_code.co_name == "_call":
+                return True
+            frame = frame.f_back
+    return False
+
+
+async def test_change_cancelled_while_waiting_for_the_lock_leaves_no_transaction(
+        make_store: StoreFactory, database: Database) -> None:
+    """Cancelling a change blocked on another instance's lock rolls back its late BEGIN."""
+    tag = f"llmgw-wait-{uuid.uuid4().hex[:8]}"
+    a = await make_store()
+    b = await make_store(database.url if database.kind == "sqlite"
+                         else with_params(database.url, application_name=tag))
+
+    async def b_waits() -> bool:
+        if database.kind == "sqlite":
+            return _running_on_catalog_thread(b)
+        rows = await database.fetch(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = ? AND wait_event_type = 'Lock'", (tag,))
+        return bool(rows[0][0])
+
+    async def put(store: AnyStore, name: str) -> None:
+        async with store.change() as change:
+            await change.put_model(stored(name))
+
+    async with a.change() as change:
+        await change.put_model(stored("first"))
+        waiting = asyncio.create_task(put(b, "cancelled"))
+        await wait_for(b_waits, "b's change to wait for a's lock")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, 30)
+    # b's BEGIN takes the lock once a commits, and must be rolled back at once.
+    async with asyncio.timeout(30):
+        await put(a, "second")
+        await put(b, "third")
+        await put(a, "fourth")
+    assert [m.name for m in await a.models()] == ["first", "fourth", "second", "third"]
+    assert await b.catalog_version() == 4

@@ -209,8 +209,14 @@ class LocalBackend:
         self._notify_changed()
         await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
         for task in list(self._stoppers):
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                # That stopper was cancelled: go on with the others, unless
+                # it is close() itself that is being cancelled.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
 
     async def check_placement(self, model: Model, catalog: Catalog) -> None:
         if model.external:
@@ -242,13 +248,16 @@ class LocalBackend:
         self._demand[model] = max(0, replicas)
         self._reconcile()
 
-    async def rollout(self, model: str) -> None:
+    async def rollout(self, model: str) -> str | None:
         """Replace the model's stale replicas; each keeps serving until its successor is ready."""
         m = self._model(model)
         for r in self._live(model):
             if self._stale(m, r):
                 r.retiring = True
         self._reconcile()
+        catalog = self._catalog
+        chosen = self._choose(m, catalog) if catalog is not None else None
+        return chosen[0].name if isinstance(chosen, tuple) else None
 
     async def replicas(self, model: str | None = None) -> list[Replica]:
         runners = sorted((r for r in self._runners.values() if model in (None, r.model)),
@@ -460,6 +469,24 @@ class LocalBackend:
         return path
 
     async def _prepare(self, m: Model, profile: Profile, grant: Grant, port: int) -> EngineLaunch:
+        """The launch of one attempt; any failure is a LaunchError the replica shows.
+
+        Errors nobody foresaw (a model package that misbehaves, a defect) are
+        LaunchErrors too, so the attempt is retried with back-off and the
+        model shows the sentence; the traceback goes to the log.
+        """
+        try:
+            return await self._launch_of(m, profile, grant, port)
+        except LaunchError:
+            raise
+        except Exception as exc:
+            log.exception("model %s: preparing a replica's launch failed", m.name)
+            raise LaunchError(
+                f"preparing the launch of model {m.name!r} (source {m.source!r}) failed: "
+                f"{type(exc).__name__}: {exc}; see llmgw's log for the traceback") from None
+
+    async def _launch_of(self, m: Model, profile: Profile, grant: Grant,
+                         port: int) -> EngineLaunch:
         try:
             path = await self._resolve(m)
         except SourceError as exc:

@@ -25,6 +25,10 @@ Why each behaviour:
   fault: it is retried at once on another port and not counted as a crash.
 * The output pipe is always drained: an engine whose pipe fills up blocks on
   its next log line and looks hung.
+* An unexpected exception while preparing or watching an attempt (a defect,
+  or a model package that misbehaves) is a failed attempt like any other,
+  backed off and shown on the replica. Ending the runner instead would have
+  the backend start a new one at once, thousands of times a second.
 """
 
 from __future__ import annotations
@@ -158,6 +162,18 @@ async def probe(host: str, port: int, path: str, within: float) -> bool:
                 await writer.wait_closed()
 
 
+def _reraise_if_cancelled() -> None:
+    """Re-raise a CancelledError that was meant for the current task.
+
+    Call it in ``except CancelledError`` around an await of another task: the
+    error is that task's end when it was cancelled, and must not be swallowed
+    when the current task itself is being cancelled.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -224,8 +240,11 @@ class EngineProcess:
         _live_groups.discard(self._proc.pid)
         # The last lines (the reason it died) are read before anyone is told.
         if self._drainer is not None:
+            # asyncio.timeout rather than wait_for: on 3.11 wait_for can lose
+            # a cancellation that arrives as the drainer finishes.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._drainer), 2.0)
+                async with asyncio.timeout(2.0):
+                    await asyncio.shield(self._drainer)
         self.exited.set()
 
     async def stop(self, grace: float) -> None:
@@ -350,8 +369,10 @@ class ReplicaRunner:
         """Stop the engine gracefully and return when it has exited."""
         self.request_stop()
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await asyncio.shield(self._task)
+            except asyncio.CancelledError:
+                _reraise_if_cancelled()     # else the runner's task itself was cancelled
 
     def _set(self, state: ReplicaState, *, healthy: bool | None = None) -> None:
         self.state = state
@@ -367,10 +388,13 @@ class ReplicaRunner:
     async def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                await self._attempt()
+                try:
+                    await self._attempt()
+                except Exception as exc:
+                    await self._attempt_crashed(exc)
         except Exception as exc:
-            # A defect here must not leave an engine nobody watches: the
-            # finally below kills it, and the backend sees the replica stop.
+            # Only a defect in the failure path itself gets here. It must not
+            # leave an engine nobody watches: the finally below kills it.
             log.exception("replica %s: supervisor failed", self.id)
             self.message = f"the supervisor of this replica failed: {exc!r}"
         finally:
@@ -381,16 +405,36 @@ class ReplicaRunner:
             self._set("stopped", healthy=False)
             self._emit("stopped")
 
+    async def _attempt_crashed(self, exc: Exception) -> None:
+        """An attempt raised what it should not: end its engine, then fail with back-off."""
+        log.error("replica %s: supervising an attempt failed", self.id,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        if self._proc is not None and not self._proc.exited.is_set():
+            await self._proc.stop(self._timing.stop_grace)
+        self._ports.release(self.port)
+        self.port = None
+        await self._failed(f"supervising the engine failed unexpectedly "
+                           f"({type(exc).__name__}: {exc}); this is a defect in llmgw, "
+                           "see its log for the traceback", with_output=False)
+
     async def _attempt(self) -> None:
         loop = asyncio.get_running_loop()
         self._set("pending")
+        why: str | None = None
         try:
             self.port = self._ports.acquire()
             launch = await self._prepare(self.port)
         except LaunchError as exc:
+            why = exc.message
+        except Exception as exc:
+            # prepare() should raise LaunchError only; anything else still
+            # fails this attempt with back-off rather than ending the runner.
+            log.exception("replica %s: preparing the launch failed", self.id)
+            why = f"preparing the engine's launch failed: {type(exc).__name__}: {exc}"
+        if why is not None:
             self._ports.release(self.port)
             self.port = None
-            await self._failed(exc.message, with_output=False)
+            await self._failed(why, with_output=False)
             return
         if self._stop.is_set():         # stopped while the model file was being prepared
             return
@@ -431,11 +475,17 @@ class ReplicaRunner:
         """
         check = asyncio.ensure_future(
             probe("127.0.0.1", launch.port, launch.health_path, self._timing.probe_timeout))
-        await _wait_any_future(check, [self._stop, proc.exited])
+        try:
+            await _wait_any_future(check, [self._stop, proc.exited])
+        except BaseException:
+            check.cancel()          # the runner is cancelled: leave no probe behind
+            raise
         if not check.done():
             check.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await check
+            except asyncio.CancelledError:
+                _reraise_if_cancelled()
             return False
         return check.result() and not proc.exited.is_set()
 

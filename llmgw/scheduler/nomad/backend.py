@@ -5,9 +5,22 @@ made by the pure modules beside it (``render``, ``placement``, ``fleet``,
 ``reconcile``); this module only fetches, acts, and remembers what happened
 so that ``status()`` and ``health()`` can answer without I/O.
 
-The reconciler acts only while this process holds the store's
-``reconciler`` lease, so several API instances behind one load balancer
-never register the same job twice or fight over a count (N7). Explicit
+The reconciler runs in its own task: ``apply()`` records the catalog and
+wakes it, so an add, scale or remove answers without waiting on Nomad, and
+``reconciled()`` waits for the pass that follows. It acts only while this
+process holds the store's ``reconciler`` lease, so several API instances
+behind one load balancer never register the same job twice or fight over a
+count (N7). A pass can take long (serial Nomad calls, each with its own
+timeout) while the lease lasts ``lease_ttl``, so the lease is renewed right
+before every register, scale and deregister, and the pass stops acting the
+moment it is lost; the acting part of a pass is also cut off after half the
+lease and resumed by the next pass.
+
+Nothing is deregistered before the first ``apply()``: until then the
+reconciler has no catalog and runs no pass, so a process that starts during
+a store outage cannot mistake "no catalog yet" for "every model removed".
+(That the catalog handed to ``apply()`` includes the runtime models is the
+caller's side: it applies one only after loading it from the store.) Explicit
 operator actions — ``rollout`` — and the gateway's on-demand scaling
 (``set_demand``) act from whichever instance received them: they are one
 request each, and waiting for the leader would only add latency.
@@ -50,7 +63,7 @@ from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
 from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.placement import Verdict, classify, failed_metric, latest_failure
-from llmgw.scheduler.nomad.reconcile import JobState, decide, job_state
+from llmgw.scheduler.nomad.reconcile import Actions, JobState, decide, job_state
 from llmgw.scheduler.nomad.replicas import ReplicaReader
 from llmgw.store.base import Store
 
@@ -62,6 +75,7 @@ LEASE = "reconciler"
 class _ModelState:
     desired: int = 0
     waiting: str | None = None
+    profile: str | None = None      # the profile its job runs, as last registered or read
     last_failure: str | None = None
     last_error: str | None = None
     stale: str | None = None
@@ -73,6 +87,10 @@ class _Choice:
     job: js.Job | None
     verdict: Verdict
     tried: list[str] = field(default_factory=list)
+
+
+class _LeaseLostError(Exception):
+    """Another instance holds the reconciler lease now (or the store cannot say)."""
 
 
 class NomadBackend:
@@ -101,6 +119,9 @@ class NomadBackend:
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
         self._pass_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._applied = 0           # apply() calls so far
+        self._reconciled = 0        # the apply() count the last finished pass started from
+        self._pass_done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self._next_attempt = 0.0
@@ -157,65 +178,104 @@ class NomadBackend:
     # ---- the reconciler -----------------------------------------------------
 
     async def apply(self, catalog: Catalog) -> None:
+        """Record the catalog in force and wake the reconciler; returns at once."""
         self._catalog = catalog
         self._discovery.set_models(m.name for m in catalog if not m.external)
         for name in list(self._states):
             if name not in catalog:
                 del self._states[name]
-        if self._failures and time.monotonic() < self._next_attempt:
-            self._wake.set()   # in back-off: the loop retries when it is due
-            return
-        await self._reconcile()
+        self._applied += 1
+        self._wake.set()   # in back-off, the loop still waits until the retry is due
+
+    async def reconciled(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """Wait until a pass that began after the latest ``apply()`` has finished.
+
+        Finished, not succeeded: a pass that met an unreachable Nomad counts
+        (``health()`` says so). Raises TimeoutError after ``timeout`` seconds.
+        """
+        target = self._applied
+        async with asyncio.timeout(timeout):
+            while self._reconciled < target:
+                await self._pass_done.wait()
 
     async def _loop(self) -> None:
+        crashes = 0
         while True:
-            wait = max(0.0, self._next_attempt - time.monotonic())
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-            # cancellation that races the event, and this loop would never stop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._wake.wait()
-            if self._wake.is_set():
-                self._wake.clear()
-                if self._failures and time.monotonic() < self._next_attempt:
-                    continue
-            await self._reconcile()
+            try:
+                wait = max(0.0, self._next_attempt - time.monotonic())
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that races the event, and this loop would never stop.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
+                if self._wake.is_set():
+                    self._wake.clear()
+                    if self._failures and time.monotonic() < self._next_attempt:
+                        continue
+                await self._reconcile()
+                crashes = 0
+            except Exception:
+                # _reconcile catches what a pass raises; this is for a bug around
+                # it. The loop must outlive it (CancelledError is not an Exception).
+                crashes += 1
+                log.exception("the Nomad reconciler loop failed; retrying")
+                await asyncio.sleep(backoff_delay(crashes, cap=self._backoff_max))
 
     async def _lead(self) -> bool:
+        """Take or renew the lease; any failure of the store means not leader this pass."""
         if self._store is None:
             return True
         try:
             self.leader = await self._store.try_lease(LEASE, self._holder, self._lease_ttl)
-        except LlmgwError as exc:
-            log.warning("cannot take the reconciler lease: %s", exc)
+        except Exception as exc:   # the store's own errors, and anything its driver raises
+            log.warning("cannot take the reconciler lease (not acting this pass): %s", exc)
             self.leader = False
         return self.leader
 
+    async def _hold(self) -> None:
+        """Renew the lease right before a change to Nomad; raise _LeaseLostError if it is gone."""
+        if not await self._lead():
+            raise _LeaseLostError
+
     async def _reconcile(self) -> None:
         async with self._pass_lock:
-            catalog = self._catalog
-            if catalog is None:
-                self._next_attempt = time.monotonic() + self._interval
-                return
+            started_from = self._applied
+            try:
+                await self._reconcile_once()
+            finally:
+                self._reconciled = max(self._reconciled, started_from)
+                done, self._pass_done = self._pass_done, asyncio.Event()
+                done.set()
+
+    async def _reconcile_once(self) -> None:
+        catalog = self._catalog
+        if catalog is None:
+            self._next_attempt = time.monotonic() + self._interval
+            return
+        try:
             # Instances that do not hold the lease still read Nomad, so the API
             # of every instance reports status; only the leader acts.
             act = await self._lead()
-            try:
-                await self._pass(catalog, act=act)
-            except BackendUnavailableError as exc:
-                self._failures += 1
-                delay = backoff_delay(self._failures, cap=self._backoff_max)
-                self._next_attempt = time.monotonic() + delay
-                self._outage("reconciler", exc, delay)
-                return
-            except Exception:
-                # Never let the loop die; the traceback says what to fix.
-                log.exception("the Nomad reconciler pass failed")
-                self._next_attempt = time.monotonic() + self._interval
-                return
-            self._failures = 0
-            self._ok("reconciler")
+            await self._pass(catalog, act=act)
+        except BackendUnavailableError as exc:
+            self._failures += 1
+            delay = backoff_delay(self._failures, cap=self._backoff_max)
+            self._next_attempt = time.monotonic() + delay
+            self._outage("reconciler", exc, delay)
+            return
+        except _LeaseLostError:
+            log.warning("lost the reconciler lease during a pass; stopped acting "
+                        "(another instance reconciles now)")
             self._next_attempt = time.monotonic() + self._interval
+            return
+        except Exception:
+            # Never let the loop die; the traceback says what to fix.
+            log.exception("the Nomad reconciler pass failed")
+            self._next_attempt = time.monotonic() + self._interval
+            return
+        self._failures = 0
+        self._ok("reconciler")
+        self._next_attempt = time.monotonic() + self._interval
 
     def _state(self, model: str) -> _ModelState:
         return self._states.setdefault(model, _ModelState())
@@ -263,22 +323,15 @@ class NomadBackend:
         nodes: list[NodeView] | None = None
         if not act:
             actions.register, actions.scale, actions.deregister = [], {}, []
-        for name in actions.register:
-            m = catalog.models[name]
-            await self._guard(name, self._register(m, _initial_count(m)))
-        for name, count in actions.scale.items():
-            await self._guard(name, self._scale(catalog.models[name], states[render.job_id(name)],
-                                                count))
-        for jid in actions.deregister:
-            await self._offload.run(self._client.deregister, jid)
-            log.info("deregistered %s: its model left the catalog", jid)
-            self._counts.pop(jid, None)
+        elif not await self._act(catalog, states, actions):
+            return
         for m in catalog:
             live = states.get(render.job_id(m.name))
             if m.external or live is None or live.stopped:
                 continue
             ms = self._state(m.name)
             ms.stale = actions.stale.get(m.name)
+            ms.profile = live.profile
             ms.crash_loop = live.crash_loop
             ms.desired = actions.scale.get(
                 m.name, live.count if live.count is not None else ms.desired)
@@ -289,6 +342,36 @@ class NomadBackend:
                 ms.last_failure = ms.waiting
             else:
                 ms.waiting = None
+
+    async def _act(self, catalog: Catalog, states: dict[str, JobState],
+                   actions: Actions) -> bool:
+        """Carry out the leader's actions; False when cut off at half the lease.
+
+        The bound keeps one slow pass from outliving the lease it started
+        with; what is left is decided afresh by the next pass, started at once.
+        """
+        bound = asyncio.timeout(self._lease_ttl / 2)
+        try:
+            async with bound:
+                for name in actions.register:
+                    m = catalog.models[name]
+                    await self._guard(name, self._register(m, _initial_count(m), leased=True))
+                for name, count in actions.scale.items():
+                    await self._guard(name, self._scale(
+                        catalog.models[name], states[render.job_id(name)], count, leased=True))
+                for jid in actions.deregister:
+                    await self._hold()
+                    await self._offload.run(self._client.deregister, jid)
+                    log.info("deregistered %s: its model left the catalog", jid)
+                    self._counts.pop(jid, None)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            log.warning("the reconciler's changes to Nomad took longer than %.0fs (half the "
+                        "lease); the next pass carries on", self._lease_ttl / 2)
+            self._wake.set()
+            return False
+        return True
 
     async def _guard(self, model: str, action: object) -> None:
         """Run one model's action; a failure of that model is recorded, not raised."""
@@ -345,7 +428,9 @@ class NomadBackend:
                 f"model {m.name!r}: Nomad at {self._cfg.address} finds job {job.ID} invalid: "
                 + "; ".join(e.strip() for e in errors), field="profiles")
 
-    async def _register(self, m: Model, count: int) -> None:
+    async def _register(self, m: Model, count: int, *, leased: bool = False) -> None:
+        """Choose a profile and register the job; ``leased``: the reconciler's, so
+        only while this process still holds the lease."""
         ms = self._state(m.name)
         choice = await self._choose(m, count)
         if choice.job is None:
@@ -353,16 +438,22 @@ class NomadBackend:
             raise PlacementError(f"model {m.name!r} cannot be placed: {choice.verdict.reason}",
                                  field="profiles")
         await self._validate(m, choice.job)
+        if leased:
+            await self._hold()
         await self._offload.run(self._client.register, choice.job)
         log.info("registered %s (profile %s, %d replicas)", choice.job.ID,
                  choice.job.Meta[render.META_PROFILE], count)
         ms.desired, ms.stale, ms.last_error = count, None, None
+        ms.profile = choice.job.Meta[render.META_PROFILE]
         ms.waiting = choice.verdict.reason if choice.verdict.kind == "not_now" else None
         if ms.waiting:
             ms.last_failure = ms.waiting
 
-    async def _scale(self, m: Model, st: JobState, count: int) -> None:
+    async def _scale(self, m: Model, st: JobState, count: int, *,
+                     leased: bool = False) -> None:
         ms = self._state(m.name)
+        if leased:
+            await self._hold()
         try:
             await self._offload.run(self._client.scale, st.id, render.GROUP, count,
                                     f"llmgw: {m.name} to {count} replicas")
@@ -378,6 +469,8 @@ class NomadBackend:
                 ms.last_error = (f"scaling to {count} waits for the running deployment to "
                                  "finish (the job's spec is stale, so it is not re-registered)")
                 return
+            if leased:
+                await self._hold()
             await self._offload.run(self._client.register, job)
         ms.desired, ms.last_error = count, None
         self._counts.pop(st.id, None)
@@ -409,7 +502,7 @@ class NomadBackend:
             return
         await self._scale(m, entry[0], count)
 
-    async def rollout(self, model: str) -> None:
+    async def rollout(self, model: str) -> str | None:
         m = self._model(model)
         found = await self._jobs(only=model)
         entry = found.get(render.job_id(model))
@@ -418,6 +511,7 @@ class NomadBackend:
             current = await self._count(*entry)
             count = m.scaling.min if m.scaling.min > 0 else (current or 0)
         await self._register(m, count)
+        return self.rolled_out_profile(model)
 
     def _model(self, name: str) -> Model:
         m = self._catalog.get(name) if self._catalog else None
@@ -434,6 +528,12 @@ class NomadBackend:
                            last_placement_failure=ms.last_failure, last_error=ms.last_error,
                            crash_loop=ms.crash_loop)
 
+    def rolled_out_profile(self, model: str) -> str | None:
+        """The profile the model's job runs (the one registered, or read from Nomad last
+        pass) — which may be a later one than the first, when the first did not fit."""
+        ms = self._states.get(model)
+        return ms.profile if ms else None
+
     def stale(self, model: str) -> str | None:
         """Why the model's job runs an older spec than the catalog renders, if it does."""
         ms = self._states.get(model)
@@ -447,7 +547,8 @@ class NomadBackend:
         health = dict(self._discovery.alloc_health)
         addresses = {r.AllocID: r for regs in self._discovery.registrations.values()
                      for r in regs}
-        return await self._offload.run(self._replicas.read, ids, health, addresses)
+        return await self._offload.run(self._replicas.read, ids, health, addresses,
+                                       every_job=model is None)
 
     async def fleet(self) -> Fleet:
         nodes, allocs = await self._offload.run(self._fleet_inputs)

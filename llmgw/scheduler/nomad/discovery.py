@@ -127,6 +127,9 @@ class Discovery:
         except LlmgwError as exc:
             log.warning("reading the services of %s failed: %s", ", ".join(models), exc)
             return
+        except Exception:   # the watcher reads them again on its next wake
+            log.exception("reading the services of %s failed", ", ".join(models))
+            return
         self.registrations.update({m: r for m, r in regs.items() if m in self._models})
         self._recompute()
         self._kick.set()
@@ -145,6 +148,10 @@ class Discovery:
                 models = sorted(self._models)
                 present = [m for m in models if job_id(m) in names]
                 regs = await self._offload.run(self._read_services, present)
+                self._on_ok("service discovery")
+                self.registrations = {m: regs.get(m, []) for m in models if m in self._models}
+                self._recompute()
+                self._kick.set()
             except BackendUnavailableError as exc:
                 failures += 1
                 delay = backoff_delay(failures, cap=self._backoff_max)
@@ -156,11 +163,15 @@ class Discovery:
                 log.warning("service discovery: %s", exc)
                 await asyncio.sleep(backoff_delay(failures, cap=self._backoff_max))
                 continue
+            except Exception:
+                # A bug, or an answer nothing expected: the loop must outlive it,
+                # or every endpoint would freeze where it is. (CancelledError is
+                # not an Exception, so close() still stops the loop.)
+                failures += 1
+                log.exception("service discovery failed unexpectedly; retrying")
+                await asyncio.sleep(backoff_delay(failures, cap=self._backoff_max))
+                continue
             failures = 0
-            self._on_ok("service discovery")
-            self.registrations = {m: regs.get(m, []) for m in models if m in self._models}
-            self._recompute()
-            self._kick.set()
             # An index that goes backwards means the servers' state was reset;
             # start over rather than block until it catches up (§4.3).
             unchanged = new_index == index
@@ -181,22 +192,28 @@ class Discovery:
         failures = 0
         while True:
             self._kick.clear()
-            allocs = sorted({r.AllocID for regs in self.registrations.values() for r in regs})
             delay = self._check_interval
-            if allocs:
-                try:
+            try:
+                allocs = sorted({r.AllocID for regs in self.registrations.values()
+                                 for r in regs})
+                if allocs:
                     health = await self._offload.run(self._read_checks, allocs)
-                except BackendUnavailableError as exc:
-                    failures += 1
-                    delay = backoff_delay(failures, cap=self._backoff_max)
-                    self._on_outage("health checks", exc, delay)
-                except LlmgwError as exc:
-                    log.warning("reading allocation checks: %s", exc)
-                else:
                     failures = 0
                     self._on_ok("health checks")
                     self.alloc_health = health
                     self._recompute()
+            except BackendUnavailableError as exc:
+                failures += 1
+                delay = backoff_delay(failures, cap=self._backoff_max)
+                self._on_outage("health checks", exc, delay)
+            except LlmgwError as exc:
+                log.warning("reading allocation checks: %s", exc)
+            except Exception:
+                # Never let the loop die (endpoints would freeze); CancelledError
+                # is not an Exception, so close() still stops it.
+                failures += 1
+                delay = backoff_delay(failures, cap=self._backoff_max)
+                log.exception("reading allocation checks failed unexpectedly; retrying")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._kick.wait()

@@ -10,7 +10,9 @@ and one parked in a blocking query holds shutdown for up to its wait.
 
 So each call gets a daemon thread, at most ``limit`` at a time, and its
 result is handed back to the loop. A call whose awaiting task was cancelled
-finishes on its thread and its result is dropped.
+finishes on its thread and its result is dropped; its slot is freed only when
+the thread ends, not when the caller gives up, so callers that time out on
+every request (the API's replica list does) cannot pile threads past the limit.
 """
 
 from __future__ import annotations
@@ -30,23 +32,43 @@ class Offloader:
         self._limit = limit
         self._name = name
         self._sem: asyncio.Semaphore | None = None
+        self._busy = 0
+
+    @property
+    def busy(self) -> int:
+        """Threads running now that count against the limit."""
+        return self._busy
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self._limit)
-        async with self._sem:
-            return await self._spawn(fn, *args, **kwargs)
+        sem = self._sem
+        await sem.acquire()
+        self._busy += 1
+
+        def release() -> None:
+            self._busy -= 1
+            sem.release()
+
+        try:
+            fut = self._spawn(release, lambda: fn(*args, **kwargs))
+        except BaseException:
+            release()   # the thread never started
+            raise
+        return await fut
 
     async def unbounded(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """For long polls, which would otherwise hold a slot for their whole wait."""
-        return await self._spawn(fn, *args, **kwargs)
+        return await self._spawn(None, lambda: fn(*args, **kwargs))
 
-    def _spawn(self, fn: Callable[P, T], /, *args: P.args,
-               **kwargs: P.kwargs) -> asyncio.Future[T]:
+    def _spawn(self, finished: Callable[[], None] | None,
+               call: Callable[[], T]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
 
         def settle(ok: bool, value: object) -> None:
+            if finished is not None:
+                finished()   # on the loop, whether or not anyone still waits
             if fut.done():
                 return
             if ok:
@@ -56,7 +78,7 @@ class Offloader:
 
         def target() -> None:
             try:
-                result: object = fn(*args, **kwargs)
+                result: object = call()
                 ok = True
             except BaseException as exc:  # handed to the awaiting task, never lost
                 result, ok = exc, False

@@ -8,6 +8,11 @@ carried and its reserved memory. Both are fixed for an allocation's life,
 so they are cached by allocation ID. Measured memory comes from the node's
 live statistics (``/v1/client/allocation/:id/stats``) on every call.
 
+Reads for different models run at once on different threads, so the cache is
+guarded by a lock (held only around the dictionary, never across a Nomad
+call), and a read evicts only entries of the jobs it has just listed: a read
+of one model must not drop what a read of another has cached.
+
 The fingerprint is read from the allocation's own copy of the job, not the
 job as it is now: after a rollout starts, old and new allocations carry
 different ones, and that difference is exactly "stale profile".
@@ -16,6 +21,7 @@ different ones, and that difference is exactly "stale profile".
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +45,7 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class _Detail:
+    job: str
     model: str
     profile: str
     fingerprint: str
@@ -94,7 +101,7 @@ def _detail(a: wire.Allocation) -> _Detail:
         if res else None
     address = f"http://{port.HostIP}:{port.Value}" if port and port.HostIP else None
     return _Detail(
-        model=meta.get(META_MODEL) or model_of_job(a.JobID) or a.JobID,
+        job=a.JobID, model=meta.get(META_MODEL) or model_of_job(a.JobID) or a.JobID,
         profile=meta.get(META_PROFILE, ""), fingerprint=meta.get(META_FINGERPRINT, ""),
         reserved=engine.Memory.MemoryMB * MIB if engine and engine.Memory.MemoryMB else None,
         address=address,
@@ -106,27 +113,37 @@ class ReplicaReader:
 
     def __init__(self, client: NomadClient) -> None:
         self._client = client
-        self._details: dict[str, _Detail] = {}
+        self._details: dict[str, _Detail] = {}   # allocation ID → detail
+        self._lock = threading.Lock()
 
     def read(self, job_ids: Sequence[str], health: Mapping[str, bool],
-             registrations: Mapping[str, wire.ServiceRegistration]) -> list[Replica]:
+             registrations: Mapping[str, wire.ServiceRegistration], *,
+             every_job: bool = False) -> list[Replica]:
+        """The replicas of ``job_ids``. ``every_job``: these are all of llmgw's live
+        jobs, so cached entries of any other job are dropped too."""
         out: list[Replica] = []
         seen: set[str] = set()
         for jid in job_ids:
             for a in self._client.job_allocations(jid):
                 if not listed(a):
                     continue
-                detail = self._details.get(a.ID)
+                with self._lock:
+                    detail = self._details.get(a.ID)
                 if detail is None:
                     try:
                         detail = _detail(self._client.allocation(a.ID))
                     except NotFoundError:
                         continue  # garbage-collected between the list and the read
-                    self._details[a.ID] = detail
+                    with self._lock:
+                        self._details[a.ID] = detail
                 seen.add(a.ID)
                 out.append(self._replica(a, detail, health, registrations))
-        for gone in set(self._details) - seen:
-            del self._details[gone]
+        read = set(job_ids)
+        with self._lock:
+            gone = [aid for aid, d in self._details.items()
+                    if aid not in seen and (every_job or d.job in read)]
+            for aid in gone:
+                del self._details[aid]
         return out
 
     def _replica(self, a: wire.Allocation, d: _Detail, health: Mapping[str, bool],
