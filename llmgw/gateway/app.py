@@ -108,12 +108,14 @@ class Gateway:
         self.balancer = Balancer(_setting(parse_duration, gw.eject_for, "eject_for"),
                                  _setting(parse_duration, gw.eject_max, "eject_max"))
         self.metrics = GatewayMetrics(self._replica_counts)
-        self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
-                                   gw.max_attempts, self._loop_time)
         holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder,
             _setting(parse_duration, gw.activity_interval, "activity_interval"), self._loop_time)
+        # Each attempt marks the model it is made on (a fallback that answers is
+        # in flight, not the model that was asked for).
+        self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
+                                   gw.max_attempts, self._loop_time, activity=self.ondemand)
         self.keys = KeyRing()
         self.keys_watcher: KeysFileWatcher | None = None
         self._keys_interval = _setting(parse_duration, gw.keys_check_interval,
@@ -327,11 +329,17 @@ class Gateway:
         state = _Watch()
         watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
         mm.in_flight.inc()
-        self.ondemand.begin(model)
         try:
-            if (is_on_demand(model) and not self.backend.endpoints(model.name)
-                    and not await self.ondemand.wait_for_replica(model)):
-                return await self._forward_after_cold_wait(req, chain, send)
+            if is_on_demand(model) and not self.backend.endpoints(model.name):
+                # Held for a cold start: in flight for the model asked for. Once
+                # forwarding, the forwarder marks each model it tries.
+                self.ondemand.begin(model)
+                try:
+                    up = await self.ondemand.wait_for_replica(model)
+                finally:
+                    self.ondemand.end(model)
+                if not up:
+                    return await self._forward_after_cold_wait(req, chain, send)
             return await self.forwarder.forward(req, chain, send)
         except asyncio.CancelledError:
             if not state.gone:
@@ -342,8 +350,6 @@ class Gateway:
             state.done = True
             watcher.cancel()
             mm.in_flight.dec()
-            self.ondemand.end(model)
-
 
     async def _forward_after_cold_wait(self, req: ForwardRequest, chain: list[Model],
                                        send: Send) -> int:

@@ -133,8 +133,11 @@ class OnDemand:
                     task = asyncio.create_task(self._bring_up(model), name=f"scale-up {name}")
                     self._bringing[name] = task
                     task.add_done_callback(self._brought)
+                # Not wait_for: on 3.11 it can swallow a cancellation that
+                # races the task's completion, and this runs in a loop.
                 try:
-                    await asyncio.wait_for(asyncio.shield(task), remaining)
+                    async with asyncio.timeout(remaining):
+                        await asyncio.shield(task)
                 except TimeoutError:
                     return bool(self.backend.endpoints(name))
                 if not task.result():
@@ -194,13 +197,15 @@ class OnDemand:
     async def tick(self, catalog: Catalog) -> None:
         """Keep in-flight models marked active; scale idle on-demand models to zero."""
         self.ticks += 1
-        for name, count in list(self.in_flight.items()):
+        # Each count is read live: a request may begin while a mark is awaited.
+        for name in list(self.in_flight):
+            if self.in_flight.get(name, 0) <= 0:
+                self.in_flight.pop(name, None)
+                continue
             model = catalog.get(name)
-            if count > 0 and model is not None and is_on_demand(model):
+            if model is not None and is_on_demand(model):
                 self._marked[name] = self.clock()
                 await self._mark(name)
-            elif count <= 0:
-                del self.in_flight[name]
         for model in catalog:
             if not is_on_demand(model) or self.in_flight.get(model.name, 0) > 0:
                 continue

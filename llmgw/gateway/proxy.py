@@ -17,9 +17,19 @@ client nothing, since it can do nothing with them alone.
 Timeouts are per model (``Model.timeouts``): ``connect``; ``first_byte``
 from sending the request to the first body chunk (generous by default,
 because a long prompt on a busy engine can take minutes); and ``idle``
-between chunks once streaming has begun. There is no other timer: nothing
-kills a stream whose first token is slow, and nothing bounds a healthy
-stream's total length.
+between chunks once streaming has begun. These bound only the wait for the
+replica: while a chunk is being handed to the client the replica's deadline
+is off, so a client that reads slowly is never blamed on the replica. A send
+to the client that blocks for ``client_send_timeout`` (generous) counts as the
+client gone: the upstream request is cancelled and the replica is not
+ejected. There is no other timer: nothing kills a stream whose first token is
+slow, and nothing bounds a healthy stream's total length.
+
+A replica that failed is ejected (``routing``), but when every replica of
+every model of the chain is ejected or has failed, an ejected replica that
+this request has not tried gets one last attempt: one unlucky failure of the
+only replica must not turn every request into an error for the whole
+back-off period.
 
 Event streams (``text/event-stream``) pass through chunk by chunk as the
 engine sends them. Other responses (JSON) are read whole and sent in one
@@ -37,6 +47,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 import aiohttp
 import msgspec
@@ -45,6 +56,7 @@ from llmgw.catalog.model import Model, Timeouts
 from llmgw.catalog.units import parse_duration
 from llmgw.gateway.errors import (
     ClientGone,
+    Message,
     NoReplicaError,
     Send,
     StreamBrokenError,
@@ -71,6 +83,9 @@ _DROP_RESPONSE = frozenset({
     b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
 })
 _ERROR_SNIPPET = 300
+# How long one send to the client may block (the client reads nothing) before
+# the client is taken as gone. Generous: a client pausing briefly is served.
+CLIENT_SEND_TIMEOUT = 120.0
 
 
 class _Usage(msgspec.Struct):
@@ -192,6 +207,14 @@ def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     return out
 
 
+class Activity(Protocol):
+    """Told when an attempt on a model starts and ends (on-demand models' in-flight count)."""
+
+    def begin(self, model: Model) -> None: ...
+
+    def end(self, model: Model) -> None: ...
+
+
 class Forwarder:
     """Sends requests to replicas; owns the upstream connection pool."""
 
@@ -202,12 +225,16 @@ class Forwarder:
         replicas: Callable[[Model], list[str]],
         max_attempts: int,
         clock: Callable[[], float],
+        activity: Activity | None = None,
+        client_send_timeout: float = CLIENT_SEND_TIMEOUT,
     ) -> None:
         self.balancer = balancer
         self.metrics = metrics
         self.replicas = replicas
         self.max_attempts = max(1, max_attempts)
         self.clock = clock
+        self.activity = activity
+        self.client_send_timeout = client_send_timeout
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -248,9 +275,10 @@ class Forwarder:
         them answered.
         """
         failures: list[str] = []
-        timeouts_only = True
+        reasons: list[str] = []
         back_in: float | None = None
         requested = chain[0].name
+        untried: list[Model] = []
         for index, model in enumerate(chain):
             urls = self.replicas(model)
             tried: set[str] = set()
@@ -263,19 +291,31 @@ class Forwarder:
                 elif index > 0:
                     self.metrics.fallbacks.labels(requested, model.name).inc()
                 tried.add(url)
-                outcome = await self._attempt(url, model, req, send)
-                if isinstance(outcome, int):
-                    return outcome
-                self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
-                failures.append(f"{model.name} at {url}: {outcome.detail}")
-                timeouts_only = timeouts_only and outcome.reason == "timeout"
+                status = await self._try(url, model, req, send, failures, reasons)
+                if status is not None:
+                    return status
                 urls = self.replicas(model)
+            if not tried:
+                untried.append(model)
             wait = self.balancer.back_in(urls, self.clock())
             if wait is not None:
                 back_in = wait if back_in is None else min(back_in, wait)
+        # Last resort: an ejected replica of a model nothing was tried on.
+        for model in untried:
+            url = self.balancer.choose_ejected(self.replicas(model), self.clock())
+            if url is None:
+                continue
+            if model is not chain[0]:
+                self.metrics.fallbacks.labels(requested, model.name).inc()
+            elif failures:
+                self.metrics.retries.labels(model.name).inc()
+            status = await self._try(url, model, req, send, failures, reasons)
+            if status is not None:
+                return status
         names = " or ".join(repr(m.name) for m in chain)
         if failures:
             shown = "; ".join(failures[:6]) + (" …" if len(failures) > 6 else "")
+            timeouts_only = all(r == "timeout" for r in reasons)
             cls = UpstreamTimeoutError if timeouts_only else UpstreamError
             raise cls(f"no replica of {names} answered: {shown}")
         raise NoReplicaError(
@@ -284,6 +324,24 @@ class Forwarder:
                " (none is running and healthy)"),
             retry_after=back_in if back_in is not None else 5.0,
         )
+
+    async def _try(self, url: str, model: Model, req: ForwardRequest, send: Send,
+                   failures: list[str], reasons: list[str]) -> int | None:
+        """One attempt; the status sent, or None with the failure recorded."""
+        activity = self.activity
+        if activity is not None:
+            activity.begin(model)
+        try:
+            outcome = await self._attempt(url, model, req, send)
+        finally:
+            if activity is not None:
+                activity.end(model)
+        if isinstance(outcome, int):
+            return outcome
+        self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
+        failures.append(f"{model.name} at {url}: {outcome.detail}")
+        reasons.append(outcome.reason)
+        return None
 
     async def _attempt(self, url: str, model: Model, req: ForwardRequest,
                        send: Send) -> int | _Failure:
@@ -312,28 +370,33 @@ class Forwarder:
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))
                     ctype = resp.headers.get("content-type", "")
+                    to_client = self._sender(send)
                     if ctype.startswith("text/event-stream"):
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
-                        await _to_client(send, {"type": "http.response.start", "status": status,
-                                                "headers": headers})
+                        deadline.reschedule(None)   # the client's pace is not the replica's
+                        await to_client({"type": "http.response.start", "status": status,
+                                         "headers": headers})
                         sent = req.responded = True
-                        await self._stream(req, model, resp, chunk, send, deadline, idle, loop)
+                        await self._stream(req, model, resp, chunk, to_client, deadline, idle,
+                                           loop)
                     else:
                         deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
+                        deadline.reschedule(None)
                         headers.append((b"content-length", str(len(data)).encode()))
-                        await _to_client(send, {"type": "http.response.start", "status": status,
-                                                "headers": headers})
+                        await to_client({"type": "http.response.start", "status": status,
+                                         "headers": headers})
                         sent = req.responded = True
-                        await _to_client(send, {"type": "http.response.body", "body": data})
+                        await to_client({"type": "http.response.body", "body": data})
                         if status == 200 and ctype.startswith("application/json"):
                             self._count_usage(model, data)
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
                     if sent:
+                        deadline.reschedule(None)   # telling the client is not the replica's wait
                         await self._broken(send, model, req, f"the replica's stream broke: "
                                            f"{_describe(exc)}", "stream_broken")
                         return status
@@ -356,19 +419,20 @@ class Forwarder:
                 resp.close()
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
-                      chunk: bytes, send: Send, deadline: asyncio.Timeout, idle: float,
+                      chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
                       loop: asyncio.AbstractEventLoop) -> None:
+        """Pass the stream on; ``deadline`` is armed only while reading from the replica."""
         usage = StreamUsage()
         content = resp.content
         if chunk:
             req.metrics.ttft.observe(loop.time() - req.started)
         while chunk:
             usage.feed(chunk)
-            await _to_client(send, {"type": "http.response.body", "body": chunk,
-                                    "more_body": True})
+            await to_client({"type": "http.response.body", "body": chunk, "more_body": True})
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
-        await _to_client(send, {"type": "http.response.body", "body": b""})
+            deadline.reschedule(None)
+        await to_client({"type": "http.response.body", "body": b""})
         if usage.usage is not None:
             self._add_tokens(model, usage.usage)
 
@@ -378,8 +442,24 @@ class Forwarder:
         self.metrics.upstream_errors.labels(model.name, reason).inc()
         log.warning("stream of a request for %r broke: %s", req.model, message)
         event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
-        await _to_client(send, {"type": "http.response.body", "body": event, "more_body": True})
-        await _to_client(send, {"type": "http.response.body", "body": b""})
+        to_client = self._sender(send)
+        await to_client({"type": "http.response.body", "body": event, "more_body": True})
+        await to_client({"type": "http.response.body", "body": b""})
+
+    def _sender(self, send: Send) -> Send:
+        """``send`` bounded by ``client_send_timeout``; any failure of it is ClientGone."""
+        limit = self.client_send_timeout
+
+        async def to_client(message: Message) -> None:
+            try:
+                async with asyncio.timeout(limit):
+                    await send(message)
+            except TimeoutError:
+                raise ClientGone(f"the client read nothing for {limit:g} s") from None
+            except Exception as exc:
+                raise ClientGone(str(exc)) from exc
+
+        return to_client
 
     def _count_usage(self, model: Model, data: bytes) -> None:
         try:
@@ -395,13 +475,6 @@ class Forwarder:
             mm.tokens_prompt.inc(usage.prompt_tokens)
         if usage.completion_tokens > 0:
             mm.tokens_completion.inc(usage.completion_tokens)
-
-
-async def _to_client(send: Send, message: dict[str, object]) -> None:
-    try:
-        await send(message)
-    except Exception as exc:
-        raise ClientGone(str(exc)) from exc
 
 
 def _describe(exc: BaseException) -> str:

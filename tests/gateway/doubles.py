@@ -78,7 +78,8 @@ class FakeBackend(_BackendBase):
 
     async def wait_changed(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     async def set_demand(self, model: str, replicas: int) -> None:
         self.demand_calls.append((model, replicas))

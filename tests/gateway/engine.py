@@ -4,9 +4,9 @@ It answers chat completions, completions and embeddings like vLLM or
 llama.cpp's server would (same JSON and SSE shapes), and can be told to
 misbehave: answer with an error status, hold its answer, stream slowly or
 only when a gate opens, cut a stream after some chunks, or die. It records
-every request body it received and every request that was cancelled under it
-(the client went away), which is how tests see that a client disconnect
-reached the engine.
+every request's body and headers, and every request that was cancelled
+under it (the client went away), which is how tests see that a client
+disconnect reached the engine.
 
 Run in the test's event loop (``FakeEngine``), or as a separate process
 (``python -m tests.gateway.engine``) when a test must kill it with SIGKILL.
@@ -28,6 +28,7 @@ class FakeEngine:
     def __init__(self, name: str = "engine") -> None:
         self.name = name
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []   # per request, names lower-cased
         self.paths: list[str] = []
         self.fail_status: int | None = None     # answer every request with this status
         self.fail_times = 0                     # ... only this many times (0: always)
@@ -35,6 +36,7 @@ class FakeEngine:
         self.hang = False                       # never answer
         self.headers_then_die = False           # send 200 headers, then close before a chunk
         self.chunks = 3
+        self.chunk_padding = 0                  # extra bytes of content in each stream chunk
         self.chunk_delay = 0.0
         self.first_chunk_delay = 0.0            # after the headers, before the first chunk
         self.gate: asyncio.Event | None = None  # stream: wait for this after the first chunk
@@ -76,6 +78,7 @@ class FakeEngine:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         self.paths.append(request.path)
         self.in_flight += 1
         try:
@@ -155,8 +158,10 @@ class FakeEngine:
                 await self.gate.wait()
             if self.chunk_delay:
                 await asyncio.sleep(self.chunk_delay)
-            await response.write(f"data: {json.dumps(self._chunk(request.path, model, i))}\n\n"
-                                 .encode())
+            chunk = self._chunk(request.path, model, i)
+            if self.chunk_padding:
+                chunk["padding"] = "x" * self.chunk_padding
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
             final = self._chunk(request.path, model, self.chunks)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,8 +38,6 @@ def _all_released(gw: GatewayHandle) -> bool:
 
 
 def _closed_port_url() -> str:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -113,21 +112,37 @@ async def test_fallbacks_are_tried_in_order(make_gateway: GatewayFactory, engine
 
 async def test_everything_failing_is_502_naming_each_failure(make_gateway: GatewayFactory,
                                                              engines) -> None:
-    """When no replica nor fallback answers, the client gets 502 listing what was tried."""
+    """When no replica nor fallback answers, the client gets 502 listing what was tried,
+    also once they are all ejected (each still gets one last attempt)."""
     a, b = await engines("a"), await engines("b")
     a.fail_status = b.fail_status = 500
     gw = await make_gateway([chat_model("x", upstream=[a.url], fallbacks=["y"]),
                              chat_model("y", upstream=[b.url])])
-    r = await gw.chat("x")
-    assert r.status_code == 502
-    message = r.json()["error"]["message"]
-    assert a.url in message
-    assert b.url in message
-    assert "HTTP 500" in message
-    again = await gw.chat("x")
-    assert again.status_code == 503
-    assert int(again.headers["retry-after"]) >= 1
-    assert again.json()["error"]["code"] == "model_unavailable"
+    for expected_requests in (1, 2):
+        r = await gw.chat("x")
+        assert r.status_code == 502
+        error = r.json()["error"]
+        assert error["code"] == "upstream_error"
+        assert error["type"] == "server_error"
+        assert a.url in error["message"]
+        assert b.url in error["message"]
+        assert "HTTP 500" in error["message"]
+        assert (len(a.requests), len(b.requests)) == (expected_requests, expected_requests)
+
+
+async def test_an_ejected_only_replica_still_gets_a_last_attempt(make_gateway: GatewayFactory,
+                                                                 engines) -> None:
+    """One failure of a model's only replica does not make it answer 503 for eject_for."""
+    only = await engines("only")
+    only.fail_status, only.fail_times = 500, 1
+    gw = await make_gateway([chat_model("m", upstream=[only.url])], eject_for="60s")
+    first = await gw.chat("m")
+    assert first.status_code == 502
+    assert gw.gateway.balancer.is_ejected(only.url, gw.gateway._loop_time())
+    second = await gw.chat("m")
+    assert second.status_code == 200
+    assert second.json()["choices"][0]["message"]["content"] == "hello from only"
+    assert not gw.gateway.balancer.is_ejected(only.url, gw.gateway._loop_time())
 
 
 async def test_timeout_before_the_first_byte_is_retried(make_gateway: GatewayFactory,
@@ -136,7 +151,7 @@ async def test_timeout_before_the_first_byte_is_retried(make_gateway: GatewayFac
     stuck, good = await engines("stuck"), await engines("good")
     stuck.hang = True
     gw = await make_gateway([chat_model("m", upstream=[stuck.url, good.url],
-                                        timeouts={"first_byte": "300ms"})])
+                                        timeouts={"first_byte": "2s"})])
     r = await gw.chat("m", stream=True)
     r2 = await gw.chat("m")
     assert r.status_code == 200
@@ -162,9 +177,9 @@ async def test_a_slow_first_token_is_not_killed_by_the_idle_timeout(
         make_gateway: GatewayFactory, engines) -> None:
     """The idle timeout starts after the first chunk: a first token slower than it still comes."""
     slow = await engines("slow")
-    slow.first_chunk_delay = 1.0
+    slow.first_chunk_delay = 3.0
     gw = await make_gateway([chat_model("m", upstream=[slow.url],
-                                        timeouts={"idle": "200ms", "first_byte": "30s"})])
+                                        timeouts={"idle": "2s", "first_byte": "30s"})])
     r = await gw.chat("m", stream=True)
     assert r.status_code == 200
     assert r.text.count("tok") == 3
@@ -361,3 +376,82 @@ async def test_httpx_client_sees_an_openai_error_for_a_broken_stream(
                                  json={"model": "m", "stream": True}) as r:
             lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
     assert set(json.loads(lines[-1][6:])) == {"error"}
+
+
+async def _open_slow_reader(url: str, body: dict[str, object]
+                            ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client with a tiny receive buffer, so the gateway feels it stop reading."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (parts.hostname, parts.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+    data = json.dumps(body).encode()
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 f"Content-Type: application/json\r\nConnection: close\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return reader, writer
+
+
+# Far more than every buffer between engine and client can hold (kernel
+# buffers on loopback autotune to tens of MiB), so a client that stops
+# reading stops the stream.
+_BIG_CHUNKS, _CHUNK_PADDING = 96, 1 << 20
+
+
+async def test_a_client_that_pauses_reading_does_not_eject_the_replica(
+        make_gateway: GatewayFactory, engines) -> None:
+    """A client reading nothing for longer than timeouts.idle still gets the whole stream, and
+    the replica is not blamed for the wait."""
+    engine = await engines("big")
+    engine.chunks, engine.chunk_padding = _BIG_CHUNKS, _CHUNK_PADDING
+    gw = await make_gateway([chat_model("m", upstream=[engine.url],
+                                        timeouts={"idle": "500ms", "first_byte": "30s"})])
+    reader, writer = await _open_slow_reader(gw.url, {"model": "m", "stream": True})
+    loop = asyncio.get_running_loop()
+    paused = loop.time()
+    try:
+        await wait_for(lambda: loop.time() - paused > 2.0, what="a pause of 4 x timeouts.idle")
+        assert engine.finished == 0, "the stream should have been held up by the paused client"
+        assert not gw.gateway.balancer.is_ejected(engine.url, loop.time())
+        rest = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    assert rest.count(b'"padding"') == _BIG_CHUNKS
+    assert b"data: [DONE]" in rest
+    assert b"stream_interrupted" not in rest
+    assert not gw.gateway.balancer.is_ejected(engine.url, loop.time())
+
+
+async def test_a_client_that_stops_reading_is_gone_not_the_replica(
+        make_gateway: GatewayFactory, engines) -> None:
+    """A client that stops reading is dropped after the client send timeout: the upstream is
+    cancelled, the replica stays in rotation and the next client is served."""
+    engine = await engines("big")
+    engine.chunks, engine.chunk_padding = _BIG_CHUNKS, _CHUNK_PADDING
+    gw = await make_gateway([chat_model("m", upstream=[engine.url],
+                                        timeouts={"idle": "500ms", "first_byte": "30s"})])
+    gw.gateway.forwarder.client_send_timeout = 2.0
+    _reader, writer = await _open_slow_reader(gw.url, {"model": "m", "stream": True})
+    balancer, now = gw.gateway.balancer, gw.gateway._loop_time
+    try:
+        await wait_for(lambda: engine.cancelled == 1 or balancer.is_ejected(engine.url, now()),
+                       what="the gateway to give up on the client")
+        assert not balancer.is_ejected(engine.url, now())
+        assert engine.finished == 0
+        await wait_for(lambda: _all_released(gw), what="the replica's counter to come back to 0")
+        text = await _metrics(gw)
+        assert _metric(text, 'llmgw_gateway_requests_total{model="m",status="499"}') == 1
+        assert _metric(text, 'llmgw_gateway_upstream_errors_total{model="m"') == 0
+        engine.chunks, engine.chunk_padding = 3, 0
+        r = await gw.chat("m")
+        assert r.status_code == 200
+        assert not balancer.is_ejected(engine.url, now())
+    finally:
+        writer.close()

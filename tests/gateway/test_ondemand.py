@@ -10,6 +10,9 @@ from pathlib import Path
 
 import httpx
 
+from llmgw.catalog.build import build_catalog
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.ondemand import OnDemand
 from llmgw.store.sqlite import SqliteStore
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
 from tests.gateway.doubles import FakeBackend, write_endpoints
@@ -19,14 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def scheduler_for(backend: FakeBackend, started: list[FakeEngine],
-                  delay: float = 0.3) -> Callable[[str, int], object]:
-    """A set_demand hook that starts (or stops) a real engine, as a scheduler would."""
+                  loaded: asyncio.Event | None = None) -> Callable[[str, int], object]:
+    """A set_demand hook that starts (or stops) a real engine, as a scheduler would; the
+    replica finishes loading when ``loaded`` is set (at once without it)."""
 
     async def on_demand(model: str, replicas: int) -> None:
         if replicas == 0:
             backend.set_endpoints(model, [])
             return
-        await asyncio.sleep(delay)  # the replica loads
+        if loaded is not None:
+            await loaded.wait()  # the replica loads
         engine = FakeEngine(f"{model}-replica")
         await engine.start()
         started.append(engine)
@@ -40,11 +45,20 @@ async def test_a_burst_for_a_stopped_model_is_held_and_scales_up_once(
     """Concurrent requests for a model at zero all wait for its one new replica and succeed."""
     backend = FakeBackend()
     started: list[FakeEngine] = []
-    backend.on_demand = scheduler_for(backend, started)  # type: ignore[assignment]
+    loaded = asyncio.Event()
+    backend.on_demand = scheduler_for(backend, started, loaded)  # type: ignore[assignment]
     gw = await make_gateway([chat_model("m", scaling={"min": 0, "wait": "30s"})],
                             backend=backend)
     try:
-        results = await asyncio.gather(*(gw.chat("m") for _ in range(12)))
+        async def twelve() -> list[httpx.Response]:
+            return await asyncio.gather(*(gw.chat("m") for _ in range(12)))
+
+        burst = asyncio.create_task(twelve())
+        # The replica comes up only once every request of the burst is held.
+        await wait_for(lambda: gw.gateway.ondemand.in_flight.get("m") == 12 or burst.done(),
+                       what="all 12 requests to be held")
+        loaded.set()
+        results = await burst
         assert [r.status_code for r in results] == [200] * 12
         assert backend.demand_calls == [("m", 1)]
         assert len(started) == 1
@@ -91,7 +105,7 @@ async def test_idle_model_scales_to_zero_but_never_while_a_request_is_in_flight(
     idle, the gateway scales it back to zero."""
     backend = FakeBackend()
     started: list[FakeEngine] = []
-    backend.on_demand = scheduler_for(backend, started, delay=0)  # type: ignore[assignment]
+    backend.on_demand = scheduler_for(backend, started)  # type: ignore[assignment]
     gw = await make_gateway(
         [chat_model("m", scaling={"min": 0, "wait": "30s", "idle_timeout": "400ms"})],
         backend=backend, activity_interval="100ms")
@@ -128,7 +142,7 @@ async def test_scale_up_happens_again_after_a_scale_down(make_gateway: GatewayFa
     """After an idle scale-down, the next request brings the model back (the lease is free)."""
     backend = FakeBackend()
     started: list[FakeEngine] = []
-    backend.on_demand = scheduler_for(backend, started, delay=0)  # type: ignore[assignment]
+    backend.on_demand = scheduler_for(backend, started)  # type: ignore[assignment]
     gw = await make_gateway(
         [chat_model("m", scaling={"min": 0, "wait": "30s", "idle_timeout": "300ms"})],
         backend=backend, activity_interval="50ms")
@@ -187,3 +201,75 @@ async def test_two_gateway_processes_sharing_a_store_scale_up_once(tmp_path: Pat
                 proc.kill()
             await proc.wait()
         await engine.stop()
+
+
+class _SlowMarkStore(SqliteStore):
+    """A store whose activity mark for one model waits for a gate; every model looks idle."""
+
+    def __init__(self, dsn: str, slow: str) -> None:
+        super().__init__(dsn)
+        self.slow = slow
+        self.gate = asyncio.Event()
+        self.marking = asyncio.Event()
+
+    async def mark_activity(self, model: str) -> None:
+        if model == self.slow:
+            self.marking.set()
+            await self.gate.wait()
+        await super().mark_activity(model)
+
+    async def last_activity(self, model: str) -> float | None:
+        return 3600.0
+
+
+async def test_a_request_beginning_during_a_tick_is_not_forgotten(tmp_path: Path) -> None:
+    """A request that begins while tick() awaits a store mark keeps its model in flight, so the
+    same tick does not scale that model down under it."""
+    store = _SlowMarkStore(f"sqlite:///{tmp_path / 'store.db'}", slow="a")
+    await store.open()
+    try:
+        backend = FakeBackend()
+        backend.set_endpoints("b", ["http://127.0.0.1:9"])
+        scaling = {"min": 0, "idle_timeout": "1s"}
+        a, b = chat_model("a", scaling=scaling), chat_model("b", scaling=scaling)
+        loop = asyncio.get_running_loop()
+        ondemand = OnDemand(backend, store, GatewayMetrics(lambda: []), "test", 60.0, loop.time)
+        ondemand.in_flight.update({"a": 1, "b": 0})   # b: its last request has ended
+        tick = asyncio.create_task(ondemand.tick(build_catalog([a, b])))
+        await asyncio.wait_for(store.marking.wait(), 30)   # tick is marking a
+        ondemand.begin(b)                                     # a request for b starts
+        store.gate.set()
+        await asyncio.wait_for(tick, 30)
+        assert ondemand.in_flight.get("b") == 1
+        assert ("b", 0) not in backend.demand_calls
+        ondemand.end(b)
+        assert ondemand.in_flight.get("b") == 0
+        await ondemand.close()
+    finally:
+        await store.close()
+
+
+async def test_an_on_demand_fallback_that_answers_is_in_flight(make_gateway: GatewayFactory,
+                                                               engines) -> None:
+    """While an on-demand fallback streams an answer, it (not only the model asked for) counts
+    as in flight, so idle scale-down cannot stop it mid-stream."""
+    broken, spare = await engines("broken"), await engines("spare")
+    broken.fail_status = 500
+    spare.gate = asyncio.Event()
+    backend = FakeBackend()
+    backend.set_endpoints("small", [spare.url])
+    gw = await make_gateway([
+        chat_model("big", upstream=[broken.url], fallbacks=["small"]),
+        chat_model("small", scaling={"min": 0, "wait": "30s", "idle_timeout": "1h"}),
+    ], backend=backend)
+    ondemand = gw.gateway.ondemand
+    async with gw.client.stream("POST", "/v1/chat/completions",
+                                json={"model": "big", "stream": True}) as response:
+        assert response.headers["x-llmgw-model"] == "small"
+        lines = response.aiter_lines()
+        assert "tok0" in await anext(lines)
+        assert ondemand.in_flight.get("small") == 1
+        spare.gate.set()
+        rest = [line async for line in lines]
+    assert "data: [DONE]" in rest
+    await wait_for(lambda: ondemand.in_flight.get("small") == 0, what="the stream to end")
