@@ -259,6 +259,14 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
                 offset = 0
         elif resp.status == 206:
             first, total = _content_range(resp.getheader("Content-Range"))
+            if part.meta.validator and validator != part.meta.validator:
+                # A server that honours Range but not If-Range sends the rest of a
+                # changed file: splicing it onto the old bytes makes a file that
+                # never existed. Compare the validators ourselves and start over.
+                was = part.meta.validator
+                part.reset()
+                raise _RetryableError(f"the file changed on the server ({was}, now "
+                                      f"{validator}) and it ignored If-Range; starting over")
             if first != offset or total is None:
                 part.reset()
                 raise _RetryableError(f"asked for bytes from {offset} and got "

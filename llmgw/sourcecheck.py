@@ -33,7 +33,7 @@ import importlib.metadata
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
@@ -46,8 +46,18 @@ if TYPE_CHECKING:
     from llmgw.catalog.model import Model
 
 
+def _shown(source: str) -> str:
+    """``source`` fit for a message: a password in the URL (``user:pass@host``) becomes
+    ``***``, since these errors reach API clients, the admin page and logs."""
+    parts = urlsplit(source)
+    if parts.password is None:
+        return source
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
+
+
 def _fail(source: str, reason: str) -> DefinitionError:
-    return DefinitionError(f"source {source!r}: {reason}", field="source")
+    return DefinitionError(f"source {_shown(source)!r}: {reason}", field="source")
 
 
 # -- Hugging Face -------------------------------------------------------------------------

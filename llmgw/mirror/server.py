@@ -121,9 +121,18 @@ class MirrorServer:
 
     def _open_file(self, real: str, name: str) -> _Opened | None:
         """The one place a file is opened: read-only, never following a late link swap,
-        never blocking on a FIFO."""
+        never blocking on a FIFO.
+
+        ``real`` was checked to lie inside the mirror, but a directory on the way can
+        be swapped for a link between that check and this open, and O_NOFOLLOW guards
+        only the last component. So the file is opened from the mirror's own
+        descriptor one component at a time, each refusing to follow a link: what is
+        opened is what was checked, or nothing."""
+        rel = os.path.relpath(real, self.root).split(os.sep)
+        if rel[0] in ("", ".", ".."):
+            return None
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = _open_beneath(self.root, rel)
         except OSError:
             return None
         st = os.fstat(fd)
@@ -266,6 +275,21 @@ def _check_read_only(methods: Mapping[str, Handler]) -> None:
 
 
 _check_read_only(METHODS)
+
+
+def _open_beneath(root: Path, rel: list[str]) -> int:
+    """Open ``root/rel[0]/…/rel[-1]`` read-only without following any link on the way."""
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in rel[:-1]:
+            inner = os.open(part, dir_flags, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(rel[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _close_abandoned(lookup: asyncio.Future[_Opened | _Dir | None]) -> None:

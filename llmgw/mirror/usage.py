@@ -101,8 +101,11 @@ def _overlaps(a: str, b: str) -> bool:
 
 
 def users_of(path: str, uses: list[Use]) -> list[Use]:
-    """The entries whose source is ``path``, holds it, or lies inside it."""
-    return [u for u in uses if _overlaps(path, u.path)]
+    """The entries whose source is ``path``, holds it, or lies inside it. A file's
+    ``.sha256`` is used by whoever uses the file: without it ``llmgw fetch`` on the
+    nodes falls back to checking the length only."""
+    of_file = path.removesuffix(layout.SIDECAR)
+    return [u for u in uses if _overlaps(path, u.path) or _overlaps(of_file, u.path)]
 
 
 def find_unused(files: list[MirrorFile], uses: list[Use]) -> list[MirrorFile]:

@@ -70,6 +70,7 @@ class FileServer:
     head_extra: int = 0           # added to the length HEAD promises only
     head_length: bool = True      # False: HEAD answers without a Content-Length
     ignore_range: bool = False
+    ignore_if_range: bool = False  # honour Range whatever If-Range says
     hold_at: int | None = None    # pause the first GET after this many bytes…
     release: threading.Event = field(default_factory=threading.Event)  # …until set
     seen: list[Seen] = field(default_factory=list)
@@ -135,7 +136,8 @@ class FileServer:
         start = 0
         rng = h.headers.get("Range")
         if_range = h.headers.get("If-Range")
-        honour = rng and not self.ignore_range and (if_range is None or if_range == self.etag)
+        honour = rng and not self.ignore_range and (if_range is None or if_range == self.etag
+                                                          or self.ignore_if_range)
         if honour:
             assert rng is not None
             start = int(rng.removeprefix("bytes=").split("-")[0])

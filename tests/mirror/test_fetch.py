@@ -181,3 +181,18 @@ def test_a_directory_url_without_its_slash_is_refused(threaded_mirror: ThreadedM
     with pytest.raises(LlmgwError, match="is a directory on the mirror"):
         fetch_file(f"{threaded_mirror.url}/qwen/2024-11", tmp_path / "x", backoff=0)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_changed_file_is_not_spliced_when_the_server_ignores_if_range(tmp_path: Path
+                                                                        ) -> None:
+    """A 206 whose ETag differs from the part's is not appended: the part starts over."""
+    dest = tmp_path / "model.bin"
+    new = os.urandom(len(CONTENT))
+    with running(lambda: FileServer(CONTENT, cut_after=[500_000, 0], etag='"old"',
+                                    ignore_if_range=True)) as srv:
+        with pytest.raises(UnavailableError):
+            fetch_file(srv.url, dest, retries=0, backoff=0)
+        srv.content, srv.etag = new, '"new"'
+        result = fetch_file(srv.url, dest, backoff=0)
+    assert dest.read_bytes() == new
+    assert result.sha256 == sha(new)

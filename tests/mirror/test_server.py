@@ -312,3 +312,26 @@ async def test_clients_that_leave_early_leak_no_descriptors(cli_mirror: CliMirro
             left = sorted(os.readlink(p) for p in fd_dir.iterdir())
             raise AssertionError(f"descriptors were leaked: {baseline} before, now {left}")
         await asyncio.sleep(0.05)
+
+
+async def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
+        mirror_server: MirrorServer, mirror_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory replaced by a link out of the mirror between the path check and the
+    open answers 404, not the file outside."""
+    outside = mirror_root.parent / "secretdir"
+    (outside / "model.gguf").write_bytes(SECRET)
+    checked = MirrorServer._resolve
+
+    def swap_after_check(self: MirrorServer, parts: tuple[str, ...]
+                         ) -> tuple[str, os.stat_result] | None:
+        found = checked(self, parts)
+        version = mirror_root / "qwen" / "2024-11"
+        if version.is_dir() and not version.is_symlink():
+            version.rename(mirror_root / "qwen" / "moved")
+            version.symlink_to(outside)
+        return found
+
+    monkeypatch.setattr(MirrorServer, "_resolve", swap_after_check)
+    status, _, body = await raw(mirror_server, get("/qwen/2024-11/model.gguf"))
+    assert status == 404
+    assert SECRET not in body

@@ -204,3 +204,14 @@ async def test_the_api_answers_ok_or_the_reason(threaded_mirror: ThreadedMirror)
         assert "HTTP 404" in error["message"]
         typo = await client.post("/api/v1/source-check", json={"sourcce": "x"})
         assert typo.status_code == 400
+
+
+async def test_a_password_in_the_source_url_is_not_repeated_in_the_error(
+        mirror_server: MirrorServer) -> None:
+    """The error for a URL carrying ``user:password@`` names the source with the
+    password masked, since it reaches API clients and logs."""
+    with pytest.raises(DefinitionError) as err:
+        await check_source(f"http://ops:s3cr3t-t0ken@127.0.0.1:{mirror_server.port}/nope/x.gguf")
+    assert "s3cr3t-t0ken" not in err.value.message
+    assert "ops:***@127.0.0.1" in err.value.message
+    assert "not found" in err.value.message

@@ -222,3 +222,11 @@ def test_source_path_maps_local_paths_inside_the_mirror(tmp_path: Path) -> None:
     assert source_path(str(tmp_path / "a" / "m.gguf"), tmp_path) == "a/m.gguf"
     assert source_path(f"file://{tmp_path}/a/m.gguf", tmp_path) == "a/m.gguf"
     assert source_path("/elsewhere/m.gguf", tmp_path) is None
+
+
+def test_remove_refuses_the_sum_beside_a_file_in_use(root: Path, api: JsonServer) -> None:
+    """The ``.sha256`` of a file an entry uses is refused like the file itself."""
+    result = run("remove", "llama/v1/model.gguf.sha256", "--dir", str(root), "--url", api.url)
+    assert result.exit_code == 1
+    assert "llama" in result.output
+    assert (root / "llama/v1/model.gguf.sha256").exists()
