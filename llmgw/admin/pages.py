@@ -14,6 +14,7 @@ outside the fragments, so a refresh never eats what someone is typing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import msgspec
@@ -30,6 +31,8 @@ from llmgw.api.models import find_model, model_view, replicas_of
 from llmgw.api.views import ModelView, ReplicaView, replica_view
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
+
+log = logging.getLogger("llmgw.admin")
 
 FLEET_TIMEOUT = 5.0
 FRAGMENT = {"fragment": True}
@@ -96,6 +99,11 @@ async def fleet_context(ctx: AppContext) -> dict[str, Any]:
     except TimeoutError:
         found, error = None, (f"the scheduler did not answer within {FLEET_TIMEOUT:.0f} s; "
                               "check that it is reachable (see /readyz)")
+    except Exception as exc:  # a status page must answer even when the scheduler does not
+        log.warning("fleet lookup failed: %s", exc)
+        found, error = None, ("the scheduler's fleet could not be read "
+                              f"({type(exc).__name__}); the server's log has the details, "
+                              "and /readyz says whether the scheduler is reachable")
     return {"fleet": found, "fleet_error": error}
 
 

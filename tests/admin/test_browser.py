@@ -70,7 +70,10 @@ def errors() -> list[str]:
 @pytest.fixture
 def page(browser: Browser, errors: list[str]) -> Iterator[Page]:
     context = browser.new_context(viewport=LAPTOP)
+    # Actions take the context's timeout, but expect() has its own, 5 s by
+    # default: too short for a navigation on a loaded 2-core machine.
     context.set_default_timeout(WAIT_MS)
+    expect.set_options(timeout=WAIT_MS)
     pg = context.new_page()
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
     # A refused form answers 4xx on purpose, which Chromium logs as a failed
@@ -82,6 +85,7 @@ def page(browser: Browser, errors: list[str]) -> Iterator[Page]:
           if "/admin/static/" in r.url and r.status >= 400 else None)
     yield pg
     context.close()
+    expect.set_options(timeout=None)  # Playwright's default again, for other modules
 
 
 def shot(page: Page, name: str) -> None:
@@ -218,3 +222,12 @@ def test_markup_in_a_description_is_shown_as_text_and_never_runs(
     shot(page, "11-escaped")
     assert page.evaluate("() => window.__pwned") is None
     assert page.locator("tr[data-model='inert'] img").count() == 0
+
+
+def test_an_expectation_waits_as_long_as_an_action_does(page: Page) -> None:
+    """expect() without a timeout waits up to WAIT_MS, not Playwright's 5 s default,
+    so a slow navigation on a loaded machine is not a failure."""
+    page.set_content("<p id='late'></p>")
+    page.evaluate("() => setTimeout(() => { document.getElementById('late').dataset.ready = "
+                  "'yes'; }, 6000)")
+    expect(page.locator("#late")).to_have_attribute("data-ready", "yes")

@@ -6,13 +6,17 @@ the message ``llmgw ctl`` prints — so page and CLI cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 
+import pytest
 import yaml
 from litestar.testing import AsyncTestClient
 
+from llmgw.admin import pages
 from llmgw.api.context import AppContext
+from llmgw.scheduler.base import Fleet
 
 from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, csrf_of
 
@@ -241,3 +245,44 @@ async def test_the_admin_root_leads_to_the_models(admin: AsyncTestClient) -> Non
     r = await admin.get("/admin", follow_redirects=False)
     assert r.status_code == 303
     assert r.headers["location"] == "/admin/models"
+
+
+async def test_an_external_model_added_at_runtime_can_be_removed_from_its_page(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """An external (upstream) runtime model's page links to its removal, which works."""
+    token = await form_token(admin)
+    r = await admin.post("/admin/add", follow_redirects=False, data={
+        "csrf": token, "yaml": 'name: ext\nupstream: ["http://10.0.0.5:8000/v1"]\n'})
+    assert r.status_code == 303
+    page = (await admin.get("/admin/models/ext")).text
+    assert 'href="/admin/models/ext/remove"' in page
+    assert 'id="scale-form"' not in page  # nothing to scale on an external model
+    r = await admin.post("/admin/models/ext/remove", follow_redirects=False,
+                         data={"csrf": token, "confirm": "ext"})
+    assert r.status_code == 303
+    assert "ext" not in ctx.models.catalog
+
+
+async def test_the_fleet_page_answers_when_the_scheduler_fails_or_hangs(
+        admin: AsyncTestClient, backend: FleetBackend,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler that raises an unexpected error, or never answers, gives the fleet
+    page and its fragment a banner saying so, not a 500."""
+    async def broken() -> Fleet:
+        raise ConnectionError("connection refused by 10.0.0.1:4646")
+
+    monkeypatch.setattr(backend, "fleet", broken)
+    for path in ("/admin/fleet", "/admin/fragments/fleet"):
+        r = await admin.get(path)
+        assert r.status_code == 200, path
+        assert "fleet could not be read (ConnectionError)" in r.text
+
+    async def hung() -> Fleet:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(backend, "fleet", hung)
+    monkeypatch.setattr(pages, "FLEET_TIMEOUT", 0.05)
+    r = await admin.get("/admin/fleet")
+    assert r.status_code == 200
+    assert "the scheduler did not answer within" in r.text
