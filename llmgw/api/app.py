@@ -9,6 +9,7 @@ model service and the scheduler's view from the backend, both in the
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 import msgspec
@@ -23,7 +24,10 @@ from llmgw.api import models
 from llmgw.api.auth import admin_guard
 from llmgw.api.context import Ctx
 from llmgw.api.errors import error_response, exception_handlers
+from llmgw.errors import BackendUnavailableError, LlmgwError
 from llmgw.scheduler.base import BackendHealth, Fleet
+
+log = logging.getLogger("llmgw.api")
 
 # Route modules that contribute `route_handlers` under /api/v1 beside the models.
 _EXTRA_ROUTES: tuple[str, ...] = ("llmgw.api.plan", "llmgw.api.sourcecheck")
@@ -35,7 +39,17 @@ MAX_BODY = 1024 * 1024
 
 @get("/fleet", summary="Nodes and pools of the fleet, with free capacity")
 async def fleet(ctx: Ctx) -> Fleet:
-    return await ctx.backend.fleet()
+    try:
+        return await ctx.backend.fleet()
+    except LlmgwError:
+        raise
+    except Exception as exc:
+        # Whatever the scheduler's client raised, the caller learns the
+        # scheduler is the problem (503), not that llmgw broke (500).
+        log.warning("reading the fleet failed", exc_info=exc)
+        raise BackendUnavailableError(
+            f"the scheduler could not report its fleet ({type(exc).__name__}); "
+            "`/readyz` says whether it is reachable") from None
 
 
 class Health(msgspec.Struct, kw_only=True):

@@ -17,7 +17,7 @@ from llmgw.api.views import ModelView, ReplicaView, ScalingInForce, memory_warni
 from llmgw.catalog.decode import decode_json
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model, Profile
-from llmgw.errors import NotFoundError
+from llmgw.errors import BackendUnavailableError, NotFoundError
 from llmgw.scheduler.base import Replica
 
 log = logging.getLogger("llmgw.api")
@@ -26,6 +26,9 @@ T = TypeVar("T")
 # The list view asks the scheduler for replicas once per request; if that is
 # slow (Nomad busy) the list still answers, without the per-replica details.
 REPLICA_LOOKUP_TIMEOUT = 2.0
+# A rollout registers one job (or marks local replicas); a minute without an
+# answer means the scheduler is not answering, which the caller should hear.
+ROLLOUT_TIMEOUT = 60.0
 
 
 class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -154,7 +157,14 @@ async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
     m = find_model(ctx, name)
     if m.external:
         raise NotFoundError(f"model {name!r} is external (upstream); there is nothing to roll out")
-    profile = await ctx.backend.rollout(name)
+    try:
+        async with asyncio.timeout(ROLLOUT_TIMEOUT):
+            profile = await ctx.backend.rollout(name)
+    except TimeoutError:
+        raise BackendUnavailableError(
+            f"the scheduler did not take the rollout of {name!r} within "
+            f"{ROLLOUT_TIMEOUT:.0f} s; `llmgw ctl replicas {name}` shows whether it went "
+            "ahead, and `/readyz` whether the scheduler is reachable") from None
     chosen = m.profile(profile) if profile else None
     if chosen is None:
         return RolloutAnswer(model=name, fingerprint="", profile=None,

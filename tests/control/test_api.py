@@ -238,3 +238,36 @@ def test_the_checked_in_openapi_document_is_current() -> None:
         "api/openapi.json is stale: run `python -m llmgw.api.openapi > api/openapi.json`")
 
 
+
+
+async def test_a_fleet_the_scheduler_cannot_report_is_503(
+        client: AsyncTestClient, backend: RecordingBackend,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler client's own exception is the scheduler's failure, not llmgw's 500."""
+    async def broken() -> None:
+        raise ConnectionError("connection reset by peer")
+
+    monkeypatch.setattr(backend, "fleet", broken)
+    r = await client.get("/api/v1/fleet", headers=ADMIN)
+    assert r.status_code == 503
+    assert "ConnectionError" in r.json()["error"]["message"]
+
+
+async def test_a_rollout_the_scheduler_never_answers_is_503(
+        client: AsyncTestClient, backend: RecordingBackend,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung scheduler makes a rollout fail with what to check, not hang the caller."""
+    import asyncio
+
+    from llmgw.api import models as api_models
+
+    async def hung(model: str) -> str | None:
+        await asyncio.Event().wait()
+        return None
+
+    monkeypatch.setattr(api_models, "ROLLOUT_TIMEOUT", 0.2)
+    monkeypatch.setattr(backend, "rollout", hung)
+    await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
+    r = await client.post("/api/v1/models/trial/rollout", headers=ADMIN)
+    assert r.status_code == 503
+    assert "llmgw ctl replicas trial" in r.json()["error"]["message"]
