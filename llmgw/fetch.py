@@ -16,6 +16,11 @@ model, and a file present under its final name needs no second look.
   announced is still checked, and a server whose answers disagree about the
   length, or that keeps ending transfers before the length it promised, is
   reported rather than retried forever.
+- **Credentials.** ``http.client`` ignores ``user:pass@`` in a URL, so a
+  mirror behind Basic auth would answer 401 with no hint why. The userinfo is
+  sent as an ``Authorization: Basic`` header instead, kept on redirects within
+  the same origin and dropped on redirects elsewhere. The password appears in
+  no message, log line or file: ``redact`` shows it as ``***``.
 - **One download per node.** Two replicas of a model placed on one node run
   two prestart tasks at once. An ``flock`` on ``DEST.lock`` makes the second
   wait; it then finds ``DEST`` in place and returns. The lock file is left
@@ -29,6 +34,7 @@ node's network, and the fetcher image needs nothing else.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -37,7 +43,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 import msgspec
 
@@ -74,14 +80,55 @@ def _noop(_: str) -> None:
 
 # -- HTTP -----------------------------------------------------------------------------------
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+def redact(url: str) -> str:
+    """``url`` as it may be shown: a password in its userinfo becomes ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+
+
+def _authorization(url: str) -> dict[str, str]:
+    """The Basic ``Authorization`` header for the userinfo in ``url`` (RFC 7617), if any."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return {}
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")}
+
+
+def _follow(url: str, location: str) -> str:
+    """Where a redirect leads. Credentials are kept only on the same origin: a
+    relative Location keeps them anyway, and an absolute one back to the same
+    scheme, host and port gets them again; any other host never sees them."""
+    nxt = urljoin(url, location)
+    here, there = urlsplit(url), urlsplit(nxt)
+    if (here.username is not None and there.username is None
+            and (here.scheme, here.hostname, here.port)
+            == (there.scheme, there.hostname, there.port)):
+        userinfo = here.netloc.rpartition("@")[0]
+        nxt = urlunsplit(there._replace(netloc=f"{userinfo}@{there.netloc}"))
+    return nxt
+
+
+def _connection(url: str, timeout: float
+                ) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """A connection to ``url``'s server, the request target, and the headers its
+    userinfo asks for."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DefinitionError(f"{url}: fetch takes an http:// or https:// URL", field="url")
+        raise DefinitionError(f"{redact(url)}: fetch takes an http:// or https:// URL",
+                              field="url")
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = cls(parts.hostname, parts.port, timeout=timeout)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return conn, target
+    return conn, target, _authorization(url)
 
 
 @contextlib.contextmanager
@@ -89,51 +136,57 @@ def _request(url: str, headers: dict[str, str], timeout: float
              ) -> Iterator[tuple[str, http.client.HTTPResponse]]:
     """GET ``url`` (following redirects); yields the final URL and the response."""
     for _ in range(MAX_REDIRECTS + 1):
-        conn, target = _connection(url, timeout)
+        conn, target, auth = _connection(url, timeout)
         try:
-            conn.request("GET", target, headers={"Accept-Encoding": "identity", **headers})
+            conn.request("GET", target,
+                         headers={"Accept-Encoding": "identity", **auth, **headers})
             resp = conn.getresponse()
             location = resp.getheader("Location")
             if resp.status in (301, 302, 303, 307, 308) and location:
-                url = urljoin(url, location)
+                url = _follow(url, location)
                 continue
             yield url, resp
             return
         finally:
             conn.close()
-    raise UnavailableError(f"{url}: more than {MAX_REDIRECTS} redirects; check the mirror URL")
+    raise UnavailableError(f"{redact(url)}: more than {MAX_REDIRECTS} redirects; check the "
+                           "mirror URL")
 
 
 _TRANSPORT = (OSError, http.client.HTTPException)
 
 
 def _status_error(url: str, status: int, reason: str) -> LlmgwError:
+    url = redact(url)
     if status == 404:
         return NotFoundError(f"{url}: not found on the mirror (HTTP 404); check the model's "
                              "source, or add the file with `llmgw mirror add`")
+    if status == 401:
+        return LlmgwError(f"{url}: the server asks for credentials (HTTP 401 {reason}); put "
+                          "them in the URL as http://USER:PASSWORD@HOST/...")
     return LlmgwError(f"{url}: the server answered HTTP {status} {reason}")
 
 
 def head_length(url: str, timeout: float = 60.0) -> int | None:
     """The Content-Length a HEAD of ``url`` promises (None: none promised)."""
     for _ in range(MAX_REDIRECTS + 1):
-        conn, target = _connection(url, timeout)
+        conn, target, auth = _connection(url, timeout)
         try:
-            conn.request("HEAD", target, headers={"Accept-Encoding": "identity"})
+            conn.request("HEAD", target, headers={"Accept-Encoding": "identity", **auth})
             resp = conn.getresponse()
             location = resp.getheader("Location")
             if resp.status in (301, 302, 303, 307, 308) and location:
-                url = urljoin(url, location)
+                url = _follow(url, location)
                 continue
             if resp.status >= 400:
                 raise _status_error(url, resp.status, resp.reason)
             length = resp.getheader("Content-Length")
             return int(length) if length and length.isdigit() else None
         except _TRANSPORT as exc:
-            raise UnavailableError(f"cannot reach {url}: {exc}") from None
+            raise UnavailableError(f"cannot reach {redact(url)}: {exc}") from None
         finally:
             conn.close()
-    raise UnavailableError(f"{url}: more than {MAX_REDIRECTS} redirects; check the URL")
+    raise UnavailableError(f"{redact(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
 
 
 def _mirror_sum(url: str, timeout: float) -> str | None:
@@ -143,11 +196,12 @@ def _mirror_sum(url: str, timeout: float) -> str | None:
             return None
         body = resp.read(4096)
         if resp.status != 200:
-            raise _RetryableError(f"{url}{layout.SIDECAR}: HTTP {resp.status} {resp.reason}")
+            raise _RetryableError(f"{redact(url)}{layout.SIDECAR}: HTTP {resp.status} "
+                                  f"{resp.reason}")
     digest = layout.parse_sidecar(body.decode("utf-8", "replace"))
     if digest is None:
-        raise LlmgwError(f"{url}{layout.SIDECAR} holds no sha256 digest; fix or remove it on "
-                         "the mirror")
+        raise LlmgwError(f"{redact(url)}{layout.SIDECAR} holds no sha256 digest; fix or "
+                         "remove it on the mirror")
     return digest
 
 
@@ -168,6 +222,7 @@ class _Part:
     def __init__(self, dest: Path, url: str) -> None:
         self.path = dest.with_name(dest.name + ".part")
         self.meta_path = dest.with_name(dest.name + ".part.json")
+        url = redact(url)  # the password is not written to disk
         self.meta = _PartMeta(url=url)
         self.hasher = hashlib.sha256()
         try:
@@ -247,8 +302,9 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
             headers["If-Range"] = part.meta.validator
     with _request(url, headers, timeout) as (final, resp):
         if final.endswith("/") and not url.endswith("/"):
-            raise DefinitionError(f"{url} is a directory on the mirror; fetch {url}/ to fetch "
-                                  "every file in it", field="url")
+            shown = redact(url)
+            raise DefinitionError(f"{shown} is a directory on the mirror; fetch {shown}/ to "
+                                  "fetch every file in it", field="url")
         validator = resp.getheader("ETag") or resp.getheader("Last-Modified")
         length = resp.getheader("Content-Length")
         body_len = int(length) if length and length.isdigit() else None
@@ -298,7 +354,7 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
         return True  # no length announced: the end of the body is the end of the file
     if size > total:
         part.discard()
-        raise LlmgwError(f"{url}: the server announced {total} bytes but sent {size}; the "
+        raise LlmgwError(f"{redact(url)}: the server announced {total} bytes but sent {size}; the "
                          "partial file was removed. The server is misreporting "
                          "Content-Length; check the mirror")
     return size == total
@@ -367,7 +423,8 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
         done = _already_there(dest, expected, notify)
         if done is not None:
             return done
-        source = "--sha256" if expected else url + layout.SIDECAR
+        shown = redact(url)
+        source = "--sha256" if expected else shown + layout.SIDECAR
         need_sum = expected is None
         failures, problem = 0, ""
         problems: list[str] = []  # distinct, in order: the error tells the whole story
@@ -403,11 +460,11 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
                 kept = (f"The partial download is kept in {part.path} and resumes on the next "
                         "run; " if part is not None and part.size else "")
                 raise UnavailableError(
-                    f"{url}: giving up after {failures} attempts without progress: "
+                    f"{shown}: giving up after {failures} attempts without progress: "
                     f"{'; then '.join(problems[-3:])}. {kept}Check that the mirror is up "
                     "and serving this file"
                 )
-            notify(f"{url}: {problem}; retrying")
+            notify(f"{shown}: {problem}; retrying")
             time.sleep(min(backoff * 2 ** (failures - 1), 30.0))
 
         digest = part.hasher.hexdigest()
@@ -415,7 +472,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
         if expected is not None and digest != expected:
             part.discard()
             raise LlmgwError(
-                f"{url}: sha256 mismatch: expected {expected} (from {source}), got {digest} "
+                f"{shown}: sha256 mismatch: expected {expected} (from {source}), got {digest} "
                 f"for {size} bytes; the partial file was removed. Check the mirror's copy "
                 "with `sha256sum -c` beside it, or the sum given"
             )
@@ -438,8 +495,8 @@ class _Listing(msgspec.Struct):
 def _safe_name(name: object, url: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
             or "\x00" in name or layout.is_hidden(name):
-        raise LlmgwError(f"{url}: the listing names {name!r}, which is not a plain file name; "
-                         "refusing to write it")
+        raise LlmgwError(f"{redact(url)}: the listing names {name!r}, which is not a plain "
+                         "file name; refusing to write it")
     return name
 
 
@@ -471,9 +528,9 @@ def fetch(url: str, dest: str | Path, *, sha256: str | None = None, retries: int
                 raise _status_error(url, resp.status, resp.reason)
         listing = msgspec.json.decode(body, type=_Listing)
     except _TRANSPORT as exc:
-        raise UnavailableError(f"{url}: cannot read the directory listing: {exc}") from None
+        raise UnavailableError(f"{redact(url)}: cannot read the directory listing: {exc}") from None
     except msgspec.DecodeError:
-        raise LlmgwError(f"{url}: the answer is not a mirror directory listing; is this an "
+        raise LlmgwError(f"{redact(url)}: the answer is not a mirror directory listing; is this an "
                          "`llmgw mirror serve` URL?") from None
     names = {str(e.get("name")) for e in listing.entries if e.get("type") == "file"}
     results: list[FetchResult] = []

@@ -214,18 +214,20 @@ class ProgressBar:
 
 def _add_http(source: str, root: Path, name: str | None, version: str | None,
               sha256: str | None, progress: bool, timeout: float) -> AddResult:
-    from llmgw.fetch import fetch_file, head_length
+    from llmgw.fetch import fetch_file, head_length, redact
+
+    shown = redact(source)  # a password in the URL is never echoed
 
     filename = unquote(Path(urlsplit(source).path).name)
     if not filename or layout.is_hidden(filename):
-        raise DefinitionError(f"{source}: the URL names no file; give the URL of one file",
+        raise DefinitionError(f"{shown}: the URL names no file; give the URL of one file",
                               field="source")
     layout.check_segment(filename, "the file name")
     stem = filename.split(".")[0]
     name = layout.check_segment(name or layout.slug(stem), "--name")
     if version is None:
         raise DefinitionError(
-            f"{source}: give --version; an http(s) URL carries no version, and the layout "
+            f"{shown}: give --version; an http(s) URL carries no version, and the layout "
             f"{name}/<version>/{filename} needs one (a date or the model's release, say)",
             field="version")
     layout.check_segment(version, "--version")
@@ -233,7 +235,7 @@ def _add_http(source: str, root: Path, name: str | None, version: str | None,
     _refuse_existing(final, name, version)
     promised = head_length(source, timeout)
     if promised is None:
-        click.echo(f"warning: {source} promises no length; the end of the transfer is trusted",
+        click.echo(f"warning: {shown} promises no length; the end of the transfer is trusted",
                    err=True)
     bar = ProgressBar(filename) if progress else None
     with _staging(root, name, version) as tmp:
@@ -244,7 +246,7 @@ def _add_http(source: str, root: Path, name: str | None, version: str | None,
             if bar is not None:
                 bar.close()
         if promised is not None and got.size != promised:
-            raise LlmgwError(f"{source}: received {got.size} bytes but the server promised "
+            raise LlmgwError(f"{shown}: received {got.size} bytes but the server promised "
                              f"{promised}; nothing was added. Run the add again")
         # The fetcher wrote <file>.sha256 in the mirror's format; its lock file goes.
         (tmp / f"{filename}.lock").unlink(missing_ok=True)
@@ -278,5 +280,7 @@ def add(source: str, root: str | Path, *, name: str | None = None, version: str 
         return _add_hf(src, source, base, name, version, progress, hf_token, timeout)
     if urlsplit(source).scheme in ("http", "https"):
         return _add_http(source, base, name, version, sha256, progress, timeout)
-    raise DefinitionError(f"{source!r}: mirror add takes hf://ORG/REPO[@REVISION][/FILE] or an "
-                          "http(s) URL", field="source")
+    from llmgw.fetch import redact
+
+    raise DefinitionError(f"{redact(source)!r}: mirror add takes "
+                          "hf://ORG/REPO[@REVISION][/FILE] or an http(s) URL", field="source")

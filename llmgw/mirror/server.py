@@ -80,7 +80,7 @@ class _Opened(msgspec.Struct):
 
 
 class _Dir(msgspec.Struct):
-    path: Path
+    rel: tuple[str, ...]  # below the mirror root; () is the root itself
 
 
 def _content_type(name: str) -> str:
@@ -150,28 +150,62 @@ class MirrorServer:
             return None
         real, st = found
         if stat.S_ISDIR(st.st_mode):
-            return _Dir(Path(real))
+            rel = os.path.relpath(real, self.root)
+            return _Dir(() if rel == "." else tuple(rel.split(os.sep)))
         if stat.S_ISREG(st.st_mode):
             return self._open_file(real, parts[-1] if parts else "")
         return None
 
-    def _listing(self, directory: Path, url_path: str) -> bytes:
+    def _listing(self, rel: tuple[str, ...], url_path: str) -> bytes | None:
+        """The JSON listing of ``root/rel``; None when it is no longer a directory there.
+
+        The path was checked by ``_resolve``, but any directory on the way can be
+        swapped for a link before it is read. So, as for files, the directory is
+        opened from the mirror's own descriptor one component at a time, none
+        followed if it is a link, and read and stat'ed through that descriptor:
+        what is listed is the directory that was checked, or nothing."""
+        try:
+            fd = _open_dir_beneath(self.root, rel)
+        except OSError:
+            return None
         entries: list[Entry] = []
-        with os.scandir(directory) as it:
-            for item in it:
-                if layout.is_hidden(item.name):
-                    continue
-                found = self._resolve((*directory.relative_to(self.root).parts, item.name))
-                if found is None:
-                    continue
-                _, st = found
-                if stat.S_ISDIR(st.st_mode):
-                    entries.append(Entry(name=item.name, type="directory"))
-                elif stat.S_ISREG(st.st_mode):
-                    entries.append(Entry(name=item.name, type="file", size=st.st_size,
-                                         modified=http_date(st.st_mtime)))
+        try:
+            with os.scandir(fd) as it:
+                names = [item.name for item in it if not layout.is_hidden(item.name)]
+            for name in names:
+                entry = self._entry(fd, rel, name)
+                if entry is not None:
+                    entries.append(entry)
+        finally:
+            os.close(fd)
         entries.sort(key=lambda e: e.name)
         return _encode(Listing(path=url_path, entries=entries))
+
+    def _entry(self, dir_fd: int, rel: tuple[str, ...], name: str) -> Entry | None:
+        """One listed item, its facts taken without following a link out of the mirror."""
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return None  # removed since the directory was read
+        if stat.S_ISLNK(st.st_mode):
+            # A link is listed only when it leads inside the mirror, with the facts of
+            # what it leads to, read from a descriptor opened beneath the root.
+            found = self._resolve((*rel, name))
+            if found is None:
+                return None
+            target = os.path.relpath(found[0], self.root)
+            if target == ".":
+                return Entry(name=name, type="directory")
+            st_target = _stat_beneath(self.root, target.split(os.sep))
+            if st_target is None:
+                return None
+            st = st_target
+        if stat.S_ISDIR(st.st_mode):
+            return Entry(name=name, type="directory")
+        if stat.S_ISREG(st.st_mode):
+            return Entry(name=name, type="file", size=st.st_size,
+                         modified=http_date(st.st_mtime))
+        return None
 
     # -- answering -----------------------------------------------------------------------
 
@@ -202,7 +236,9 @@ class MirrorServer:
             url_path = "/" + "".join(f"{p}/" for p in parts)
             if not trailing and parts:
                 return web.Response(status=301, headers={"Location": url_path})
-            body = await loop.run_in_executor(None, self._listing, target.path, url_path)
+            body = await loop.run_in_executor(None, self._listing, target.rel, url_path)
+            if body is None:
+                return _not_found()
             return web.Response(body=body if send_body else None, status=200,
                                 headers={"Content-Type": LISTING_TYPE,
                                          "Cache-Control": "no-cache",
@@ -288,6 +324,31 @@ def _open_beneath(root: Path, rel: list[str]) -> int:
             fd = inner
         return os.open(rel[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                        dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_dir_beneath(root: Path, rel: tuple[str, ...]) -> int:
+    """Open the directory ``root/rel[0]/…/rel[-1]`` without following any link on the way."""
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for part in rel:
+        try:
+            inner = os.open(part, dir_flags, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+    return fd
+
+
+def _stat_beneath(root: Path, rel: list[str]) -> os.stat_result | None:
+    """The facts of ``root/rel``, opened component by component, no link followed."""
+    try:
+        fd = _open_beneath(root, rel)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd)
     finally:
         os.close(fd)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from pathlib import Path
@@ -196,3 +197,41 @@ def test_a_changed_file_is_not_spliced_when_the_server_ignores_if_range(tmp_path
         result = fetch_file(srv.url, dest, backoff=0)
     assert dest.read_bytes() == new
     assert result.sha256 == sha(new)
+
+
+def _with_userinfo(url: str, userinfo: str) -> str:
+    return url.replace("http://", f"http://{userinfo}@", 1)
+
+
+def test_userinfo_in_the_url_is_sent_as_basic_auth(tmp_path: Path) -> None:
+    """``user:pass@`` in the URL (percent-encoded) becomes an Authorization: Basic header
+    on every request, the checksum's included."""
+    dest = tmp_path / "model.bin"
+    with running(lambda: FileServer(CONTENT, sidecar=f"{sha(CONTENT)}  model.bin\n")) as srv:
+        [result] = fetch(_with_userinfo(srv.url, "reader:p%40ss%3Aword"), dest, backoff=0)
+        seen = [s for s in srv.seen if s.method == "GET"]
+    expected = "Basic " + base64.b64encode(b"reader:p@ss:word").decode()
+    assert result.verified
+    assert {s.path for s in seen} == {"/model.bin", "/model.bin.sha256"}
+    assert all(s.headers.get("Authorization") == expected for s in seen)
+
+
+def test_the_password_in_the_url_is_never_shown(tmp_path: Path) -> None:
+    """Errors, retry notices and the part's metadata show the password as ***."""
+    notes: list[str] = []
+    dest = tmp_path / "model.bin"
+    with running(lambda: FileServer(CONTENT, cut_after=[700_000, 0, 0])) as srv:
+        url = _with_userinfo(srv.url, "reader:hunter2")
+        with pytest.raises(UnavailableError) as cut:
+            fetch(url, dest, retries=1, backoff=0, notify=notes.append)
+        with pytest.raises(NotFoundError) as missing:
+            fetch(url + ".nothing", tmp_path / "other.bin", retries=0, backoff=0)
+    with pytest.raises(UnavailableError) as unreachable:
+        fetch(_with_userinfo(closed_port_url(), "reader:hunter2") + "/m.bin",
+              tmp_path / "m.bin", retries=1, backoff=0, notify=notes.append)
+    shown = [str(cut.value), str(missing.value), str(unreachable.value), *notes,
+             dest.with_name("model.bin.part.json").read_text()]
+    assert notes
+    for text in shown:
+        assert "hunter2" not in text, text
+        assert "reader:***@" in text, text

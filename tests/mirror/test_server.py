@@ -335,3 +335,51 @@ async def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
     status, _, body = await raw(mirror_server, get("/qwen/2024-11/model.gguf"))
     assert status == 404
     assert SECRET not in body
+
+
+async def test_a_directory_swapped_for_a_link_after_the_check_is_not_listed(
+        mirror_server: MirrorServer, mirror_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory replaced by a link out of the mirror between the path check and the
+    listing answers 404, revealing no name or size from outside."""
+    outside = mirror_root.parent / "secretdir"
+    (outside / "outside-name.bin").write_bytes(SECRET)
+    # A link back into the mirror: following the swapped directory would list its
+    # outside name with the size of the file it leads to.
+    (outside / "outside-back-in").symlink_to(mirror_root / "inside-link")
+    checked = MirrorServer._resolve
+
+    def swap_after_check(self: MirrorServer, parts: tuple[str, ...]
+                         ) -> tuple[str, os.stat_result] | None:
+        found = checked(self, parts)
+        version = mirror_root / "qwen" / "2024-11"
+        if parts == ("qwen", "2024-11") and version.is_dir() and not version.is_symlink():
+            version.rename(mirror_root / "qwen" / "moved")
+            version.symlink_to(outside)
+        return found
+
+    monkeypatch.setattr(MirrorServer, "_resolve", swap_after_check)
+    status, _, body = await raw(mirror_server, get("/qwen/2024-11/"))
+    assert status == 404
+    assert b"outside-" not in body
+    assert SECRET not in body
+
+
+async def test_links_in_a_listing_are_listed_only_when_they_stay_inside(
+        mirror_server: MirrorServer, mirror_root: Path) -> None:
+    """A listed link leading inside the mirror shows its target's facts; links leading
+    out of it (to a file or a directory) are left out of the listing."""
+    (mirror_root / "qwen" / "2024-11" / "out-file").symlink_to(mirror_root.parent / "secret.txt")
+    (mirror_root / "qwen" / "2024-11" / "out-dir").symlink_to(mirror_root.parent / "secretdir")
+    (mirror_root / "qwen" / "2024-11" / "in-dir").symlink_to(mirror_root / "empty")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{mirror_server.url}/qwen/2024-11/") as r:
+            listing = json.loads(await r.read())
+        async with http.get(f"{mirror_server.url}/") as r:
+            root = json.loads(await r.read())
+    by_name = {e["name"]: e for e in listing["entries"]}
+    assert sorted(by_name) == ["config.json", "in-dir", "model.gguf", "model.gguf.sha256"]
+    assert by_name["in-dir"]["type"] == "directory"
+    link = {e["name"]: e for e in root["entries"]}["inside-link"]
+    config = mirror_root / "qwen" / "2024-11" / "config.json"
+    assert link["type"] == "file"
+    assert link["size"] == config.stat().st_size
