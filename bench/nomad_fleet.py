@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from _timing import timed  # bench/ is on sys.path when a script here runs
 
 from llmgw.catalog.model import GpuClass
 from llmgw.scheduler.nomad import wire
@@ -80,16 +79,6 @@ def alloc(j: int, nodes: list[dict[str, Any]], rng: random.Random) -> dict[str, 
             "Shared": {"DiskMB": 300},
         },
     }
-
-
-def timed(fn: Callable[[], object], rounds: int) -> list[float]:
-    fn()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
+
+from _timing import timed  # bench/ is on sys.path when a script here runs
 
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
@@ -50,16 +50,6 @@ def catalog_models(n: int) -> list[Model]:
             out.append(Model(name=f"llm-{i}", source=f"{MIRROR}/model-{i}/q8_0/m.gguf",
                              engine="llama.cpp", profiles=[p], scaling=Scaling(min=0)))
     return out
-
-
-def timed(fn: Callable[[], object], rounds: int) -> list[float]:
-    fn()  # warm up
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
 
 
 def main() -> None:
