@@ -18,13 +18,15 @@ from litestar.testing import AsyncTestClient
 from llmgw.api.app import create_app
 from llmgw.api.context import AppContext
 from llmgw.catalog import GpuClass, Model, Profile, Scaling, build_catalog
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
 from llmgw.store import open_store
 
 N = 2000
-CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB")}
+CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
 
 
 def models(n: int) -> list[Model]:
@@ -32,11 +34,14 @@ def models(n: int) -> list[Model]:
     for i in range(n):
         profiles = [
             Profile(name="tp2", gpu_class="h100-80g", gpus=2, fabric="ib-a", context=32768,
-                    cpu_cores=16, memory="192GiB", engine_args=["--enable-prefix-caching"]),
-            Profile(name="cpu", gpus=0, cpu_cores=8, memory="16GiB", quantization="q4_K_M"),
+                    cpu_cores=16, memory=Size.parse("192GiB"),
+                    engine_args=["--enable-prefix-caching"]),
+            Profile(name="cpu", gpus=0, cpu_cores=8, memory=Size.parse("16GiB"),
+                    quantization="q4_K_M"),
         ]
         fallbacks = [f"model-{i - 1}"] if i else []
-        out.append(Model(name=f"model-{i}", source=f"hf://org/model-{i}", engine="vllm",
+        out.append(Model(name=f"model-{i}", source=Source.parse(f"hf://org/model-{i}"),
+                         engine="vllm",
                          profiles=profiles, scaling=Scaling(min=i % 3), fallbacks=fallbacks))
     return out
 

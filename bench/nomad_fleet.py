@@ -26,11 +26,12 @@ import msgspec
 from _timing import timed  # bench/ is on sys.path when a script here runs
 
 from llmgw.catalog.model import GpuClass
+from llmgw.catalog.units import Size
 from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.fleet import build_fleet
 
-CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB"),
-           "l40s-48g": GpuClass(device="NVIDIA L40S", memory="46068MiB")}
+CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB")),
+           "l40s-48g": GpuClass(device="NVIDIA L40S", memory=Size.parse("46068MiB"))}
 
 
 def node(i: int) -> dict[str, Any]:

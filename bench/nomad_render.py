@@ -19,12 +19,14 @@ from _timing import timed  # bench/ is on sys.path when a script here runs
 
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.config import NomadConfig
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.render import render_job
 
-CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB"),
-           "l40s-48g": GpuClass(device="NVIDIA L40S", memory="46068MiB")}
+CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB")),
+           "l40s-48g": GpuClass(device="NVIDIA L40S", memory=Size.parse("46068MiB"))}
 CFG = NomadConfig(namespace="llm", region="global", datacenters=["dc1"])
 MIRROR = "http://mirror.internal:8070"
 
@@ -35,19 +37,22 @@ def catalog_models(n: int) -> list[Model]:
         kind = i % 3
         if kind == 0:
             p = Profile(name="h100-tp2", gpu_class="h100-80g", gpus=2, fabric="ib-a",
-                        context=32768, cpu_cores=16, memory="192GiB",
+                        context=32768, cpu_cores=16, memory=Size.parse("192GiB"),
                         engine_args=["--enable-prefix-caching"])
-            out.append(Model(name=f"llm-{i}", source=f"hf://org/model-{i}@main", engine="vllm",
+            out.append(Model(name=f"llm-{i}", source=Source.parse(f"hf://org/model-{i}@main"),
+                             engine="vllm",
                              served_name=f"org/model-{i}", profiles=[p], scaling=Scaling(min=2)))
         elif kind == 1:
             p = Profile(name="l40s-1", gpu_class="l40s-48g", gpus=1, context=16384,
-                        cpu_cores=8, memory="64GiB", quantization="fp8")
-            out.append(Model(name=f"llm-{i}", source=f"{MIRROR}/model-{i}/v1/", engine="vllm",
+                        cpu_cores=8, memory=Size.parse("64GiB"), quantization="fp8")
+            out.append(Model(name=f"llm-{i}", source=Source.parse(f"{MIRROR}/model-{i}/v1/"),
+                             engine="vllm",
                              profiles=[p], scaling=Scaling(min=1)))
         else:
-            p = Profile(name="cpu-8", gpus=0, context=8192, cpu_cores=8, memory="4GiB",
+            p = Profile(name="cpu-8", gpus=0, context=8192, cpu_cores=8, memory=Size.parse("4GiB"),
                         engine_args=["--embedding"])
-            out.append(Model(name=f"llm-{i}", source=f"{MIRROR}/model-{i}/q8_0/m.gguf",
+            out.append(Model(name=f"llm-{i}",
+                             source=Source.parse(f"{MIRROR}/model-{i}/q8_0/m.gguf"),
                              engine="llama.cpp", profiles=[p], scaling=Scaling(min=0)))
     return out
 

@@ -5,6 +5,10 @@ a wrong key is an error naming the file and the key path, never a default that
 silently applies. The declared models are validated as a catalog here too, so
 a server with a broken ``models:`` list does not start.
 
+Every range and cross-field check of the file lives here (and in
+``build_catalog`` for the models): what the schedulers and the gateway are
+built from is already valid, so their constructors check nothing.
+
 Environment variables override connection settings only (``LLMGW_DATABASE_URL``,
 ``LLMGW_LISTEN``, ``LLMGW_ADMIN_TOKENS``, ``NOMAD_ADDR``, ``NOMAD_TOKEN``,
 ``NOMAD_NAMESPACE``, ``NOMAD_REGION``, ``NOMAD_CACERT``, ``NOMAD_CLIENT_CERT``,
@@ -18,12 +22,17 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.build import Runtime, build_catalog
 from llmgw.catalog.decode import decode_yaml
 from llmgw.catalog.model import GpuClass, Model
-from llmgw.errors import ConfigError
+from llmgw.catalog.units import Duration, Size
+from llmgw.errors import ConfigError, DefinitionError
+
+GiB = 1024**3
 
 
 class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -53,28 +62,28 @@ class NomadConfig(_Conf, frozen=True):
     # Reserved by a GPU profile that leaves cpu_cores or memory out, per GPU:
     # Nomad's own defaults (100 MHz, 300 MB) get an engine killed as it loads.
     cores_per_gpu: int = 4
-    memory_per_gpu: str | int = "32GiB"
-    # Deployment deadlines; a model load takes many minutes (N5). Nomad's
+    memory_per_gpu: Size = Size(32 * GiB, "32GiB")
+    # Deployment deadlines; a model load takes many minutes. Nomad's
     # defaults (5m, 10m) fail the deployment of a large model.
-    healthy_deadline: str | int = "1h"
-    progress_deadline: str | int = "2h"
+    healthy_deadline: Duration = Duration(3600, "1h")
+    progress_deadline: Duration = Duration(7200, "2h")
 
 
 class LocalConfig(_Conf, frozen=True):
     """The embedded scheduler: child processes on this machine (L1)."""
 
     cpu_cores: int | None = None     # defaults to the machine's
-    memory: str | int | None = None  # defaults to the machine's
+    memory: Size | None = None       # defaults to the machine's
     port_range: tuple[int, int] = (28000, 28999)
     state_dir: str | None = None
     # The Python that runs the engines (it needs llama-cpp-python, or vLLM);
     # defaults to the one running llmgw.
     python: str | None = None
     # SIGTERM, then SIGKILL after this long, when a replica is stopped.
-    stop_grace: str | int = "10s"
+    stop_grace: Duration = Duration(10, "10s")
     # How long a starting engine may take to answer its health check (a
     # large model loading from a slow disk) before it is restarted.
-    start_timeout: str | int = "30m"
+    start_timeout: Duration = Duration(1800, "30m")
 
 
 class SchedulerConfig(_Conf, frozen=True):
@@ -84,17 +93,17 @@ class SchedulerConfig(_Conf, frozen=True):
 
 
 class GatewayConfig(_Conf, frozen=True):
-    max_body_size: str | int = "16MiB"
+    max_body_size: Size = Size(16 * 1024**2, "16MiB")
     # How long a failed replica is kept out of rotation before it is retried.
-    eject_for: str | int = "10s"
+    eject_for: Duration = Duration(10, "10s")
     # Each further failure after it comes back doubles that, up to this.
-    eject_max: str | int = "2m"
+    eject_max: Duration = Duration(120, "2m")
     # Replicas of one model tried for a request before moving to its fallbacks.
     max_attempts: int = 3
     # How often a gateway records that an on-demand model is in use (store writes).
-    activity_interval: str | int = "5s"
+    activity_interval: Duration = Duration(5, "5s")
     # How often the keys file is checked for changes.
-    keys_check_interval: str | int = "1s"
+    keys_check_interval: Duration = Duration(1, "1s")
 
 
 class AdminToken(_Conf, frozen=True):
@@ -112,6 +121,11 @@ class ServerConfig(_Conf, frozen=True):
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
     models: list[Model] = []
+
+    @property
+    def runtime(self) -> Runtime:
+        """What the catalog's validity depends on in this configuration."""
+        return Runtime(scheduler=self.scheduler.kind, mirror=self.mirror)
 
     def admin_token_names(self) -> dict[str, str]:
         """token → the identity recorded for changes made with it."""
@@ -169,11 +183,99 @@ def _env_overrides(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
     return cfg
 
 
+def split_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port); ConfigError when it is not one."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen: {listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)",
+                          field="listen")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# Nomad refuses a job unless MinHealthyTime < HealthyDeadline < ProgressDeadline,
+# and llmgw's jobs wait this long healthy before a replica counts as placed.
+MIN_HEALTHY_TIME = 30.0
+
+
+def _check_nomad(cfg: NomadConfig) -> None:
+    if cfg.memory_per_gpu <= 0:
+        raise ConfigError("scheduler.nomad.memory_per_gpu: must be more than 0",
+                          field="scheduler.nomad.memory_per_gpu")
+    if cfg.cores_per_gpu < 1:
+        raise ConfigError("scheduler.nomad.cores_per_gpu: must be at least 1",
+                          field="scheduler.nomad.cores_per_gpu")
+    if not MIN_HEALTHY_TIME < cfg.healthy_deadline < cfg.progress_deadline:
+        raise ConfigError(
+            f"scheduler.nomad.healthy_deadline ({cfg.healthy_deadline}) must be longer than "
+            f"{MIN_HEALTHY_TIME:.0f}s and shorter than progress_deadline "
+            f"({cfg.progress_deadline}); Nomad refuses the job otherwise",
+            field="scheduler.nomad.healthy_deadline",
+        )
+    if cfg.timeout <= 0:
+        raise ConfigError("scheduler.nomad.timeout: must be more than 0 seconds",
+                          field="scheduler.nomad.timeout")
+
+
+def _check_local(cfg: LocalConfig) -> None:
+    low, high = cfg.port_range
+    if not 1024 <= low <= high <= 65535:
+        raise ConfigError(
+            f"scheduler.local.port_range: {list(cfg.port_range)} is not a range of "
+            "unprivileged ports [low, high] with 1024 <= low <= high <= 65535",
+            field="scheduler.local.port_range")
+    if cfg.cpu_cores is not None and cfg.cpu_cores < 1:
+        raise ConfigError("scheduler.local.cpu_cores: must be at least 1",
+                          field="scheduler.local.cpu_cores")
+    if cfg.memory is not None and cfg.memory <= 0:
+        raise ConfigError("scheduler.local.memory: must be more than 0",
+                          field="scheduler.local.memory")
+
+
+def _check_gateway(cfg: GatewayConfig) -> None:
+    for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
+    if cfg.eject_max < cfg.eject_for:
+        raise ConfigError(
+            f"gateway.eject_max ({cfg.eject_max}) is shorter than gateway.eject_for "
+            f"({cfg.eject_for}); a repeated failure would be ejected for less than the first",
+            field="gateway.eject_max")
+    if cfg.max_attempts < 1:
+        raise ConfigError("gateway.max_attempts: must be at least 1 (one try per request)",
+                          field="gateway.max_attempts")
+
+
+def check_config(cfg: ServerConfig, source: str) -> None:
+    """Every cross-field and range check of ``cfg``; ConfigError naming ``source`` and key."""
+    _check_tokens(cfg, f"{source} (or LLMGW_ADMIN_TOKENS)")
+    for check in (lambda: split_listen(cfg.listen), lambda: _check_nomad(cfg.scheduler.nomad),
+                  lambda: _check_local(cfg.scheduler.local),
+                  lambda: _check_gateway(cfg.gateway)):
+        try:
+            check()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc.message}", field=exc.field) from None
+    if cfg.mirror is not None:
+        parts = urlsplit(cfg.mirror)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{source}: mirror: {cfg.mirror!r} is not an http(s) URL",
+                              field="mirror")
+    if not cfg.database.startswith(("sqlite://", "postgresql://", "postgres://")):
+        raise ConfigError(
+            f"{source}: database: {cfg.database!r} is neither sqlite:///PATH nor postgresql://…",
+            field="database",
+        )
+    try:
+        build_catalog(cfg.models, cfg.gpu_classes, cfg.runtime)
+    except DefinitionError as exc:
+        index = next((i for i, m in enumerate(cfg.models) if f"model {m.name!r}" in exc.message),
+                     None)
+        where = f"models[{index}]" if index is not None else "models"
+        raise ConfigError(f"{source}: {where}: {exc.message}", field=exc.field) from None
+
+
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> ServerConfig:
     """Read, decode and validate server.yaml; raises ConfigError naming file and key."""
-    from llmgw.catalog.build import build_catalog
-    from llmgw.errors import DefinitionError
-
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -181,17 +283,5 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Serve
         raise ConfigError(f"{p}: cannot read the configuration file: {exc.strerror}") from None
     cfg = decode_yaml(data, ServerConfig, source=str(p))
     cfg = _env_overrides(cfg, os.environ if env is None else env)
-    _check_tokens(cfg, f"{p} (or LLMGW_ADMIN_TOKENS)")
-    try:
-        build_catalog(cfg.models, cfg.gpu_classes)
-    except DefinitionError as exc:
-        index = next((i for i, m in enumerate(cfg.models) if f"model {m.name!r}" in exc.message),
-                     None)
-        where = f"models[{index}]" if index is not None else "models"
-        raise ConfigError(f"{p}: {where}: {exc.message}", field=exc.field) from None
-    if not cfg.database.startswith(("sqlite://", "postgresql://", "postgres://")):
-        raise ConfigError(
-            f"{p}: database: {cfg.database!r} is neither sqlite:///PATH nor postgresql://…",
-            field="database",
-        )
+    check_config(cfg, str(p))
     return cfg

@@ -35,9 +35,10 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.catalog.build import Catalog, build_catalog, check_model, dependants
-from llmgw.catalog.decode import decode_json
+from llmgw.catalog.build import Catalog, Runtime, build_catalog, check_model, dependants
+from llmgw.catalog.decode import decode_json, encode
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.units import Size
 from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
 from llmgw.store.base import Store, StoredModel
 
@@ -47,7 +48,6 @@ Origin = Literal["declared", "runtime"]
 Listener = Callable[[Catalog], Awaitable[None] | None]
 PlacementCheck = Callable[[Model, Catalog], Awaitable[None]]
 
-_encode = msgspec.json.Encoder().encode
 
 
 class ModelService:
@@ -61,14 +61,16 @@ class ModelService:
         *,
         placement_check: PlacementCheck | None = None,
         config_name: str = "server.yaml",
+        runtime: Runtime | None = None,
     ) -> None:
         self._declared = list(declared)
+        self._runtime = runtime or Runtime()
         self._declared_index = {m.name: i for i, m in enumerate(self._declared)}
         self._gpu_classes = gpu_classes
         self._store = store
         self._placement_check = placement_check
         self._config_name = config_name
-        self._catalog = build_catalog(self._declared, gpu_classes)
+        self._catalog = build_catalog(self._declared, gpu_classes, self._runtime)
         self._rows: dict[str, StoredModel] = {}
         self._version = -1
         self._listeners: list[Listener] = []
@@ -137,7 +139,7 @@ class ModelService:
             if model is None:
                 continue
             try:
-                check_model(model, self._gpu_classes)
+                check_model(model, self._gpu_classes, self._runtime)
             except DefinitionError as exc:
                 self._skip(row.name, f"it does not make a valid catalog: {exc.message}")
                 continue
@@ -169,7 +171,7 @@ class ModelService:
             if version == self._version:
                 return self._catalog
             accepted, kept = self._assemble(rows)
-            catalog = build_catalog(accepted, self._gpu_classes)
+            catalog = build_catalog(accepted, self._gpu_classes, self._runtime)
             self._catalog, self._rows, self._version = catalog, kept, version
         await self._notify(catalog)
         return catalog
@@ -186,15 +188,6 @@ class ModelService:
             return False
         await self.load()
         return True
-
-    async def watch(self, interval: float = 0.5) -> None:
-        """Follow changes made through other processes; runs until cancelled."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.refresh()
-            except Exception:
-                log.exception("reloading the catalog failed; serving the one in force")
 
     async def _notify(self, catalog: Catalog) -> None:
         for listener in self._listeners:
@@ -246,7 +239,7 @@ class ModelService:
             accepted, _ = self._assemble([r for r in rows if r.name != model.name])
             final = self._build([*accepted, model], invalid).models[model.name]
             await tx.put_model(StoredModel(
-                name=model.name, definition=_encode(model),
+                name=model.name, definition=encode(model),
                 added_by=by, added_at=now, updated_by=by, updated_at=now,
             ))
         log.info("model %r added by %s%s", model.name, by, " (replacing it)" if previous else "")
@@ -299,7 +292,7 @@ class ModelService:
                  final.scaling.max, by)
         return final.scaling
 
-    async def resources(self, name: str, cpu_cores: int, memory: str | int,
+    async def resources(self, name: str, cpu_cores: int, memory: Size,
                         profile: str | None, by: str) -> Profile:
         """Set the cores and memory a stored model's profile reserves (C10)."""
         self._refuse_declared(
@@ -360,7 +353,7 @@ class ModelService:
             final = built.models[name]
             now = datetime.now(UTC)
             await tx.put_model(StoredModel(
-                name=name, definition=_encode(updated), added_by=row.added_by,
+                name=name, definition=encode(updated), added_by=row.added_by,
                 added_at=row.added_at, updated_by=by, updated_at=now,
             ))
         await self._reload_after_change()
@@ -368,7 +361,7 @@ class ModelService:
 
     def _build(self, models: Sequence[Model], invalid: str) -> Catalog:
         try:
-            return build_catalog(models, self._gpu_classes)
+            return build_catalog(models, self._gpu_classes, self._runtime)
         except DefinitionError as exc:
             raise DefinitionError(f"{invalid}: {exc.message}", field=exc.field) from None
 

@@ -69,9 +69,10 @@ class Server:
         self.models = ModelService(
             config.models, dict(config.gpu_classes), self.store,
             placement_check=self.backend.check_placement, config_name=config_name,
+            runtime=config.runtime,
         )
         if source_check is None:
-            from llmgw.sourcecheck import model_source_checker
+            from llmgw.weights.check import model_source_checker
 
             source_check = model_source_checker(mirror=config.mirror)
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,

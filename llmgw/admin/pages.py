@@ -17,7 +17,6 @@ import asyncio
 import logging
 from typing import Any
 
-import msgspec
 import yaml
 from litestar import Request, get
 from litestar.params import FromPath
@@ -29,6 +28,7 @@ from llmgw.admin.session import Session
 from llmgw.api.context import AppContext, Ctx
 from llmgw.api.models import find_model, model_view, replicas_of
 from llmgw.api.views import ModelView, ReplicaView, replica_view
+from llmgw.catalog.decode import to_builtins
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
 
@@ -86,7 +86,7 @@ async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
 
 def definition_yaml(view: ModelView) -> str:
     """The definition in force, as YAML an operator can copy into a file or server.yaml."""
-    return yaml.safe_dump(msgspec.to_builtins(view.definition), sort_keys=False,
+    return yaml.safe_dump(to_builtins(view.definition), sort_keys=False,
                           allow_unicode=True)
 
 

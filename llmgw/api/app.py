@@ -24,6 +24,7 @@ from llmgw.api import models
 from llmgw.api.auth import admin_guard
 from llmgw.api.context import Ctx
 from llmgw.api.errors import error_response, exception_handlers
+from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedValuesSchema
 from llmgw.errors import BackendUnavailableError, LlmgwError
 from llmgw.scheduler.base import BackendHealth, Fleet
 
@@ -99,6 +100,9 @@ def create_app(ctx: Ctx, *, debug: bool = False) -> Litestar:
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
         request_max_body_size=MAX_BODY,
+        type_encoders=TYPE_ENCODERS,
+        type_decoders=TYPE_DECODERS,
+        plugins=[TypedValuesSchema()],
         openapi_config=OpenAPIConfig(
             title="llmgw control API",
             version=__version__,

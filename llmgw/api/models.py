@@ -17,6 +17,7 @@ from llmgw.api.views import ModelView, ReplicaView, ScalingInForce, memory_warni
 from llmgw.catalog.decode import decode_json
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model, Profile
+from llmgw.catalog.units import Size
 from llmgw.errors import BackendUnavailableError, NotFoundError
 from llmgw.scheduler.base import Replica
 
@@ -38,7 +39,7 @@ class ScaleRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ResourcesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cpu_cores: Annotated[int, msgspec.Meta(ge=1)]
-    memory: str | int
+    memory: Size
     profile: str | None = None
 
 
@@ -46,7 +47,7 @@ class ResourcesAnswer(msgspec.Struct, kw_only=True):
     model: str
     profile: str
     cpu_cores: int | None
-    memory: str | int | None
+    memory: Size | None
 
 
 class RolloutAnswer(msgspec.Struct, kw_only=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
+from llmgw.catalog.decode import to_builtins
 
 
 def document() -> dict[str, Any]:
@@ -28,7 +28,7 @@ def document() -> dict[str, Any]:
 def render() -> str:
     # Defaults in the schema are msgspec values (a default Scaling, say);
     # msgspec turns them into JSON, sorted so the checked-in file is stable.
-    plain = msgspec.to_builtins(document(), order="sorted")
+    plain = to_builtins(document(), sort_keys=True)
     return json.dumps(plain, indent=2, sort_keys=True) + "\n"
 
 

@@ -16,11 +16,12 @@ from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
 from llmgw.api.context import Ctx
-from llmgw.sourcecheck import check_source
+from llmgw.catalog.source import Source
+from llmgw.weights.check import check_source
 
 
 class SourceCheckRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    source: str
+    source: Source
 
 
 class SourceCheckAnswer(msgspec.Struct, kw_only=True):

@@ -15,7 +15,7 @@ import msgspec
 
 from llmgw.catalog.fingerprint import fingerprint, is_stale
 from llmgw.catalog.model import Model, Scaling
-from llmgw.catalog.units import format_size
+from llmgw.catalog.units import Duration, format_size
 from llmgw.scheduler.base import ModelStatus, Replica
 
 # Measured memory this far below the reservation is worth a look: the
@@ -28,8 +28,8 @@ class ScalingInForce(msgspec.Struct, kw_only=True):
 
     min: int
     max: int
-    idle_timeout: str | int
-    wait: str | int
+    idle_timeout: Duration
+    wait: Duration
 
     @classmethod
     def of(cls, s: Scaling) -> ScalingInForce:

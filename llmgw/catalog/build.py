@@ -16,13 +16,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import urlsplit
 
 import msgspec
 
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import GpuClass, Model, Profile, Scaling, Timeouts
-from llmgw.catalog.units import parse_duration, parse_size
+from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
 
 # llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
@@ -53,6 +54,24 @@ def check_name(name: str, what: str = "model name") -> None:
         f"{what} {name!r} {detail}: it becomes the Nomad job and service name llmgw-<name>",
         field="name",
     )
+
+
+class Runtime(msgspec.Struct, frozen=True, kw_only=True):
+    """What the catalog will run on, as far as a definition's validity depends on it.
+
+    On Nomad a source must be something a node can fetch: a local path or an
+    installed package names a file on the control plane's machine, which no
+    node has, and a Hugging Face file reaches llama.cpp (or vLLM, which
+    downloads whole repositories only) through the mirror alone. Those facts
+    follow from the configuration, so such a model is refused when it is
+    loaded or added. The embedded scheduler's refusal of remote sources is
+    not made here: it is a fact about this machine, reported by the scheduler
+    as "cannot run here", so one catalog file can be rehearsed on a laptop
+    with its GPU models shown as such rather than refused.
+    """
+
+    scheduler: Literal["local", "nomad"] = "local"
+    mirror: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +112,32 @@ def _check_url(url: str, where: str) -> None:
         raise DefinitionError(f"{where}: {url!r} is not an http(s) URL", field=where)
 
 
-def _check_duration(value: str | int, where: str) -> None:
-    try:
-        parse_duration(value)
-    except ValueError as exc:
-        raise DefinitionError(f"{where}: {exc}", field=where) from None
+def _check_source(m: Model, runtime: Runtime) -> None:
+    """Refuse a source the scheduler in ``runtime`` can never use (see ``Runtime``)."""
+    src = m.source
+    if runtime.scheduler != "nomad" or src is None:
+        return
+    if isinstance(src, PathSource | PkgSource):
+        what = "a local path" if isinstance(src, PathSource) else "an installed package"
+        raise DefinitionError(
+            f"source: {src.shown!r} is {what} on this machine, which a Nomad node cannot "
+            "read; put the file on the mirror with `llmgw mirror add` and use its URL",
+            field="source")
+    if isinstance(src, HfSource) and not runtime.mirror:
+        if m.engine != "vllm":
+            raise DefinitionError(
+                f"source: {src.shown!r} can only reach a llama.cpp replica through the "
+                "mirror; set mirror in server.yaml and add the file with `llmgw mirror add`",
+                field="source")
+        if src.filename:
+            raise DefinitionError(
+                f"source: {src.shown!r} names one file, which vLLM cannot download by "
+                "itself; set mirror in server.yaml and add it with `llmgw mirror add`",
+                field="source")
+    if isinstance(src, UrlSource) and src.is_directory and m.engine == "llama.cpp":
+        raise DefinitionError(
+            f"source: {src.shown!r} is a directory; llama.cpp loads one GGUF file, so name "
+            "the file", field="source")
 
 
 def _check_profile(
@@ -117,13 +157,8 @@ def _check_profile(
             f"{where}.cpu_cores: {p.cpu_cores} is not a core count; omit it or give 1 or more",
             field=f"{where}.cpu_cores",
         )
-    if p.memory is not None:
-        try:
-            size = parse_size(p.memory)
-        except ValueError as exc:
-            raise DefinitionError(f"{where}.memory: {exc}", field=f"{where}.memory") from None
-        if size <= 0:
-            raise DefinitionError(f"{where}.memory: must be more than 0", field=f"{where}.memory")
+    if p.memory is not None and p.memory <= 0:
+        raise DefinitionError(f"{where}.memory: must be more than 0", field=f"{where}.memory")
     if p.gpus > 0:
         if not p.gpu_class:
             raise DefinitionError(
@@ -156,7 +191,8 @@ def _check_profile(
             )
 
 
-def check_model(m: Model, gpu_classes: Mapping[str, GpuClass]) -> Model:
+def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
+                runtime: Runtime | None = None) -> Model:
     """Validate one model on its own and return it with defaults applied."""
     check_name(m.name)
     if m.external:
@@ -184,6 +220,7 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass]) -> Model:
             )
         if m.engine is None:
             raise DefinitionError("engine: choose vllm or llama.cpp", field="engine")
+        _check_source(m, runtime or Runtime())
         if not m.profiles:
             raise DefinitionError(
                 "profiles: a scheduled model needs at least one profile", field="profiles"
@@ -209,11 +246,6 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass]) -> Model:
             "scaling.max: 0 means the model can never run; use min: 0 for an on-demand model",
             field="scaling.max",
         )
-    _check_duration(s.idle_timeout, "scaling.idle_timeout")
-    _check_duration(s.wait, "scaling.wait")
-    t: Timeouts = m.timeouts
-    for key in ("connect", "first_byte", "idle"):
-        _check_duration(getattr(t, key), f"timeouts.{key}")
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(
@@ -228,7 +260,8 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass]) -> Model:
 
 
 def build_catalog(
-    models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None
+    models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None,
+    runtime: Runtime | None = None,
 ) -> Catalog:
     """Validate ``models`` together and return the catalog they make.
 
@@ -236,16 +269,13 @@ def build_catalog(
     """
     classes = dict(gpu_classes or {})
     for cname, gc in classes.items():
-        try:
-            parse_size(gc.memory)
-        except ValueError as exc:
-            raise DefinitionError(
-                f"gpu_classes.{cname}.memory: {exc}", field=f"gpu_classes.{cname}.memory"
-            ) from None
+        if gc.memory <= 0:
+            raise DefinitionError(f"gpu_classes.{cname}.memory: must be more than 0",
+                                  field=f"gpu_classes.{cname}.memory")
     built: dict[str, Model] = {}
     for m in models:
         try:
-            checked = check_model(m, classes)
+            checked = check_model(m, classes, runtime)
         except DefinitionError as exc:
             raise DefinitionError(f"model {m.name!r}: {exc.message}", field=exc.field) from None
         if m.name in built:

@@ -1,10 +1,16 @@
-"""One decoder for every place a model is written down.
+"""One decoder for every place a model is written down, and its encoder.
 
 ``decode_yaml`` reads server.yaml and ``ctl model add -f`` files; ``decode_json``
-reads API bodies and stored rows. Both go through msgspec with the same
-structs, so the rules (unknown fields refused, types checked) are identical,
-and both rewrite msgspec's ``$.models[2].gpus`` paths into the file name and
-key path a person can find.
+reads API bodies and stored rows; ``decode_value`` reads one value given on a
+command line. All go through msgspec with the same structs and the same hooks,
+so the rules (unknown fields refused, types checked, sizes, durations and
+sources parsed) are identical, and all rewrite msgspec's ``$.models[2].gpus``
+paths into the file name and key path a person can find.
+
+The hooks are where text becomes a typed value — ``Size``, ``Duration``,
+``Source`` — and the only place their parsers are called. ``encode`` and
+``to_builtins`` turn those values back into the text they were written as;
+every encoder of catalog or configuration structs goes through them.
 """
 
 from __future__ import annotations
@@ -15,9 +21,45 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from llmgw.catalog.source import Source, parse_source
+from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
 
 T = TypeVar("T")
+
+_PARSERS: dict[type[Any], Any] = {Size: Size.parse, Duration: Duration.parse,
+                                  Source: parse_source}
+
+
+def dec_hook(type_: type[Any], value: Any) -> Any:
+    """msgspec's decode hook: text (or a number) into a typed value; ValueError names
+    what is wrong, and msgspec adds the key path."""
+    parse = _PARSERS.get(type_)
+    if parse is None:
+        raise NotImplementedError(f"no decoder for {type_!r}")
+    return parse(value)
+
+
+def enc_hook(value: Any) -> Any:
+    """msgspec's encode hook: a typed value back into the text it was written as."""
+    if isinstance(value, Size | Duration | Source):
+        return value.text
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=enc_hook)
+_sorted_encoder = msgspec.json.Encoder(enc_hook=enc_hook, order="sorted")
+
+
+def encode(value: Any, *, sort_keys: bool = False) -> bytes:
+    """JSON for catalog and configuration structs, sizes and durations as written."""
+    return (_sorted_encoder if sort_keys else _encoder).encode(value)
+
+
+def to_builtins(value: Any, *, sort_keys: bool = False) -> Any:
+    """Plain dicts, lists and scalars, with sizes, durations and sources as written."""
+    return msgspec.to_builtins(value, enc_hook=enc_hook,
+                               order="sorted" if sort_keys else None)
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 
@@ -56,10 +98,11 @@ def decode_yaml(data: bytes | str, type_: type[T], *, source: str) -> T:
     return convert(raw, type_, source=source, err=err)
 
 
-def convert(raw: Any, type_: type[T], *, source: str,
+def convert(raw: Any, type_: type[T], *, source: str = "value",
             err: type[DefinitionError] = DefinitionError) -> T:
+    """Plain data (decoded YAML, a dict) into ``type_``, as strictly as a file is read."""
     try:
-        return msgspec.convert(raw, type_, strict=True)
+        return msgspec.convert(raw, type_, strict=True, dec_hook=dec_hook)
     except msgspec.ValidationError as exc:
         raise _error(exc, source, err) from None
 
@@ -70,13 +113,24 @@ _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 def decode_json(data: bytes | str, type_: type[T], *, source: str = "request body") -> T:
     decoder = _decoders.get(type_)
     if decoder is None:
-        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
+        decoder = _decoders[type_] = msgspec.json.Decoder(type_, dec_hook=dec_hook)
     try:
         return decoder.decode(data)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         if isinstance(exc, msgspec.ValidationError):
             raise _error(exc, source, DefinitionError) from None
         raise DefinitionError(f"{source}: not valid JSON: {exc}") from None
+
+
+def decode_value(value: Any, type_: type[T], *, source: str) -> T:
+    """One value given on its own (a command-line option, one field), decoded like a field
+    of a file; errors name ``source`` as the field."""
+    try:
+        return convert(value, type_, source=source)
+    except DefinitionError as exc:
+        if exc.field is None:
+            raise DefinitionError(exc.message, field=source) from None
+        raise
 
 
 def decode_model_file(data: bytes | str, *, source: str) -> Any:

@@ -7,17 +7,20 @@ engine, every profile field, the engine arguments and the environment, and
 nothing else: changing a model's description, scaling or fallbacks must not
 mark its replicas stale. Keys are sorted so the same definition always hashes
 the same, whatever order a person wrote it in.
+
+Sizes and sources are hashed as their author wrote them (their encoded form,
+``llmgw.catalog.decode.to_builtins``), which is also what llmgw hashed before
+they became typed values: a replica started by an older llmgw keeps matching
+its profile after an upgrade (``tests/catalog/test_fingerprint.py`` holds
+fingerprints computed by the earlier code).
 """
 
 from __future__ import annotations
 
 import hashlib
 
-import msgspec
-
+from llmgw.catalog.decode import encode
 from llmgw.catalog.model import Model, Profile
-
-_encoder = msgspec.json.Encoder(order="sorted")
 
 
 def fingerprint(model: Model, profile: Profile) -> str:
@@ -26,9 +29,9 @@ def fingerprint(model: Model, profile: Profile) -> str:
         "source": model.source,
         "engine": model.engine,
         "served_name": model.engine_model_name,
-        "profile": msgspec.to_builtins(profile, order="sorted"),
+        "profile": profile,
     }
-    digest = hashlib.sha256(_encoder.encode(launch)).hexdigest()
+    digest = hashlib.sha256(encode(launch, sort_keys=True)).hexdigest()
     return f"sha256:{digest[:16]}"
 
 

@@ -18,6 +18,9 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Duration, Size
+
 Engine = Literal["vllm", "llama.cpp"]
 
 
@@ -41,7 +44,7 @@ class Profile(_Spec, frozen=True):
     quantization: str | None = None
     context: int = 4096
     cpu_cores: int | None = None
-    memory: str | int | None = None
+    memory: Size | None = None
     engine_args: list[str] = []
     env: dict[str, str] = {}
 
@@ -59,8 +62,8 @@ class Scaling(_Spec, frozen=True):
 
     min: int = 1
     max: int | None = None
-    idle_timeout: str | int = "15m"
-    wait: str | int = "10m"
+    idle_timeout: Duration = Duration(900, "15m")
+    wait: Duration = Duration(600, "10m")
 
 
 class Timeouts(_Spec, frozen=True):
@@ -72,9 +75,9 @@ class Timeouts(_Spec, frozen=True):
     bounds the gap between two chunks once streaming has begun.
     """
 
-    connect: str | int = "10s"
-    first_byte: str | int = "10m"
-    idle: str | int = "5m"
+    connect: Duration = Duration(10, "10s")
+    first_byte: Duration = Duration(600, "10m")
+    idle: Duration = Duration(300, "5m")
 
 
 class Model(_Spec, frozen=True):
@@ -86,7 +89,7 @@ class Model(_Spec, frozen=True):
     """
 
     name: str
-    source: str | None = None
+    source: Source | None = None
     engine: Engine | None = None
     profiles: list[Profile] = []
     scaling: Scaling = Scaling()
@@ -119,5 +122,5 @@ class GpuClass(_Spec, frozen=True):
     """
 
     device: str
-    memory: str | int
+    memory: Size
     vendor: str = "nvidia"

@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 
-from llmgw.catalog.decode import decode_model_file
-from llmgw.catalog.units import parse_size
+from llmgw.catalog.decode import decode_model_file, decode_value, to_builtins
+from llmgw.catalog.units import Size
 from llmgw.cli.client import ApiClient
 from llmgw.cli.output import failures, output_option, print_json, print_table
+from llmgw.errors import DefinitionError
 
 
 @click.group()
@@ -122,9 +123,7 @@ def model_add(client: ApiClient, path: str, skip_source_check: bool, output: str
         except OSError as exc:
             raise click.UsageError(f"cannot read {path}: {exc.strerror}") from None
         m = decode_model_file(data, source=path)
-        import msgspec
-
-        body = msgspec.to_builtins(m)
+        body = to_builtins(m)
         q = "?skip_source_check=true" if skip_source_check else ""
         added = client.post(f"/api/v1/models{q}", json=body)
     if output == "json":
@@ -155,9 +154,10 @@ def model_resources(client: ApiClient, name: str, cpu_cores: int, memory: str,
                     profile: str | None, output: str) -> None:
     """Set the CPU cores and memory a stored model's profile reserves."""
     try:
-        parse_size(memory)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--memory") from None
+        decode_value(memory, Size, source="--memory")
+    except DefinitionError as exc:
+        raise click.BadParameter(exc.message.removeprefix("--memory: "),
+                                 param_hint="--memory") from None
     with failures():
         m = client.put(f"/api/v1/models/{name}/resources",
                        json={"cpu_cores": cpu_cores, "memory": memory, "profile": profile})

@@ -21,7 +21,7 @@ from llmgw.cli.client import ApiClient
 from llmgw.cli.output import failures, output_option, print_json, print_table
 
 if TYPE_CHECKING:
-    from llmgw.mirror.add import AddResult
+    from llmgw.weights.mirror.add import AddResult
 
 _dir_option = click.option(
     "--dir", "mirror_dir", envvar="LLMGW_MIRROR_DIR", default=".", show_default=True,
@@ -58,7 +58,7 @@ def serve(directory: str, listen: str) -> None:
     import asyncio
 
     from llmgw.cli.serve import parse_listen
-    from llmgw.mirror.server import MirrorServer, raise_file_limit, serve_forever
+    from llmgw.weights.mirror.server import MirrorServer, raise_file_limit, serve_forever
 
     with failures():
         host, port = parse_listen(listen)
@@ -104,7 +104,7 @@ def add(source: str, name: str | None, version: str | None, sha256: str | None,
     place when complete; its length is checked against what the source promised and
     a sha256 is written beside each file. An existing version is never replaced.
     """
-    from llmgw.mirror.add import add as add_source
+    from llmgw.weights.mirror.add import add as add_source
 
     with failures():
         result = add_source(source, mirror_dir, name=name, version=version, sha256=sha256,
@@ -139,7 +139,7 @@ def unused(mirror_dir: str, mirror_url: str | None, url: str, token: str | None,
     Refuses when the catalog cannot be read: an unreachable catalog and an empty
     one would both list every file.
     """
-    from llmgw.mirror import usage
+    from llmgw.weights.mirror import usage
 
     with failures(), ApiClient(url, token) as client:
         files, catalog = usage.unused(mirror_dir, client, mirror_url)
@@ -165,7 +165,7 @@ def remove(path: str, mirror_dir: str, mirror_url: str | None, url: str,
     Refused while a catalog entry uses it: retire the entry first, since a node
     that must refetch a deleted file cannot.
     """
-    from llmgw.mirror import usage
+    from llmgw.weights.mirror import usage
 
     with failures(), ApiClient(url, token) as client:
         removed = usage.remove(mirror_dir, path, client, mirror_url)
@@ -191,8 +191,8 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
     A URL ending in '/' is a mirror directory: every file below it is fetched into
     DEST. Two fetches of one file on one node download it once; the second waits.
     """
-    from llmgw.fetch import fetch as fetch_url
-    from llmgw.mirror.add import ProgressBar
+    from llmgw.weights.fetch import fetch as fetch_url
+    from llmgw.weights.mirror.add import ProgressBar
 
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
     with failures():

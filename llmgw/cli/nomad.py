@@ -140,16 +140,17 @@ def render(config_path: str, out_dir: str | None, model: str | None) -> None:
     Each job uses the model's first profile and scaling.min replicas; the
     running backend instead picks the first profile the fleet can place.
     """
-    from llmgw.catalog.build import build_catalog
+    from llmgw.catalog.build import Runtime, build_catalog
     from llmgw.config import load_config
     from llmgw.errors import NotFoundError
     from llmgw.scheduler.nomad import jobspec as js
-    from llmgw.scheduler.nomad.render import check_nomad_config, static_jobs
+    from llmgw.scheduler.nomad.render import static_jobs
 
     with failures():
         cfg = load_config(config_path)
-        check_nomad_config(cfg.scheduler.nomad)
-        catalog = build_catalog(cfg.models, cfg.gpu_classes)
+        # Rendered for Nomad whatever the file's scheduler, so Nomad's rules apply.
+        catalog = build_catalog(cfg.models, cfg.gpu_classes,
+                                Runtime(scheduler="nomad", mirror=cfg.mirror))
         if model is not None:
             m = catalog.get(model)
             if m is None or m.external:

@@ -32,16 +32,15 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
-from llmgw.catalog.units import parse_duration, parse_size
 from llmgw.config import ServerConfig
-from llmgw.errors import ConfigError, LlmgwError
+from llmgw.errors import LlmgwError
 from llmgw.gateway.errors import (
     ClientGone,
     InvalidKeyError,
@@ -66,7 +65,6 @@ from llmgw.scheduler.base import Backend
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.gateway")
-T = TypeVar("T")
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
@@ -103,23 +101,20 @@ class Gateway:
         self.models = models
         self.backend = backend
         self.store = store
-        self.max_body = _setting(parse_size, gw.max_body_size, "max_body_size")
+        self.max_body = int(gw.max_body_size)
         self._loop_time = _clock
-        self.balancer = Balancer(_setting(parse_duration, gw.eject_for, "eject_for"),
-                                 _setting(parse_duration, gw.eject_max, "eject_max"))
+        self.balancer = Balancer(gw.eject_for, gw.eject_max)
         self.metrics = GatewayMetrics(self._replica_counts)
         holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.ondemand = OnDemand(
-            backend, store, self.metrics, holder,
-            _setting(parse_duration, gw.activity_interval, "activity_interval"), self._loop_time)
+            backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
         # in flight, not the model that was asked for).
         self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
                                    gw.max_attempts, self._loop_time, activity=self.ondemand)
         self.keys = KeyRing()
         self.keys_watcher: KeysFileWatcher | None = None
-        self._keys_interval = _setting(parse_duration, gw.keys_check_interval,
-                                       "keys_check_interval")
+        self._keys_interval = float(gw.keys_check_interval)
         self.open_access = False
         if config.keys_file:
             self.keys_watcher = KeysFileWatcher(config.keys_file, self.keys)
@@ -358,7 +353,7 @@ class Gateway:
         try:
             return await self.forwarder.forward(req, chain, send)
         except NoReplicaError:
-            wait = parse_duration(model.scaling.wait)
+            wait = model.scaling.wait
             raise NoReplicaError(
                 f"model {model.name!r} is starting but had no healthy replica within "
                 f"{wait:g} s (scaling.wait), and no fallback is up; retry shortly",
@@ -395,14 +390,6 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], state: _W
                     state.gone = True
                     task.cancel()
                 return
-
-
-def _setting(parse: Callable[[str | int], T], value: str | int, key: str) -> T:
-    """A gateway setting parsed, or the ConfigError naming it (raised before serving)."""
-    try:
-        return parse(value)
-    except ValueError as exc:
-        raise ConfigError(f"gateway.{key}: {exc}", field=f"gateway.{key}") from None
 
 
 def _clock() -> float:

@@ -40,7 +40,6 @@ from typing import Any
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
-from llmgw.catalog.units import parse_duration
 from llmgw.errors import LlmgwError, StoreUnavailableError
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.scheduler.base import Backend
@@ -122,7 +121,7 @@ class OnDemand:
         """
         name = model.name
         started = self.clock()
-        deadline = started + parse_duration(model.scaling.wait)
+        deadline = started + model.scaling.wait
         try:
             while not self.backend.endpoints(name):
                 remaining = deadline - self.clock()
@@ -155,7 +154,7 @@ class OnDemand:
 
     async def _bring_up(self, model: Model) -> bool:
         name = model.name
-        wait = parse_duration(model.scaling.wait)
+        wait = model.scaling.wait
         lease = lease_name(name)
         try:
             mine = await self.store.try_lease(lease, self.holder, wait)
@@ -191,7 +190,7 @@ class OnDemand:
     # ------------------------------------------------------------ background
 
     def tick_interval(self, catalog: Catalog) -> float:
-        idle = [parse_duration(m.scaling.idle_timeout) for m in catalog if is_on_demand(m)]
+        idle = [m.scaling.idle_timeout for m in catalog if is_on_demand(m)]
         return max(0.05, min([self.activity_interval, *(i / 4 for i in idle)]))
 
     async def tick(self, catalog: Catalog) -> None:
@@ -230,7 +229,7 @@ class OnDemand:
             # reset): start its idle clock now rather than stopping it at once.
             await self.store.mark_activity(name)
             return
-        idle_timeout = parse_duration(model.scaling.idle_timeout)
+        idle_timeout = model.scaling.idle_timeout
         if idle_for < idle_timeout or self.in_flight.get(name, 0) > 0:
             return
         log.info("scaling on-demand model %r to zero: no request for %.0f s (idle_timeout %g s)",

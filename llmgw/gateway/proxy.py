@@ -46,14 +46,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Protocol
 
 import aiohttp
 import msgspec
 
-from llmgw.catalog.model import Model, Timeouts
-from llmgw.catalog.units import parse_duration
+from llmgw.catalog.model import Model
 from llmgw.gateway.errors import (
     ClientGone,
     Message,
@@ -100,12 +98,6 @@ class _WithUsage(msgspec.Struct):
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
-
-
-@lru_cache(maxsize=256)
-def timeouts_of(t: Timeouts) -> tuple[float, float, float]:
-    """(connect, first_byte, idle) in seconds; the catalog validated them."""
-    return parse_duration(t.connect), parse_duration(t.first_byte), parse_duration(t.idle)
 
 
 def rewrite_model(body: bytes, served: str) -> bytes:
@@ -345,7 +337,8 @@ class Forwarder:
 
     async def _attempt(self, url: str, model: Model, req: ForwardRequest,
                        send: Send) -> int | _Failure:
-        connect, first_byte, idle = timeouts_of(model.timeouts)
+        t = model.timeouts
+        connect, first_byte, idle = t.connect, t.first_byte, t.idle
         loop = asyncio.get_running_loop()
         session = self._client()
         body = self.body_for(req, model)

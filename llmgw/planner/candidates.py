@@ -21,7 +21,8 @@ from typing import Any
 
 import msgspec
 
-from llmgw.catalog.units import format_size, parse_size
+from llmgw.catalog.decode import decode_value
+from llmgw.catalog.units import Size, format_size
 from llmgw.errors import DefinitionError
 from llmgw.planner.arch import Architecture
 from llmgw.planner.memory import (
@@ -89,9 +90,9 @@ def parse_pool(text: str) -> PoolSpec:
         raise DefinitionError(
             f"--pool {text!r}: the GPU count must be at least 1, got {count}", field="pool")
     try:
-        memory = parse_size(match["mem"].strip())
-    except ValueError as exc:
-        raise DefinitionError(f"--pool {text!r}: {exc}", field="pool") from None
+        memory = int(decode_value(match["mem"].strip(), Size, source=f"--pool {text!r}"))
+    except DefinitionError as exc:
+        raise DefinitionError(exc.message, field="pool") from None
     if memory <= 0:
         raise DefinitionError(
             f"--pool {text!r}: the memory per GPU must be more than 0", field="pool")

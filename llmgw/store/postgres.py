@@ -42,7 +42,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -51,6 +50,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from llmgw.errors import ConfigError, StoreUnavailableError
+from llmgw.redact import redact_url
 from llmgw.store.base import CatalogChange, StoredModel
 from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
@@ -63,26 +63,6 @@ _SELECT_MODELS = (
     "SELECT name, definition, added_by, added_at, updated_by, updated_at"
     " FROM models ORDER BY name"
 )
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, fit for messages and logs."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostport = netloc.rpartition("@")
-            if ":" in userinfo:
-                netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            query = urlencode(
-                [(k, "***" if k == "password" else v) for k, v in pairs], safe="/", quote_via=quote
-            )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        return "<unparseable database URL>"
 
 
 def _utc(value: datetime, field: str) -> datetime:
@@ -183,7 +163,7 @@ class PostgresStore:
         connect_timeout: int = 5,
     ) -> None:
         self.url = url
-        self.where = redact(url)
+        self.where = redact_url(url)
         try:
             given = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
@@ -21,9 +20,10 @@ from litestar.testing import AsyncTestClient
 from llmgw.api.app import create_app
 from llmgw.api.context import AppContext
 from llmgw.catalog.build import Catalog
+from llmgw.catalog.decode import convert
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model
-from llmgw.catalog.units import parse_size
+from llmgw.catalog.units import Size
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.errors import DefinitionError, PlacementError
 from llmgw.modelsvc import ModelService
@@ -34,8 +34,8 @@ ADMIN_TOKEN = "adm-7f3c9a1e5b2d4c6f8a0b1c2d3e4f5a6b"
 OTHER_TOKEN = "adm-0000aaaa1111bbbb2222cccc3333dddd"
 INFERENCE_KEY = "sk-llmgw-5a1f0c9e7d3b4a2c8e6f1d0b9a7c5e3f"
 GIB = 1024**3
-GPU_CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB")}
-DECLARED = msgspec.convert({
+GPU_CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
+DECLARED = convert({
     "name": "prod-chat", "source": "/models/prod-chat.gguf", "engine": "llama.cpp",
     "profiles": [{"name": "cpu", "gpus": 0, "cpu_cores": 4, "memory": "8GiB"}],
     "scaling": {"min": 2}, "description": "The reviewed production chat model",
@@ -65,7 +65,7 @@ def cpu_yaml(name: str, *, source: str | None = None, description: str = "", min
 
 async def refuse_typos(model: Model) -> None:
     """A source check that knows one kind of mistake: a Hugging Face org named 'typo'."""
-    if model.source and model.source.startswith("hf://typo/"):
+    if model.source and model.source.text.startswith("hf://typo/"):
         raise DefinitionError(
             f"source: {model.source!r} does not exist on the Hugging Face Hub (404); "
             "check the organisation and repository names", field="source")
@@ -125,7 +125,7 @@ class FleetBackend:
         if m.external or not m.profiles or m.name in self.waiting:
             return []
         p = m.profiles[0]
-        reserved = parse_size(p.memory) if p.memory is not None else None
+        reserved = int(p.memory) if p.memory is not None else None
         out = []
         for i in range(m.scaling.min):
             old = i == 0 and m.name in self.stale

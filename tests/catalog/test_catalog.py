@@ -6,25 +6,30 @@ import textwrap
 
 import msgspec
 import pytest
+import yaml
 
 from llmgw.catalog import Model, Profile, Scaling, build_catalog, fingerprint
-from llmgw.catalog.decode import decode_model_file, decode_yaml
+from llmgw.catalog.decode import decode_model_file, decode_yaml, to_builtins
 from llmgw.catalog.model import GpuClass
-from llmgw.catalog.units import parse_duration, parse_size
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Duration, Size
 from llmgw.config import ServerConfig, load_config
 from llmgw.errors import ConfigError, DefinitionError
 
-H100 = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB")}
+H100 = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
 
 
 def cpu_model(name: str = "embed", **kw: object) -> Model:
-    profile = Profile(name="cpu", gpus=0, cpu_cores=4, memory="8GiB")
-    return Model(name=name, source="/models/x.gguf", engine="llama.cpp", profiles=[profile], **kw)  # type: ignore[arg-type]
+    profile = Profile(name="cpu", gpus=0, cpu_cores=4, memory=Size.parse("8GiB"))
+    return Model(name=name, source=Source.parse("/models/x.gguf"), engine="llama.cpp",
+                 profiles=[profile], **kw)  # type: ignore[arg-type]
 
 
 def gpu_model(name: str = "big", **kw: object) -> Model:
-    profile = Profile(name="tp2", gpu_class="h100-80g", gpus=2, cpu_cores=8, memory="64GiB")
-    return Model(name=name, source="hf://org/repo", engine="vllm", profiles=[profile], **kw)  # type: ignore[arg-type]
+    profile = Profile(name="tp2", gpu_class="h100-80g", gpus=2, cpu_cores=8,
+                      memory=Size.parse("64GiB"))
+    return Model(name=name, source=Source.parse("hf://org/repo"), engine="vllm",
+                 profiles=[profile], **kw)  # type: ignore[arg-type]
 
 
 def test_a_model_entry_reads_the_same_from_server_yaml_and_from_an_add_file() -> None:
@@ -168,27 +173,40 @@ def test_a_scheduled_model_needs_source_engine_and_profiles() -> None:
 ])
 def test_sizes_are_parsed_in_binary_and_decimal_units(text: str | int, expected: int) -> None:
     """Vendors sell in GB and report in MiB; both are understood."""
-    assert parse_size(text) == expected
+    assert Size.parse(text) == expected
 
 
-def test_a_size_without_a_known_unit_is_refused() -> None:
-    """24 gigs is not a size."""
+def test_a_size_without_a_known_unit_is_refused_with_its_key_path() -> None:
+    """24 gigs is not a size, and the decoder says which key holds it."""
     with pytest.raises(ValueError, match="not a size"):
-        parse_size("24 gigs")
-    bad = msgspec.structs.replace(cpu_model(), profiles=[
-        Profile(name="cpu", cpu_cores=2, memory="lots")])
-    with pytest.raises(DefinitionError, match=r"profiles\[0\]\.memory"):
-        build_catalog([bad])
+        Size.parse("24 gigs")
+    entry = "- name: m\n  source: /m.gguf\n  engine: llama.cpp\n" \
+            "  profiles: [{name: cpu, cpu_cores: 2, memory: lots}]\n"
+    with pytest.raises(DefinitionError, match=r"models\.yaml: \[0\]\.profiles\[0\]\.memory: "
+                                              r"'lots' is not a size"):
+        decode_yaml(entry, list[Model], source="models.yaml")
 
 
 def test_durations_are_parsed() -> None:
     """15m, 1h30m, 250ms and bare seconds."""
-    assert parse_duration("15m") == 900
-    assert parse_duration("1h30m") == 5400
-    assert parse_duration("250ms") == 0.25
-    assert parse_duration(7) == 7
+    assert Duration.parse("15m") == 900
+    assert Duration.parse("1h30m") == 5400
+    assert Duration.parse("250ms") == 0.25
+    assert Duration.parse(7) == 7
     with pytest.raises(ValueError, match="not a duration"):
-        parse_duration("soon")
+        Duration.parse("soon")
+
+
+def test_sizes_and_durations_read_back_as_written() -> None:
+    """A stored model encodes each size and duration exactly as its author wrote it."""
+    entry = ("name: m\nsource: hf://org/repo@refs%2Fpr%2F3\nengine: vllm\n"
+             "profiles: [{name: p, gpu_class: h100-80g, gpus: 1, memory: 64 GiB}]\n"
+             "scaling: {min: 0, idle_timeout: 1h30m, wait: 90}\n")
+    m = decode_yaml(entry, Model, source="m.yaml")
+    assert m.profiles[0].memory == 64 * 1024**3
+    assert m.scaling.idle_timeout == 5400
+    assert m.scaling.wait == 90
+    assert to_builtins(m) == yaml.safe_load(entry)
 
 
 def test_a_fingerprint_changes_with_what_launches_a_replica_and_nothing_else() -> None:
@@ -202,7 +220,7 @@ def test_a_fingerprint_changes_with_what_launches_a_replica_and_nothing_else() -
         == base
     assert fingerprint(m, msgspec.structs.replace(p, engine_args=["--x"])) != base
     assert fingerprint(m, msgspec.structs.replace(p, env={"A": "1"})) != base
-    assert fingerprint(msgspec.structs.replace(m, source="hf://org/other"), p) != base
+    assert fingerprint(msgspec.structs.replace(m, source=Source.parse("hf://org/other")), p) != base
 
 
 def test_the_example_catalog_loads() -> None:

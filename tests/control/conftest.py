@@ -14,12 +14,13 @@ import pytest
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import GpuClass, Model
+from llmgw.catalog.units import Size
 from llmgw.errors import PlacementError
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
 from llmgw.store import open_store
 from llmgw.store.base import Store
 
-GPU_CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB")}
+GPU_CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
 
 
 class RecordingBackend:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
 from llmgw.api.app import create_app
 from llmgw.api.context import AppContext
+from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.modelsvc import ModelService
@@ -32,7 +32,7 @@ def cpu(name: str, **kw: object) -> dict[str, object]:
     return body
 
 
-DECLARED = msgspec.convert(cpu("prod-chat", scaling={"min": 2}), Model)
+DECLARED = convert(cpu("prod-chat", scaling={"min": 2}), Model)
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from llmgw.api.app import create_app
 from llmgw.api.context import AppContext
 from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.cli import main
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.modelsvc import ModelService
@@ -25,8 +27,9 @@ from llmgw.store import open_store
 from .conftest import GPU_CLASSES, RecordingBackend
 
 TOKEN = "t0ken-ops"
-DECLARED = Model(name="prod-chat", source="/m.gguf", engine="llama.cpp", scaling=Scaling(min=2),
-                 profiles=[Profile(name="cpu", cpu_cores=2, memory="4GiB")])
+DECLARED = Model(name="prod-chat", source=Source.parse("/m.gguf"), engine="llama.cpp",
+                 scaling=Scaling(min=2),
+                 profiles=[Profile(name="cpu", cpu_cores=2, memory=Size.parse("4GiB"))])
 
 
 def _free_port() -> int:

@@ -8,7 +8,10 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
+from llmgw.catalog.decode import decode_json, encode
 from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.errors import DefinitionError, NotFoundError, PlacementError, RefusedError
 from llmgw.modelsvc import ModelService
 from llmgw.store.base import Store, StoredModel
@@ -17,8 +20,8 @@ from .conftest import GPU_CLASSES, RecordingBackend
 
 
 def cpu(name: str, **kw: object) -> Model:
-    profile = Profile(name="cpu", gpus=0, cpu_cores=4, memory="8GiB")
-    return Model(name=name, source=f"/models/{name}.gguf", engine="llama.cpp",  # type: ignore[arg-type]
+    profile = Profile(name="cpu", gpus=0, cpu_cores=4, memory=Size.parse("8GiB"))
+    return Model(name=name, source=Source.parse(f"/models/{name}.gguf"), engine="llama.cpp",  # type: ignore[arg-type]
                  profiles=[profile], **kw)
 
 
@@ -83,8 +86,9 @@ async def test_an_unplaceable_profile_is_refused_at_add_time(store: Store,
                                                             backend: RecordingBackend) -> None:
     """N6: a profile no node could ever run is a definition error, and nothing is stored."""
     svc = await service(store, backend)
-    big = Model(name="huge", source="hf://org/huge", engine="vllm", profiles=[
-        Profile(name="tp16", gpu_class="h100-80g", gpus=16, cpu_cores=8, memory="64GiB")])
+    big = Model(name="huge", source=Source.parse("hf://org/huge"), engine="vllm", profiles=[
+        Profile(name="tp16", gpu_class="h100-80g", gpus=16, cpu_cores=8,
+                memory=Size.parse("64GiB"))])
     with pytest.raises(PlacementError, match="no node has 16 GPUs"):
         await svc.add(big, "alice")
     assert await stored_names(store) == []
@@ -103,7 +107,7 @@ async def test_a_fallback_that_sorts_after_its_model_is_kept(store: Store) -> No
 
 async def test_a_chain_of_orphans_is_skipped_whole(store: Store) -> None:
     """C11: a row whose fallback was skipped is skipped too, and named."""
-    enc = msgspec.json.encode
+    enc = encode
     await _put_raw(store, "a", enc(cpu("a", fallbacks=["b"])))
     await _put_raw(store, "b", enc(cpu("b", fallbacks=["ghost"])))
     await _put_raw(store, "c", enc(cpu("c")))
@@ -170,7 +174,7 @@ async def test_scale_changes_only_the_scaling_block(store: Store) -> None:
     await svc.add(original, "alice")
     await svc.scale("trial", 3, 5, "bob")
     (row,) = await store.models()
-    stored = msgspec.json.decode(row.definition, type=Model)
+    stored = decode_json(row.definition, Model)
     assert stored == msgspec.structs.replace(original, scaling=Scaling(min=3, max=5))
     assert row.added_by == "alice"
     assert row.updated_by == "bob"
@@ -206,9 +210,9 @@ async def test_resources_set_cores_and_memory_of_a_stored_profile(store: Store) 
     """C10: both values change, the rest of the profile stays."""
     svc = await service(store)
     await svc.add(cpu("trial"), "alice")
-    p = await svc.resources("trial", 12, "48GiB", None, "bob")
-    assert (p.name, p.cpu_cores, p.memory) == ("cpu", 12, "48GiB")
-    assert svc.catalog.models["trial"].profiles[0].memory == "48GiB"
+    p = await svc.resources("trial", 12, Size.parse("48GiB"), None, "bob")
+    assert (p.name, p.cpu_cores, str(p.memory)) == ("cpu", 12, "48GiB")
+    assert svc.catalog.models["trial"].profiles[0].memory.text == "48GiB"
 
 
 async def test_resources_are_validated_like_any_change(store: Store) -> None:
@@ -217,11 +221,11 @@ async def test_resources_are_validated_like_any_change(store: Store) -> None:
     await svc.add(cpu("trial"), "alice")
     before = await store.models()
     with pytest.raises(DefinitionError, match="memory"):
-        await svc.resources("trial", 4, "0GiB", None, "bob")
+        await svc.resources("trial", 4, Size.parse("0GiB"), None, "bob")
     with pytest.raises(DefinitionError, match="no profile 'gpu'"):
-        await svc.resources("trial", 4, "8GiB", "gpu", "bob")
+        await svc.resources("trial", 4, Size.parse("8GiB"), "gpu", "bob")
     with pytest.raises(RefusedError, match="declared"):
-        await svc.resources("prod-chat", 4, "8GiB", None, "bob")
+        await svc.resources("prod-chat", 4, Size.parse("8GiB"), None, "bob")
     assert await store.models() == before
 
 
@@ -235,7 +239,7 @@ async def _put_raw(store: Store, name: str, definition: bytes) -> None:
 async def test_startup_skips_and_names_bad_rows_and_keeps_the_rest(
         store: Store, caplog: pytest.LogCaptureFixture) -> None:
     """C11: a colliding, an undecodable and an invalid row are skipped; the good one loads."""
-    enc = msgspec.json.encode
+    enc = encode
     await _put_raw(store, "prod-chat", enc(cpu("prod-chat")))
     await _put_raw(store, "garbled", b'{"name": "garbled", "profiles": 7}')
     await _put_raw(store, "orphan", enc(cpu("orphan", fallbacks=["ghost"])))

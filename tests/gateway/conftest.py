@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import pytest
 import uvicorn
 
+from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
@@ -55,8 +55,8 @@ async def serve(app: Any) -> AsyncIterator[str]:
 def chat_model(name: str, upstream: list[str] | None = None, **kw: Any) -> Model:
     """An external model (upstream URLs) or, without upstream, a scheduled CPU model."""
     if upstream is not None:
-        return msgspec.convert({"name": name, "upstream": upstream, **kw}, Model)
-    return msgspec.convert({
+        return convert({"name": name, "upstream": upstream, **kw}, Model)
+    return convert({
         "name": name, "source": "/models/x.gguf", "engine": "llama.cpp",
         "profiles": [{"name": "cpu", "cpu_cores": 1, "memory": "1GiB"}], **kw,
     }, Model)
@@ -107,7 +107,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         store = SqliteStore(f"sqlite:///{tmp_path / 'store.db'}")
         await store.open()
         stack.push_async_callback(store.close)
-        gw_config = msgspec.convert({"eject_for": "30s", **gateway}, GatewayConfig)
+        gw_config = convert({"eject_for": "30s", **gateway}, GatewayConfig)
         config = ServerConfig(listen=listen, keys_file=str(keys_file) if keys_file else None,
                               gateway=gw_config)
         catalogs = CatalogHolder(models)

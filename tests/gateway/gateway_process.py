@@ -12,9 +12,9 @@ import asyncio
 import json
 from pathlib import Path
 
-import msgspec
 import uvicorn
 
+from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.gateway import Gateway
@@ -28,7 +28,7 @@ async def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--models", required=True)
     args = parser.parse_args()
-    models = msgspec.convert(json.loads(args.models), list[Model])
+    models = convert(json.loads(args.models), list[Model])
     store = SqliteStore(f"sqlite:///{args.store}")
     await store.open()
     gateway = Gateway(ServerConfig(listen="127.0.0.1:0"), CatalogHolder(models),

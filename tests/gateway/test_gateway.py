@@ -8,12 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.config import GatewayConfig, ServerConfig
+from llmgw.config import load_config
 from llmgw.errors import ConfigError
-from llmgw.gateway import Gateway
 from llmgw.gateway.keys import add_key, revoke_key
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
-from tests.gateway.doubles import CatalogHolder, FakeBackend
 
 
 def _error(response: httpx.Response) -> dict[str, object]:
@@ -297,8 +295,15 @@ async def test_an_internal_error_is_a_500_and_the_gateway_keeps_serving(
     assert (await gw.chat("m")).status_code == 200
 
 
-def test_a_bad_gateway_setting_is_a_config_error_naming_it() -> None:
-    """A malformed duration under gateway: stops start-up with the key path."""
-    config = ServerConfig(gateway=GatewayConfig(eject_for="soon"))
-    with pytest.raises(ConfigError, match=r"gateway\.eject_for"):
-        Gateway(config, CatalogHolder([]), FakeBackend(), None)  # type: ignore[arg-type]
+@pytest.mark.parametrize(("gateway", "complaint"), [
+    ("{eject_for: soon}", r"gateway\.eject_for: 'soon' is not a duration"),
+    ("{eject_for: 5m, eject_max: 1m}", r"gateway\.eject_max \(1m\) is shorter"),
+    ("{max_body_size: 0}", r"gateway\.max_body_size: must be more than 0"),
+])
+def test_a_bad_gateway_setting_is_a_config_error_naming_it(tmp_path: Path, gateway: str,
+                                                          complaint: str) -> None:
+    """A malformed or contradictory gateway setting stops start-up with the key path."""
+    path = tmp_path / "server.yaml"
+    path.write_text(f"gateway: {gateway}\n")
+    with pytest.raises(ConfigError, match=complaint):
+        load_config(path, env={})

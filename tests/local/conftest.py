@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Duration, Size
 from llmgw.config import LocalConfig, SchedulerConfig, ServerConfig
 from llmgw.scheduler.local.backend import LocalBackend, LocalEvent
 from llmgw.scheduler.local.resources import Gpu, Machine
@@ -64,19 +66,19 @@ def gguf_bytes(kv: dict[str, object], *, version: int = 3, tensors: int = 0) -> 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from llmgw.sources import resolve_source
+    from llmgw.weights.local import resolve_source
 
-    return resolve_source(GEMMA_PKG, want_gguf=True)
+    return resolve_source(Source.parse(GEMMA_PKG), want_gguf=True)
 
 
 def cpu_model(name: str, source: str = GEMMA_PKG, *, cores: int = 1, memory: str = "1GiB",
               min_: int = 1, context: int = 2048, engine_args: list[str] | None = None,
               profile: str = "cpu") -> Model:
     return Model(
-        name=name, source=source, engine="llama.cpp",
-        profiles=[Profile(name=profile, cpu_cores=cores, memory=memory, context=context,
-                          engine_args=engine_args or [])],
-        scaling=Scaling(min=min_, idle_timeout="1m"),
+        name=name, source=Source.parse(source), engine="llama.cpp",
+        profiles=[Profile(name=profile, cpu_cores=cores, memory=Size.parse(memory),
+                          context=context, engine_args=engine_args or [])],
+        scaling=Scaling(min=min_, idle_timeout=Duration.parse("1m")),
     )
 
 
@@ -88,7 +90,7 @@ def port_range() -> tuple[int, int]:
 
 def server_config(**local: object) -> ServerConfig:
     return ServerConfig(scheduler=SchedulerConfig(
-        local=LocalConfig(port_range=port_range(), stop_grace="5s", **local)))  # type: ignore[arg-type]
+        local=LocalConfig(port_range=port_range(), stop_grace=Duration.parse("5s"), **local)))  # type: ignore[arg-type]
 
 
 FAST = Timing(stop_grace=5.0, backoff_base=0.2, backoff_max=1.0, probe_running=0.5,

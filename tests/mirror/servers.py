@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from llmgw.mirror.server import MirrorServer
+from llmgw.weights.mirror.server import MirrorServer
 
 
 class ThreadedMirror:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.errors import LlmgwError
-from llmgw.mirror.add import add
+from llmgw.weights.mirror.add import add
 
 from .conftest import wait_for
 from .fakehub import FakeHub, FakeRepo

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.mirror.answer import (
+from llmgw.weights.layout import parse_sidecar, request_parts
+from llmgw.weights.mirror.answer import (
     MAX_RANGES,
     FileFacts,
     RangeError,
@@ -13,7 +14,6 @@ from llmgw.mirror.answer import (
     parse_range,
     plan,
 )
-from llmgw.mirror.layout import parse_sidecar, request_parts
 
 FACTS = FileFacts(size=1000, mtime=1_700_000_000.0, etag='"abc-3e8-1"')
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.errors import LlmgwError, NotFoundError, UnavailableError
-from llmgw.fetch import fetch, fetch_file
+from llmgw.weights.fetch import fetch, fetch_file
 
 from .conftest import LLMGW, wait_for
 from .servers import FileServer, ThreadedMirror, closed_port_url, running, sha

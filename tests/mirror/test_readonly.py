@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import llmgw
-from llmgw.mirror import server
+from llmgw.weights.mirror import server
 
 PACKAGE = Path(llmgw.__file__).parent
+WEIGHTS = PACKAGE / "weights"
 
 # Calls that create, change or delete files, whatever object they are called on.
 WRITE_CALLS = {"write_bytes", "write_text", "unlink", "remove", "removedirs", "rename",
@@ -62,21 +63,21 @@ def test_the_method_table_cannot_be_changed_at_run_time() -> None:
         server.METHODS["PUT"] = server.MirrorServer._get  # type: ignore[index]
 
 
-@pytest.mark.parametrize("module", ["server.py", "answer.py", "layout.py"])
+@pytest.mark.parametrize("module", ["mirror/server.py", "mirror/answer.py", "layout.py"])
 def test_the_serving_modules_contain_no_write_path(module: str) -> None:
     """No call in the modules that serve the mirror can create, change or delete a file;
     files are opened read-only."""
-    assert writes_in(PACKAGE / "mirror" / module) == []
+    assert writes_in(WEIGHTS / module) == []
 
 
 def test_the_scan_finds_writes_where_there_are_some() -> None:
     """The scan is not vacuous: it flags the writes in the modules that do write."""
-    found = writes_in(PACKAGE / "mirror" / "add.py") + writes_in(PACKAGE / "fetch.py")
+    found = writes_in(WEIGHTS / "mirror" / "add.py") + writes_in(WEIGHTS / "fetch.py")
     assert any("rename" in f for f in found)
     assert any("write_text" in f or "write_bytes" in f for f in found)
 
 
-WRITERS = {"llmgw.mirror.add", "llmgw.mirror.usage", "llmgw.fetch"}
+WRITERS = {"llmgw.weights.mirror.add", "llmgw.weights.mirror.usage", "llmgw.weights.fetch"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -93,7 +94,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_the_api_and_the_gateway_never_import_what_writes_to_the_mirror() -> None:
     """M6: no module of the API, the gateway, the server assembly or the source check
     imports the mirror's writers (add, remove) or the node fetcher."""
-    modules = [PACKAGE / "sourcecheck.py", PACKAGE / "server.py"]
+    modules = [WEIGHTS / "check.py", PACKAGE / "server.py"]
     for sub in ("api", "gateway", "admin"):
         modules += sorted((PACKAGE / sub).rglob("*.py"))
     offenders = {str(m.relative_to(PACKAGE)): sorted(imported_modules(m) & WRITERS)

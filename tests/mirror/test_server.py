@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.mirror.server import MirrorServer
+from llmgw.weights.mirror.server import MirrorServer
 
 from .conftest import SECRET, CliMirror, tree_state
 

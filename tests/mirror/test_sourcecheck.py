@@ -14,11 +14,14 @@ from litestar.testing import AsyncTestClient
 from llmgw.api import sourcecheck as api
 from llmgw.api.context import AppContext
 from llmgw.api.errors import exception_handlers
+from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS
+from llmgw.catalog.decode import decode_value
 from llmgw.catalog.model import Model
+from llmgw.catalog.source import Source
 from llmgw.config import ServerConfig
 from llmgw.errors import DefinitionError
-from llmgw.mirror.server import MirrorServer
-from llmgw.sourcecheck import check_source, model_source_checker
+from llmgw.weights.check import check_source, model_source_checker
+from llmgw.weights.mirror.server import MirrorServer
 
 from .fakehub import FakeHub, FakeRepo
 from .servers import FileServer, ThreadedMirror, closed_port_url, running
@@ -41,9 +44,14 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         server.stop()
 
 
+async def check(source: str, **kw: Any) -> None:
+    """The source as a model entry gives it: decoded, then checked."""
+    await check_source(decode_value(source, Source, source="source"), **kw)
+
+
 async def refused(source: str, **kw: Any) -> str:
     with pytest.raises(DefinitionError) as info:
-        await check_source(source, **kw)
+        await check(source, **kw)
     assert info.value.field == "source"
     assert source in info.value.message
     return info.value.message
@@ -51,7 +59,7 @@ async def refused(source: str, **kw: Any) -> str:
 
 async def test_a_hub_repository_that_exists_passes(hub: FakeHub) -> None:
     """A repository checks model_info and the metadata of config.json, reading only."""
-    await check_source("hf://qwen/qwen2.5-0.5b")
+    await check("hf://qwen/qwen2.5-0.5b")
     assert ("GET", "/api/models/qwen/qwen2.5-0.5b") in [(s.method, s.path) for s in hub.seen]
     assert any(s.method == "HEAD" and s.path.endswith("/config.json") for s in hub.seen)
     assert {s.method for s in hub.seen} <= {"GET", "HEAD"}
@@ -59,7 +67,7 @@ async def test_a_hub_repository_that_exists_passes(hub: FakeHub) -> None:
 
 async def test_a_revision_and_file_that_exist_pass(hub: FakeHub) -> None:
     """hf://org/repo@revision/file checks that revision and that file."""
-    await check_source("hf://qwen/qwen2.5-0.5b@v1/model.safetensors")
+    await check("hf://qwen/qwen2.5-0.5b@v1/model.safetensors")
     assert any(s.path == "/api/models/qwen/qwen2.5-0.5b/revision/v1" for s in hub.seen)
     assert any(s.method == "HEAD" and s.path.endswith("/model.safetensors") for s in hub.seen)
 
@@ -105,13 +113,13 @@ async def test_a_malformed_hub_source_is_refused() -> None:
 
 async def test_a_mirror_file_answers_head_with_a_length(mirror_server: MirrorServer) -> None:
     """A file on a real mirror passes: HEAD answers with its length."""
-    await check_source(f"{mirror_server.url}/qwen/2024-11/model.gguf", mirror=mirror_server.url)
+    await check(f"{mirror_server.url}/qwen/2024-11/model.gguf", mirror=mirror_server.url)
 
 
 async def test_a_mirror_directory_answers_with_its_listing(mirror_server: MirrorServer) -> None:
     """A directory URL passes when its JSON listing answers, with or without the slash."""
-    await check_source(f"{mirror_server.url}/qwen/2024-11/", mirror=mirror_server.url)
-    await check_source(f"{mirror_server.url}/qwen/2024-11", mirror=mirror_server.url)
+    await check(f"{mirror_server.url}/qwen/2024-11/", mirror=mirror_server.url)
+    await check(f"{mirror_server.url}/qwen/2024-11", mirror=mirror_server.url)
 
 
 async def test_an_empty_mirror_directory_is_refused(mirror_server: MirrorServer) -> None:
@@ -148,15 +156,15 @@ async def test_local_paths_must_exist(tmp_path: Path) -> None:
     """A local path (or file:// URL) passes when it exists and is refused otherwise."""
     model = tmp_path / "model.gguf"
     model.write_bytes(b"gguf")
-    await check_source(str(model))
-    await check_source(f"file://{model}")
+    await check(str(model))
+    await check(f"file://{model}")
     message = await refused(str(tmp_path / "missing.gguf"))
     assert "not found" in message
 
 
 async def test_pkg_sources_must_be_installed() -> None:
     """pkg:<distribution> passes when installed and says to pip install otherwise."""
-    await check_source("pkg:msgspec")
+    await check("pkg:msgspec")
     message = await refused("pkg:llmgw-no-such-model-package")
     assert "pip install llmgw-no-such-model-package" in message
 
@@ -169,10 +177,11 @@ async def test_unsupported_schemes_are_refused() -> None:
 
 async def test_the_model_checker_skips_external_models(tmp_path: Path) -> None:
     """The AppContext checker passes an external model and checks a scheduled one."""
-    check = model_source_checker()
-    await check(Model(name="ext", upstream=["http://10.0.0.1:8000/v1"]))
+    checker = model_source_checker()
+    await checker(Model(name="ext", upstream=["http://10.0.0.1:8000/v1"]))
     with pytest.raises(DefinitionError, match="not found"):
-        await check(Model(name="local", source=str(tmp_path / "nope.gguf"), engine="llama.cpp"))
+        await checker(Model(name="local", source=Source.parse(str(tmp_path / "nope.gguf")),
+                            engine="llama.cpp"))
 
 
 def _app(mirror: str | None) -> Litestar:
@@ -183,6 +192,7 @@ def _app(mirror: str | None) -> Litestar:
         route_handlers=[Router("/api/v1", route_handlers=api.route_handlers)],
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False)},
         exception_handlers=exception_handlers,
+        type_decoders=TYPE_DECODERS, type_encoders=TYPE_ENCODERS,
     )
 
 
@@ -211,7 +221,7 @@ async def test_a_password_in_the_source_url_is_not_repeated_in_the_error(
     """The error for a URL carrying ``user:password@`` names the source with the
     password masked, since it reaches API clients and logs."""
     with pytest.raises(DefinitionError) as err:
-        await check_source(f"http://ops:s3cr3t-t0ken@127.0.0.1:{mirror_server.port}/nope/x.gguf")
+        await check(f"http://ops:s3cr3t-t0ken@127.0.0.1:{mirror_server.port}/nope/x.gguf")
     assert "s3cr3t-t0ken" not in err.value.message
     assert "ops:***@127.0.0.1" in err.value.message
     assert "not found" in err.value.message

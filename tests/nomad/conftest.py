@@ -11,6 +11,8 @@ import pytest
 
 from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.config import NomadConfig, SchedulerConfig, ServerConfig
 from llmgw.scheduler.nomad.backend import NomadBackend
 from llmgw.testing.fake_nomad import FakeNomad, default_fleet
@@ -31,17 +33,19 @@ def config(fake: FakeNomad, models: Sequence[Model] = (), *,
 
 def cpu_model(name: str, *, cores: int = 8, memory: str = "4GiB", min_: int = 1,
               max_: int | None = None, context: int = 8192) -> Model:
-    return Model(name=name, engine="llama.cpp", source=f"{MIRROR}/{name}/q8_0/{name}.gguf",
-                 profiles=[Profile(name="cpu", gpus=0, cpu_cores=cores, memory=memory,
+    return Model(name=name, engine="llama.cpp",
+                 source=Source.parse(f"{MIRROR}/{name}/q8_0/{name}.gguf"),
+                 profiles=[Profile(name="cpu", gpus=0, cpu_cores=cores, memory=Size.parse(memory),
                                    context=context)],
                  scaling=Scaling(min=min_, max=max_))
 
 
 def gpu_model(name: str, *, gpus: int = 2, fabric: str | None = "ib-a", min_: int = 1,
               profiles: list[Profile] | None = None) -> Model:
-    return Model(name=name, engine="vllm", source=f"{MIRROR}/{name}/v1/",
+    return Model(name=name, engine="vllm", source=Source.parse(f"{MIRROR}/{name}/v1/"),
                  profiles=profiles or [Profile(name="h100", gpu_class="h100-80g", gpus=gpus,
-                                               fabric=fabric, cpu_cores=16, memory="128GiB",
+                                               fabric=fabric, cpu_cores=16,
+                                               memory=Size.parse("128GiB"),
                                                context=32768)],
                  scaling=Scaling(min=min_))
 

@@ -14,13 +14,14 @@ from typing import Any
 import msgspec
 
 from llmgw.catalog.model import GpuClass
+from llmgw.catalog.units import Size
 from llmgw.scheduler.nomad import wire
 
 H100 = "NVIDIA H100 80GB HBM3"
 L40S = "NVIDIA L40S"
 GPU_CLASSES = {
-    "h100-80g": GpuClass(device=H100, memory="81559MiB"),
-    "l40s-48g": GpuClass(device=L40S, memory="46068MiB"),
+    "h100-80g": GpuClass(device=H100, memory=Size.parse("81559MiB")),
+    "l40s-48g": GpuClass(device=L40S, memory=Size.parse("46068MiB")),
 }
 _NS = uuid.UUID("0b1e4c44-5a0c-4e47-a9a2-6c8f3e3c7d10")
 

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.units import Size
 from llmgw.errors import BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.scheduler.nomad.render import render_job
@@ -127,8 +128,8 @@ async def test_the_first_profile_that_fits_now_is_chosen(fake, backend):
 
     m = gpu_model("two", profiles=[
         Profile(name="ib-b", gpu_class="h100-80g", gpus=2, fabric="ib-b", cpu_cores=8,
-                memory="64GiB"),
-        Profile(name="l40s", gpu_class="l40s-48g", gpus=1, cpu_cores=8, memory="64GiB"),
+                memory=Size.parse("64GiB")),
+        Profile(name="l40s", gpu_class="l40s-48g", gpus=1, cpu_cores=8, memory=Size.parse("64GiB")),
     ])
     await applied(backend, catalog(hog, m))
     fake.settle()

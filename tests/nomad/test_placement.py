@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from llmgw.catalog.units import Size
 from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.fleet import build_fleet
 from llmgw.scheduler.nomad.placement import classify, latest_failure
@@ -18,7 +19,7 @@ def _need(gpus: int = 2, fabric: str | None = "ib-a", cores: int = 16, memory: i
           device: str = H100) -> Need:
     return Need(model="m", profile="p", gpus=gpus, gpu_class="h100-80g" if gpus else None,
                 gpu_device=device if gpus else None, gpu_memory=81559 * 1024**2 if gpus else None,
-                fabric=fabric, cores=cores, memory=memory)
+                fabric=fabric, cores=cores, memory=Size.parse(memory))
 
 
 def _metric(**kw: object) -> wire.AllocationMetric:

@@ -6,16 +6,19 @@ import msgspec
 
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.model import Model, Profile, Scaling
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
 from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.reconcile import JobState, decide, desired_count, job_state
 
 from .shapes import GPU_CLASSES
 
-P = Profile(name="cpu-8", gpus=0, cpu_cores=8, memory="4GiB")
+P = Profile(name="cpu-8", gpus=0, cpu_cores=8, memory=Size.parse("4GiB"))
 
 
 def _model(name: str, min_: int = 1, max_: int | None = None) -> Model:
-    return Model(name=name, source="http://mirror/x.gguf", engine="llama.cpp", profiles=[P],
+    return Model(name=name, source=Source.parse("http://mirror/x.gguf"), engine="llama.cpp",
+                 profiles=[P],
                  scaling=Scaling(min=min_, max=max_))
 
 

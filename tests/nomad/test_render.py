@@ -8,17 +8,15 @@ from typing import Any
 import msgspec
 import pytest
 
+from llmgw.catalog.build import Runtime, build_catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model, Profile, Scaling
-from llmgw.config import NomadConfig
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Size
+from llmgw.config import NomadConfig, load_config
 from llmgw.errors import ConfigError, DefinitionError
 from llmgw.scheduler.nomad import jobspec as js
-from llmgw.scheduler.nomad.render import (
-    check_nomad_config,
-    render_job,
-    spec_hash,
-    with_count,
-)
+from llmgw.scheduler.nomad.render import render_job, spec_hash, with_count
 
 from .shapes import GPU_CLASSES
 
@@ -26,17 +24,17 @@ CFG = NomadConfig(namespace="llm", region="global", datacenters=["dc1"])
 MIRROR = "http://mirror.internal:8070"
 
 LLAMA = Model(
-    name="llama-3-3-70b-instruct", source="hf://meta-llama/Llama-3.3-70B-Instruct",
+    name="llama-3-3-70b-instruct", source=Source.parse("hf://meta-llama/Llama-3.3-70B-Instruct"),
     engine="vllm", served_name="meta-llama/Llama-3.3-70B-Instruct",
     profiles=[Profile(name="h100-tp2", gpu_class="h100-80g", gpus=2, fabric="ib-a",
-                      context=32768, cpu_cores=16, memory="192GiB", quantization="fp8",
+                      context=32768, cpu_cores=16, memory=Size.parse("192GiB"), quantization="fp8",
                       engine_args=["--enable-prefix-caching"], env={"VLLM_LOGGING_LEVEL": "INFO"})],
     scaling=Scaling(min=2),
 )
 EMBED = Model(
     name="nomic-embed-text", engine="llama.cpp",
-    source=f"{MIRROR}/nomic-embed-text-v1-5/q8_0/nomic-embed-text-v1.5.Q8_0.gguf",
-    profiles=[Profile(name="cpu-8", gpus=0, context=8192, cpu_cores=8, memory="4GiB",
+    source=Source.parse(f"{MIRROR}/nomic-embed-text-v1-5/q8_0/nomic-embed-text-v1.5.Q8_0.gguf"),
+    profiles=[Profile(name="cpu-8", gpus=0, context=8192, cpu_cores=8, memory=Size.parse("4GiB"),
                       engine_args=["--embedding"])],
 )
 
@@ -139,7 +137,7 @@ def test_a_prestart_task_fetches_the_weights_into_the_host_volume_cache():
     fetch = _task(job, "fetch")
     assert fetch["Lifecycle"] == {"Hook": "prestart", "Sidecar": False}
     assert fetch["Config"]["command"] == "llmgw"
-    url = EMBED.source
+    url = str(EMBED.source)
     dest = ("/llmgw-cache/mirror.internal_8070/nomic-embed-text-v1-5/q8_0/"
             "nomic-embed-text-v1.5.Q8_0.gguf")
     assert fetch["Config"]["args"] == ["fetch", url, dest]
@@ -153,7 +151,7 @@ def test_a_prestart_task_fetches_the_weights_into_the_host_volume_cache():
 
 def test_a_hub_source_is_fetched_from_the_mirror_layout():
     """hf://org/repo@rev is read from <mirror>/<model>/<rev>/, the layout `mirror add` writes."""
-    m = msgspec.structs.replace(LLAMA, source="hf://Qwen/Qwen2.5-14B-Instruct@cf98f3b")
+    m = msgspec.structs.replace(LLAMA, source=Source.parse("hf://Qwen/Qwen2.5-14B-Instruct@cf98f3b"))
     job = _json(render_job(m, m.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
     assert _task(job, "fetch")["Config"]["args"][1] == \
         f"{MIRROR}/llama-3-3-70b-instruct/cf98f3b/"
@@ -161,7 +159,7 @@ def test_a_hub_source_is_fetched_from_the_mirror_layout():
 
 def test_without_a_mirror_vllm_downloads_from_the_hub_into_the_cache():
     """No mirror: no fetch task; vLLM gets the repo and revision and HF_HOME on the cache."""
-    m = msgspec.structs.replace(LLAMA, source="hf://Qwen/Qwen2.5-14B-Instruct@cf98f3b")
+    m = msgspec.structs.replace(LLAMA, source=Source.parse("hf://Qwen/Qwen2.5-14B-Instruct@cf98f3b"))
     job = _json(render_job(m, m.profiles[0], CFG, GPU_CLASSES, 1, None))
     assert [t["Name"] for t in job["TaskGroups"][0]["Tasks"]] == ["engine"]
     engine = _task(job, "engine")
@@ -172,13 +170,19 @@ def test_without_a_mirror_vllm_downloads_from_the_hub_into_the_cache():
 
 
 def test_sources_a_nomad_node_cannot_use_are_refused_with_the_way_out():
-    """A local path, or a llama.cpp directory, is a definition error saying what to do."""
-    local = msgspec.structs.replace(EMBED, source="/models/x.gguf")
+    """A local path, or a llama.cpp directory, is refused when the catalog is built."""
+    nomad = Runtime(scheduler="nomad", mirror=MIRROR)
+    local = msgspec.structs.replace(EMBED, source=Source.parse("/models/x.gguf"))
     with pytest.raises(DefinitionError, match="llmgw mirror add"):
-        render_job(local, local.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)
-    folder = msgspec.structs.replace(EMBED, source=f"{MIRROR}/nomic/q8_0/")
+        build_catalog([local], GPU_CLASSES, nomad)
+    folder = msgspec.structs.replace(EMBED, source=Source.parse(f"{MIRROR}/nomic/q8_0/"))
     with pytest.raises(DefinitionError, match="name the file"):
-        render_job(folder, folder.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)
+        build_catalog([folder], GPU_CLASSES, nomad)
+    one_file = msgspec.structs.replace(
+        LLAMA, source=Source.parse("hf://Qwen/Qwen2.5-14B-Instruct-GGUF/q8_0.gguf"))
+    with pytest.raises(DefinitionError, match="set mirror"):
+        build_catalog([one_file], GPU_CLASSES, Runtime(scheduler="nomad"))
+    assert build_catalog([local], GPU_CLASSES, Runtime(scheduler="local"))
 
 
 def test_the_service_uses_the_nomad_provider_with_an_http_health_check_in_nanoseconds():
@@ -240,10 +244,14 @@ def test_the_spec_hash_ignores_the_count_and_follows_every_other_change():
     assert d.Meta["llmgw_fingerprint"] == a.Meta["llmgw_fingerprint"]
 
 
-def test_rendering_settings_that_nomad_would_refuse_fail_at_startup():
-    """Deadlines out of order or a bad size are a ConfigError naming the key."""
-    with pytest.raises(ConfigError, match="healthy_deadline"):
-        check_nomad_config(msgspec.structs.replace(CFG, healthy_deadline="3h"))
-    with pytest.raises(ConfigError, match="memory_per_gpu"):
-        check_nomad_config(msgspec.structs.replace(CFG, memory_per_gpu="lots"))
-    check_nomad_config(CFG)
+def test_rendering_settings_that_nomad_would_refuse_fail_at_startup(tmp_path):
+    """Deadlines out of order or a bad size are a ConfigError naming the file and key."""
+    path = tmp_path / "server.yaml"
+    path.write_text("scheduler: {kind: nomad, nomad: {healthy_deadline: 3h}}\n")
+    with pytest.raises(ConfigError, match=r"server\.yaml: scheduler\.nomad\.healthy_deadline"):
+        load_config(path, env={})
+    path.write_text("scheduler: {kind: nomad, nomad: {memory_per_gpu: lots}}\n")
+    with pytest.raises(ConfigError, match=r"scheduler\.nomad\.memory_per_gpu: 'lots' is not"):
+        load_config(path, env={})
+    path.write_text("scheduler: {kind: nomad, nomad: {healthy_deadline: 90m}}\n")
+    assert load_config(path, env={}).scheduler.nomad.healthy_deadline == 5400

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from llmgw.errors import StoreUnavailableError
-from llmgw.store.postgres import PostgresStore, redact
+from llmgw.redact import redact_url
+from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SqliteStore
 
 from .conftest import Database, FreezingProxy, StoreFactory, with_params
@@ -67,9 +68,9 @@ async def test_postgres_on_a_closed_port_is_unavailable_without_leaking_the_pass
 
 
 def test_redact_hides_passwords_in_userinfo_and_query() -> None:
-    """redact() masks a password given either way and keeps the rest of the URL readable."""
+    """redact_url() masks a password given either way and keeps the rest of the URL readable."""
     url = "postgresql://llmgw:pw1@db.internal:5432/llmgw?password=pw2&sslmode=require"
-    shown = redact(url)
+    shown = redact_url(url)
     assert "pw1" not in shown
     assert "pw2" not in shown
     assert shown.startswith("postgresql://llmgw:***@db.internal:5432/llmgw?")

@@ -39,9 +39,9 @@ import msgspec
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint, is_stale
 from llmgw.catalog.model import Model, Profile
-from llmgw.catalog.units import parse_duration
+from llmgw.catalog.source import PkgSource
 from llmgw.config import ServerConfig
-from llmgw.errors import ConfigError, NotFoundError, PlacementError
+from llmgw.errors import NotFoundError, PlacementError
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
 from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
 from llmgw.scheduler.local.gguf import NotGgufError, read_gguf
@@ -56,7 +56,7 @@ from llmgw.scheduler.local.supervisor import (
     kill_all_groups,
     rss_of,
 )
-from llmgw.sources import SourceError, local_source_refusal, parse_pkg_source, resolve_source
+from llmgw.weights.local import SourceError, local_source_refusal, resolve_source
 
 log = logging.getLogger("llmgw.scheduler.local")
 
@@ -127,17 +127,8 @@ class LocalBackend:
         # machine has one scheduler, so there is nothing to share through it.
         local = config.scheduler.local
         low, high = local.port_range
-        if not 1024 <= low <= high <= 65535:
-            raise ConfigError(
-                f"scheduler.local.port_range: {list(local.port_range)} is not a range of "
-                "unprivileged ports [low, high] with 1024 <= low <= high <= 65535",
-                field="scheduler.local.port_range")
         if timing is None:
-            try:
-                timing = Timing(stop_grace=parse_duration(local.stop_grace),
-                                start_timeout=parse_duration(local.start_timeout))
-            except ValueError as exc:
-                raise ConfigError(f"scheduler.local: {exc}", field="scheduler.local") from None
+            timing = Timing(stop_grace=local.stop_grace, start_timeout=local.start_timeout)
         self.config = config
         self.machine = machine or detect_machine(local)
         self._ledger = Ledger(self.machine)
@@ -223,7 +214,7 @@ class LocalBackend:
             return
         if refusal := engine_refusal(model, bool(self.machine.gpus)):
             raise PlacementError(refusal, field="engine")
-        if refusal := local_source_refusal(model.source or ""):
+        if refusal := local_source_refusal(model.source):
             raise PlacementError(refusal, field="source")
         reasons = []
         for i, p in enumerate(model.profiles):
@@ -406,7 +397,7 @@ class LocalBackend:
     def _choose(self, m: Model, catalog: Catalog) -> tuple[Profile, Demand] | _Wait | _Never:
         """The first profile that fits now (C2); else why it must wait, or can never run."""
         refusal = (engine_refusal(m, bool(self.machine.gpus))
-                   or local_source_refusal(m.source or ""))
+                   or local_source_refusal(m.source))
         if refusal:
             return _Never(refusal)
         waits: list[str] = []
@@ -458,8 +449,8 @@ class LocalBackend:
     # -- launching (runs in the replica's task) ------------------------------
 
     async def _resolve(self, m: Model) -> Path:
-        source = m.source or ""
-        dist = parse_pkg_source(source)
+        source = m.source
+        dist = source.distribution if isinstance(source, PkgSource) else None
         if dist is not None and (known := self._pkg_paths.get(dist)) and known.is_file():
             return known
         path = await asyncio.to_thread(resolve_source, source,
@@ -482,7 +473,8 @@ class LocalBackend:
         except Exception as exc:
             log.exception("model %s: preparing a replica's launch failed", m.name)
             raise LaunchError(
-                f"preparing the launch of model {m.name!r} (source {m.source!r}) failed: "
+                f"preparing the launch of model {m.name!r} "
+                f"(source {m.source.shown if m.source else None!r}) failed: "
                 f"{type(exc).__name__}: {exc}; see llmgw's log for the traceback") from None
 
     async def _launch_of(self, m: Model, profile: Profile, grant: Grant,

@@ -18,9 +18,7 @@ import shutil
 import socket
 import subprocess
 
-from llmgw.catalog.units import parse_size
 from llmgw.config import LocalConfig
-from llmgw.errors import ConfigError
 from llmgw.scheduler.local.resources import Gpu, Machine
 
 log = logging.getLogger("llmgw.scheduler.local")
@@ -75,10 +73,6 @@ def detect_machine(cfg: LocalConfig) -> Machine:
     cores = _cpu_ids()
     pinnable = True
     if cfg.cpu_cores is not None:
-        if cfg.cpu_cores < 1:
-            raise ConfigError(
-                f"scheduler.local.cpu_cores: {cfg.cpu_cores} is not a core count; give 1 or more "
-                "or leave it out to use the machine's", field="scheduler.local.cpu_cores")
         if cfg.cpu_cores <= len(cores):
             cores = cores[: cfg.cpu_cores]
         else:
@@ -88,10 +82,6 @@ def detect_machine(cfg: LocalConfig) -> Machine:
             pinnable = False
     memory = _memory()
     if cfg.memory is not None:
-        try:
-            memory = parse_size(cfg.memory)
-        except ValueError as exc:
-            raise ConfigError(f"scheduler.local.memory: {exc}",
-                              field="scheduler.local.memory") from None
+        memory = int(cfg.memory)
     return Machine(name=socket.gethostname() or "localhost", cores=cores, memory=memory,
                    gpus=_gpus(), pinnable=pinnable)

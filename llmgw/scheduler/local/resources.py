@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import msgspec
 
 from llmgw.catalog.model import GpuClass, Profile
-from llmgw.catalog.units import format_size, parse_size
+from llmgw.catalog.units import format_size
 
 
 class Gpu(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,7 +70,7 @@ def demand_of(profile: Profile, gpu_classes: Mapping[str, GpuClass]) -> Demand:
     return Demand(
         profile=profile.name,
         cores=profile.cpu_cores or 0,
-        memory=parse_size(profile.memory) if profile.memory is not None else 0,
+        memory=int(profile.memory) if profile.memory is not None else 0,
         gpus=profile.gpus,
         gpu_device=gc.device if gc else None,
     )

@@ -98,7 +98,6 @@ class NomadBackend:
                  holder: str | None = None, reconcile_interval: float = 10.0,
                  check_interval: float = 2.0, watch_wait: float = 30.0,
                  lease_ttl: float = 30.0, backoff_max: float = 60.0) -> None:
-        render.check_nomad_config(config.scheduler.nomad)
         self._cfg = config.scheduler.nomad
         self._classes = dict(config.gpu_classes)
         self._mirror = config.mirror

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.catalog.model import GpuClass
-from llmgw.catalog.units import parse_size
 from llmgw.scheduler.base import Fleet, NodeView, Pool
 from llmgw.scheduler.nomad import wire
 
@@ -201,7 +200,7 @@ def build_fleet(nodes: Sequence[wire.Node], allocs: Iterable[wire.Allocation],
     for (gclass, device, fabric), vs in members.items():
         mem = next((v.gpu_memory for v in vs if v.gpu_memory), None)
         if gclass is not None and gclass in gpu_classes:
-            mem = parse_size(gpu_classes[gclass].memory)
+            mem = int(gpu_classes[gclass].memory)
         pools.append(Pool(
             name=pool_name(gclass, device, fabric), gpu_class=gclass, fabric=fabric,
             gpu_memory=mem, nodes=[v.name for v in vs],

@@ -33,20 +33,18 @@ downloads it itself into the same cache.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from llmgw.catalog.build import Catalog, check_name
+from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
-from llmgw.catalog.units import parse_duration, parse_size
-from llmgw.config import NomadConfig
-from llmgw.errors import ConfigError, DefinitionError
+from llmgw.catalog.source import HfSource, UrlSource
+from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.jobspec import ns
 
@@ -99,57 +97,23 @@ def model_of_job(job: str) -> str | None:
     return job[len(JOB_PREFIX):] if job.startswith(JOB_PREFIX) else None
 
 
-def check_nomad_config(cfg: NomadConfig) -> None:
-    """Raise ConfigError naming the key when a rendering setting cannot be used."""
-    try:
-        per_gpu = parse_size(cfg.memory_per_gpu)
-    except ValueError as exc:
-        raise ConfigError(f"scheduler.nomad.memory_per_gpu: {exc}",
-                          field="scheduler.nomad.memory_per_gpu") from None
-    if per_gpu <= 0:
-        raise ConfigError("scheduler.nomad.memory_per_gpu: must be more than 0",
-                          field="scheduler.nomad.memory_per_gpu")
-    if cfg.cores_per_gpu < 1:
-        raise ConfigError("scheduler.nomad.cores_per_gpu: must be at least 1",
-                          field="scheduler.nomad.cores_per_gpu")
-    try:
-        healthy = parse_duration(cfg.healthy_deadline)
-        progress = parse_duration(cfg.progress_deadline)
-    except ValueError as exc:
-        raise ConfigError(f"scheduler.nomad: {exc}", field="scheduler.nomad") from None
-    # Nomad validates MinHealthyTime < HealthyDeadline < ProgressDeadline (§1.2).
-    if not _MIN_HEALTHY < healthy < progress:
-        raise ConfigError(
-            f"scheduler.nomad.healthy_deadline ({cfg.healthy_deadline}) must be longer than "
-            f"{_MIN_HEALTHY:.0f}s and shorter than progress_deadline ({cfg.progress_deadline}); "
-            "Nomad refuses the job otherwise",
-            field="scheduler.nomad.healthy_deadline",
-        )
-
-
-_MIN_HEALTHY = 30.0
-
-
 def need_of(model: Model, profile: Profile, cfg: NomadConfig,
             gpu_classes: Mapping[str, GpuClass]) -> Need:
-    """The per-node reservation of one replica, with the GPU-profile defaults applied."""
+    """The per-node reservation of one replica, with the GPU-profile defaults applied.
+
+    The catalog was built against ``gpu_classes``, so a GPU profile's class is known.
+    """
     gc = gpu_classes.get(profile.gpu_class) if profile.gpu_class else None
-    if profile.gpus > 0 and gc is None:
-        raise DefinitionError(
-            f"model {model.name!r} profile {profile.name!r}: unknown gpu class "
-            f"{profile.gpu_class!r} (known: {', '.join(sorted(gpu_classes)) or 'none'})",
-            field="gpu_class",
-        )
     cores = profile.cpu_cores
     if cores is None:
         cores = profile.gpus * cfg.cores_per_gpu
-    memory = (parse_size(profile.memory) if profile.memory is not None
-              else profile.gpus * parse_size(cfg.memory_per_gpu))
+    memory = (int(profile.memory) if profile.memory is not None
+              else profile.gpus * int(cfg.memory_per_gpu))
     return Need(
         model=model.name, profile=profile.name, gpus=profile.gpus,
         gpu_class=profile.gpu_class if profile.gpus > 0 else None,
         gpu_device=gc.device if gc and profile.gpus > 0 else None,
-        gpu_memory=parse_size(gc.memory) if gc and profile.gpus > 0 else None,
+        gpu_memory=int(gc.memory) if gc and profile.gpus > 0 else None,
         gpu_vendor=gc.vendor if gc else "nvidia",
         fabric=profile.fabric, cores=cores, memory=memory,
     )
@@ -159,18 +123,6 @@ class _Source(msgspec.Struct, frozen=True):
     fetch_url: str | None     # what the prestart task downloads; None: the engine pulls
     model_arg: str            # what the engine is told to load
     revision: str | None = None
-
-
-def _parse_hf(source: str) -> tuple[str, str | None, str | None]:
-    """``hf://org/repo[@revision][/file]`` → (org/repo, revision, file)."""
-    rest = source[len("hf://"):]
-    parts = rest.split("/", 2)
-    if len(parts) < 2 or not parts[0] or not parts[1]:
-        raise DefinitionError(
-            f"source: {source!r} is not hf://org/repo[@revision][/file]", field="source")
-    repo_name, _, revision = parts[1].partition("@")
-    file = parts[2] if len(parts) == 3 and parts[2] else None
-    return f"{parts[0]}/{repo_name}", revision or None, file
 
 
 def cache_path(url: str) -> str:
@@ -186,32 +138,20 @@ def cache_path(url: str) -> str:
 
 
 def _source(model: Model, mirror: str | None) -> _Source:
-    src = model.source or ""
-    if src.startswith("hf://"):
-        repo, revision, file = _parse_hf(src)
-        if mirror:
-            url = f"{mirror.rstrip('/')}/{model.name}/{revision or 'main'}/{file or ''}"
+    """How the replica gets its weights. The catalog was built for Nomad with this
+    mirror (``llmgw.catalog.build.Runtime``), so every source here is one a node can
+    fetch: a URL, or a Hub repository through the mirror or vLLM's own download."""
+    match model.source:
+        case HfSource(repo_id, revision, file):
+            if mirror:
+                version = quote(revision, safe="") if revision else "main"
+                url = f"{mirror.rstrip('/')}/{model.name}/{version}/{file or ''}"
+                return _Source(fetch_url=url, model_arg=cache_path(url))
+            return _Source(fetch_url=None, model_arg=repo_id, revision=revision)
+        case UrlSource(url):
             return _Source(fetch_url=url, model_arg=cache_path(url))
-        if model.engine != "vllm":
-            raise DefinitionError(
-                f"source: {src!r} can only reach a llama.cpp replica through the mirror; "
-                "set mirror in server.yaml and add the file with `llmgw mirror add`",
-                field="source",
-            )
-        if file:
-            raise DefinitionError(
-                f"source: {src!r} names one file, which vLLM cannot download by itself; "
-                "set mirror in server.yaml and add it with `llmgw mirror add`",
-                field="source",
-            )
-        return _Source(fetch_url=None, model_arg=repo, revision=revision)
-    if src.startswith(("http://", "https://")):
-        return _Source(fetch_url=src, model_arg=cache_path(src))
-    raise DefinitionError(
-        f"source: {src!r} is a local path, which a Nomad node cannot read; put it on the "
-        "mirror with `llmgw mirror add` and use its URL",
-        field="source",
-    )
+    raise AssertionError(f"model {model.name!r}: source {model.source!r} was not checked "
+                         "for Nomad when the catalog was built")
 
 
 def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
@@ -220,10 +160,6 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
     served = model.engine_model_name
     config: dict[str, object]
     if model.engine == "llama.cpp":
-        if src.model_arg.endswith("/"):
-            raise DefinitionError(
-                f"source: {model.source!r} is a directory; llama.cpp loads one GGUF file, so "
-                "name the file", field="source")
         args = ["--model", src.model_arg, "--alias", served, "--host", "0.0.0.0",
                 "--port", str(port), "--ctx-size", str(profile.context),
                 "--threads", str(need.cores)]
@@ -286,11 +222,6 @@ def _fetch_task(cfg: NomadConfig, url: str, dest: str) -> js.Task:
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _deadlines(healthy: str | int, progress: str | int) -> tuple[int, int]:
-    return ns(parse_duration(healthy)), ns(parse_duration(progress))
-
-
 def tags(model: str, profile: str, fp: str) -> list[str]:
     return ["llmgw", f"model={model}", f"profile={profile}", f"fingerprint={fp}"]
 
@@ -300,16 +231,14 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                mirror: str | None = None) -> js.Job:
     """The Nomad job running ``count`` replicas of ``model`` with ``profile``.
 
-    Raises DefinitionError when the entry cannot become a Nomad job (a local
-    path as source, a directory for llama.cpp, an unknown gpu class).
+    ``model`` comes from a catalog built for Nomad (``Runtime``), and ``cfg`` was
+    checked by ``load_config``; nothing is validated again here.
     """
-    if model.external or model.engine is None:
-        raise DefinitionError(f"model {model.name!r} is external (upstream); it has no job")
-    check_name(model.name)
+    assert model.engine is not None, f"model {model.name!r} is external; it has no job"
     need = need_of(model, profile, cfg, gpu_classes)
     src = _source(model, mirror)
     fp = fingerprint(model, profile)
-    healthy, progress = _deadlines(cfg.healthy_deadline, cfg.progress_deadline)
+    healthy, progress = ns(cfg.healthy_deadline), ns(cfg.progress_deadline)
     engine = model.engine
     check = js.ServiceCheck(
         Name="health", Type="http", Path=HEALTH_PATH[engine], Method="GET",
@@ -336,14 +265,14 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                                 Source=cfg.cache_volume, ReadOnly=False)},
         Tasks=tasks,
         Update=js.UpdateStrategy(
-            MaxParallel=1, HealthCheck="checks", MinHealthyTime=ns(_MIN_HEALTHY),
+            MaxParallel=1, HealthCheck="checks", MinHealthyTime=ns(MIN_HEALTHY_TIME),
             HealthyDeadline=healthy, ProgressDeadline=progress,
             # A load that fails its deadline is usually a node or a mirror
             # problem; reverting would restart the previous version's load too.
             AutoRevert=False, Canary=0, Stagger=ns(30),
         ),
         Migrate=js.MigrateStrategy(MaxParallel=1, HealthCheck="checks",
-                                   MinHealthyTime=ns(_MIN_HEALTHY), HealthyDeadline=healthy),
+                                   MinHealthyTime=ns(MIN_HEALTHY_TIME), HealthyDeadline=healthy),
         RestartPolicy=js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail"),
         ReschedulePolicy=js.ReschedulePolicy(Unlimited=True, Delay=ns(60),
                                              DelayFunction="exponential", MaxDelay=ns(3600)),

@@ -2,7 +2,7 @@
 
 A pure decision over the request's headers and the file's facts (size,
 modification time, identity), with no I/O, so every Range and precondition
-case is tested without a socket. The server (``llmgw.mirror.server``) only
+case is tested without a socket. The server (``llmgw.weights.mirror.server``) only
 carries out the plan: literal bytes are written, file slices are handed to
 ``sendfile``.
 

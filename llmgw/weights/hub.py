@@ -1,8 +1,7 @@
 """The Hugging Face Hub, as the mirror and the source check see it.
 
-``hf://org/repo[@revision][/file]`` is parsed here, once. A revision holding
-a '/' (``refs/pr/3``) is written percent-encoded (``@refs%2Fpr%2F3``) so it
-cannot be mistaken for a file path.
+``hf://org/repo[@revision][/file]`` is parsed once, by the catalog's decoder
+(``llmgw.catalog.source.HfSource``); this module only talks to the Hub.
 
 huggingface-hub is blocking; callers in the server run these functions in a
 thread. Its errors are translated in ``describe`` into what an operator can
@@ -19,40 +18,10 @@ honoured.
 from __future__ import annotations
 
 import os
-from urllib.parse import unquote
 
-import msgspec
+from llmgw.catalog.source import HfSource
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-
-
-class HfSource(msgspec.Struct, frozen=True, kw_only=True):
-    repo_id: str
-    revision: str | None = None
-    filename: str | None = None
-
-    def __str__(self) -> str:
-        rev = f"@{self.revision}" if self.revision else ""
-        return f"hf://{self.repo_id}{rev}" + (f"/{self.filename}" if self.filename else "")
-
-
-def parse_hf_source(source: str) -> HfSource | None:
-    """The parts of an ``hf://`` source; None for another form; ValueError if malformed."""
-    if not source.startswith("hf://"):
-        return None
-    rest = source[len("hf://"):]
-    org, _, tail = rest.partition("/")
-    repo_part, _, filename = tail.partition("/")
-    repo, at, revision = repo_part.partition("@")
-    if not org or not repo:
-        raise ValueError(f"{source!r} is not hf://ORG/REPO[@REVISION][/FILE]")
-    if at and not revision:
-        raise ValueError(f"{source!r} has an '@' but no revision after it")
-    filename = filename.strip("/")
-    if ".." in filename.split("/"):
-        raise ValueError(f"{source!r}: a file path inside a repository cannot hold '..'")
-    return HfSource(repo_id=f"{org}/{repo}", revision=unquote(revision) if revision else None,
-                    filename=filename or None)
 
 
 def endpoint() -> str:

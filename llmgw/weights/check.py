@@ -1,13 +1,13 @@
 """The source check (S1): a model's weights exist and can be reached, checked at add time.
 
 One module, used by the API (``POST /api/v1/source-check`` and adding a model,
-which is what the admin page does) and by ``llmgw ctl model add`` through it.
-It used to live only in the CLI, and a model added another way skipped it: a
-typo or a mirror that was down then became a replica failing on a node
-minutes later, with an error naming the node instead of the source.
+which is what the admin page does) and by ``llmgw ctl model add`` through it,
+so a model added any way is checked: a typo or a mirror that was down
+otherwise becomes a replica failing on a node minutes later, with an error
+naming the node instead of the source.
 
-It only reads — HEAD and GET against the Hub or the mirror (M6: neither the
-gateway nor the API ever writes to the mirror).
+It only reads — HEAD and GET against the Hub or the mirror; neither the
+gateway nor the API ever writes to the mirror.
 
 What is checked, by the source's form:
 
@@ -33,36 +33,28 @@ import importlib.metadata
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
+from llmgw.catalog.source import HfSource, PathSource, PkgSource, Source, UrlSource
 from llmgw.errors import DefinitionError
-from llmgw.mirror import hub
-from llmgw.sources import parse_pkg_source
+from llmgw.weights import hub
 
 if TYPE_CHECKING:
     from llmgw.catalog.model import Model
 
 
-def _shown(source: str) -> str:
-    """``source`` fit for a message: a password in the URL (``user:pass@host``) becomes
-    ``***``, since these errors reach API clients, the admin page and logs."""
-    parts = urlsplit(source)
-    if parts.password is None:
-        return source
-    user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
-
-
-def _fail(source: str, reason: str) -> DefinitionError:
-    return DefinitionError(f"source {_shown(source)!r}: {reason}", field="source")
+def _fail(source: Source, reason: str) -> DefinitionError:
+    # ``shown``: these errors reach API clients, the admin page and logs, so a
+    # password in a URL is masked.
+    return DefinitionError(f"source {source.shown!r}: {reason}", field="source")
 
 
 # -- Hugging Face -------------------------------------------------------------------------
 
-def _check_hf(src: hub.HfSource, token: str | None, timeout: float, where: str) -> None:
+def _check_hf(src: HfSource, token: str | None, timeout: float, where: str) -> None:
     """Blocking: run in a thread. Raises what huggingface-hub raises."""
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
 
@@ -78,7 +70,7 @@ def _check_hf(src: hub.HfSource, token: str | None, timeout: float, where: str) 
     get_hf_file_metadata(url, token=token, timeout=timeout, endpoint=where)
 
 
-async def _hf(source: str, src: hub.HfSource, token: str | None, seconds: float) -> None:
+async def _hf(src: HfSource, token: str | None, seconds: float) -> None:
     where = hub.endpoint()
     try:
         # Two requests at most, each bounded by `seconds`; the thread cannot be
@@ -86,13 +78,13 @@ async def _hf(source: str, src: hub.HfSource, token: str | None, seconds: float)
         await asyncio.wait_for(asyncio.to_thread(_check_hf, src, token, seconds, where),
                                seconds * 2 + 1)
     except TimeoutError:
-        raise _fail(source, f"the Hugging Face Hub at {where} did not answer within "
-                            f"{seconds:g}s; unreachable") from None
+        raise _fail(src, f"the Hugging Face Hub at {where} did not answer within "
+                         f"{seconds:g}s; unreachable") from None
     except Exception as exc:
         reason = hub.describe(exc, src, where)
         if reason is None:
             raise
-        raise _fail(source, reason) from None
+        raise _fail(src, reason) from None
 
 
 # -- HTTP (the mirror, or any server) -----------------------------------------------------
@@ -109,12 +101,12 @@ def _on_mirror(url: str, mirror: str | None) -> bool:
         (a.port or 0) == (b.port or 0)
 
 
-async def _http(source: str, mirror: str | None, seconds: float) -> None:
-    label = "the mirror" if _on_mirror(source, mirror) else "the server"
+async def _http(source: UrlSource, mirror: str | None, seconds: float) -> None:
+    label = "the mirror" if _on_mirror(source.url, mirror) else "the server"
     hint = "; is `llmgw mirror serve` running there?" if label == "the mirror" else ""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as http:
-            async with http.head(source, allow_redirects=True) as resp:
+            async with http.head(source.url, allow_redirects=True) as resp:
                 final, status = str(resp.url), resp.status
                 length = resp.headers.get("Content-Length")
             if status == 404:
@@ -141,7 +133,7 @@ async def _http(source: str, mirror: str | None, seconds: float) -> None:
         raise _fail(source, f"{label} serves an empty file (0 bytes)")
 
 
-def _check_listing(source: str, body: bytes) -> None:
+def _check_listing(source: Source, body: bytes) -> None:
     try:
         listing = msgspec.json.decode(body, type=_Listing)
     except msgspec.DecodeError:
@@ -154,22 +146,17 @@ def _check_listing(source: str, body: bytes) -> None:
 
 # -- a package, a local path ---------------------------------------------------------------
 
-async def _pkg(source: str, name: str) -> None:
+async def _pkg(source: PkgSource) -> None:
     try:
-        await asyncio.to_thread(importlib.metadata.distribution, name)
+        await asyncio.to_thread(importlib.metadata.distribution, source.distribution)
     except importlib.metadata.PackageNotFoundError:
+        name = source.distribution
         raise _fail(source, f"the Python package {name!r} is not installed where the server "
                             f"runs; install it there (pip install {name})") from None
 
 
-def _local_path(source: str) -> str:
-    if source.startswith("file://"):
-        return unquote(urlsplit(source).path)
-    return os.path.expanduser(source)
-
-
-async def _local(source: str) -> None:
-    path = await asyncio.to_thread(_local_path, source)
+async def _local(source: PathSource) -> None:
+    path = await asyncio.to_thread(os.path.expanduser, source.path)
     if not await asyncio.to_thread(os.path.exists, path):
         raise _fail(source, f"not found: no file or directory {path!r} on the server's host "
                             f"(relative to {os.getcwd()!r}); a local path serves the "
@@ -180,36 +167,23 @@ async def _local(source: str) -> None:
 
 # `timeout` bounds each request made (and is handed to the HTTP clients), which
 # asyncio.timeout around the call could not do for the Hub's blocking client.
-async def check_source(source: str, *, mirror: str | None = None, hf_token: str | None = None,
+async def check_source(source: Source, *, mirror: str | None = None,
+                       hf_token: str | None = None,
                        timeout: float = 10) -> None:  # noqa: ASYNC109
     """Raise DefinitionError(field="source") unless ``source`` exists and is reachable.
 
     ``mirror`` is the configured mirror's base URL (errors then speak of the
     mirror); ``hf_token`` defaults to huggingface-hub's own (HF_TOKEN).
     """
-    source = source.strip()
-    if not source:
-        raise DefinitionError("source is empty; give hf://ORG/REPO, a mirror URL, pkg:NAME or "
-                              "a local path", field="source")
-    try:
-        hf_src = hub.parse_hf_source(source)
-    except ValueError as exc:
-        raise _fail(source, str(exc)) from None
-    if hf_src is not None:
-        await _hf(source, hf_src, hf_token, timeout)
-        return
-    scheme = urlsplit(source).scheme.lower()
-    if scheme in ("http", "https"):
-        await _http(source, mirror, timeout)
-        return
-    pkg = parse_pkg_source(source)
-    if pkg is not None:
-        await _pkg(source, pkg)
-        return
-    if scheme not in ("", "file") and "://" in source:
-        raise _fail(source, f"unsupported scheme {scheme!r}; use hf://, http(s)://, pkg: or a "
-                            "local path")
-    await _local(source)
+    match source:
+        case HfSource():
+            await _hf(source, hf_token, timeout)
+        case UrlSource():
+            await _http(source, mirror, timeout)
+        case PkgSource():
+            await _pkg(source)
+        case PathSource():
+            await _local(source)
 
 
 def model_source_checker(mirror: str | None = None, hf_token: str | None = None,

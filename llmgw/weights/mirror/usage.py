@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 
 from llmgw.errors import DefinitionError, LlmgwError, NotFoundError, RefusedError, UnavailableError
-from llmgw.mirror import layout
+from llmgw.weights import layout
 
 _REFUSAL = ("an unreachable catalog and an empty one would both make every file look unused, "
             "and the next step after that list is deletion")

@@ -20,7 +20,7 @@ model, and a file present under its final name needs no second look.
   mirror behind Basic auth would answer 401 with no hint why. The userinfo is
   sent as an ``Authorization: Basic`` header instead, kept on redirects within
   the same origin and dropped on redirects elsewhere. The password appears in
-  no message, log line or file: ``redact`` shows it as ``***``.
+  no message, log line or file: ``llmgw.redact.redact_url`` shows it as ``***``.
 - **One download per node.** Two replicas of a model placed on one node run
   two prestart tasks at once. An ``flock`` on ``DEST.lock`` makes the second
   wait; it then finds ``DEST`` in place and returns. The lock file is left
@@ -48,7 +48,8 @@ from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 import msgspec
 
 from llmgw.errors import DefinitionError, LlmgwError, NotFoundError, UnavailableError
-from llmgw.mirror import layout
+from llmgw.redact import redact_url
+from llmgw.weights import layout
 
 BUFFER = 1 << 20
 MAX_REDIRECTS = 5
@@ -80,20 +81,6 @@ def _noop(_: str) -> None:
 
 # -- HTTP -----------------------------------------------------------------------------------
 
-def redact(url: str) -> str:
-    """``url`` as it may be shown: a password in its userinfo becomes ``***``."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if password is None:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
-
-
 def _authorization(url: str) -> dict[str, str]:
     """The Basic ``Authorization`` header for the userinfo in ``url`` (RFC 7617), if any."""
     parts = urlsplit(url)
@@ -123,7 +110,7 @@ def _connection(url: str, timeout: float
     userinfo asks for."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DefinitionError(f"{redact(url)}: fetch takes an http:// or https:// URL",
+        raise DefinitionError(f"{redact_url(url)}: fetch takes an http:// or https:// URL",
                               field="url")
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = cls(parts.hostname, parts.port, timeout=timeout)
@@ -149,7 +136,7 @@ def _request(url: str, headers: dict[str, str], timeout: float
             return
         finally:
             conn.close()
-    raise UnavailableError(f"{redact(url)}: more than {MAX_REDIRECTS} redirects; check the "
+    raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the "
                            "mirror URL")
 
 
@@ -157,7 +144,7 @@ _TRANSPORT = (OSError, http.client.HTTPException)
 
 
 def _status_error(url: str, status: int, reason: str) -> LlmgwError:
-    url = redact(url)
+    url = redact_url(url)
     if status == 404:
         return NotFoundError(f"{url}: not found on the mirror (HTTP 404); check the model's "
                              "source, or add the file with `llmgw mirror add`")
@@ -183,10 +170,10 @@ def head_length(url: str, timeout: float = 60.0) -> int | None:
             length = resp.getheader("Content-Length")
             return int(length) if length and length.isdigit() else None
         except _TRANSPORT as exc:
-            raise UnavailableError(f"cannot reach {redact(url)}: {exc}") from None
+            raise UnavailableError(f"cannot reach {redact_url(url)}: {exc}") from None
         finally:
             conn.close()
-    raise UnavailableError(f"{redact(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
+    raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
 
 
 def _mirror_sum(url: str, timeout: float) -> str | None:
@@ -196,11 +183,11 @@ def _mirror_sum(url: str, timeout: float) -> str | None:
             return None
         body = resp.read(4096)
         if resp.status != 200:
-            raise _RetryableError(f"{redact(url)}{layout.SIDECAR}: HTTP {resp.status} "
+            raise _RetryableError(f"{redact_url(url)}{layout.SIDECAR}: HTTP {resp.status} "
                                   f"{resp.reason}")
     digest = layout.parse_sidecar(body.decode("utf-8", "replace"))
     if digest is None:
-        raise LlmgwError(f"{redact(url)}{layout.SIDECAR} holds no sha256 digest; fix or "
+        raise LlmgwError(f"{redact_url(url)}{layout.SIDECAR} holds no sha256 digest; fix or "
                          "remove it on the mirror")
     return digest
 
@@ -222,7 +209,7 @@ class _Part:
     def __init__(self, dest: Path, url: str) -> None:
         self.path = dest.with_name(dest.name + ".part")
         self.meta_path = dest.with_name(dest.name + ".part.json")
-        url = redact(url)  # the password is not written to disk
+        url = redact_url(url)  # the password is not written to disk
         self.meta = _PartMeta(url=url)
         self.hasher = hashlib.sha256()
         try:
@@ -302,7 +289,7 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
             headers["If-Range"] = part.meta.validator
     with _request(url, headers, timeout) as (final, resp):
         if final.endswith("/") and not url.endswith("/"):
-            shown = redact(url)
+            shown = redact_url(url)
             raise DefinitionError(f"{shown} is a directory on the mirror; fetch {shown}/ to "
                                   "fetch every file in it", field="url")
         validator = resp.getheader("ETag") or resp.getheader("Last-Modified")
@@ -354,7 +341,8 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
         return True  # no length announced: the end of the body is the end of the file
     if size > total:
         part.discard()
-        raise LlmgwError(f"{redact(url)}: the server announced {total} bytes but sent {size}; the "
+        raise LlmgwError(f"{redact_url(url)}: the server announced {total} bytes but sent "
+                         f"{size}; the "
                          "partial file was removed. The server is misreporting "
                          "Content-Length; check the mirror")
     return size == total
@@ -423,7 +411,7 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
         done = _already_there(dest, expected, notify)
         if done is not None:
             return done
-        shown = redact(url)
+        shown = redact_url(url)
         source = "--sha256" if expected else shown + layout.SIDECAR
         need_sum = expected is None
         failures, problem = 0, ""
@@ -495,7 +483,7 @@ class _Listing(msgspec.Struct):
 def _safe_name(name: object, url: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
             or "\x00" in name or layout.is_hidden(name):
-        raise LlmgwError(f"{redact(url)}: the listing names {name!r}, which is not a plain "
+        raise LlmgwError(f"{redact_url(url)}: the listing names {name!r}, which is not a plain "
                          "file name; refusing to write it")
     return name
 
@@ -528,9 +516,11 @@ def fetch(url: str, dest: str | Path, *, sha256: str | None = None, retries: int
                 raise _status_error(url, resp.status, resp.reason)
         listing = msgspec.json.decode(body, type=_Listing)
     except _TRANSPORT as exc:
-        raise UnavailableError(f"{redact(url)}: cannot read the directory listing: {exc}") from None
+        raise UnavailableError(f"{redact_url(url)}: cannot read the directory listing: "
+                               f"{exc}") from None
     except msgspec.DecodeError:
-        raise LlmgwError(f"{redact(url)}: the answer is not a mirror directory listing; is this an "
+        raise LlmgwError(f"{redact_url(url)}: the answer is not a mirror directory listing; "
+                         "is this an "
                          "`llmgw mirror serve` URL?") from None
     names = {str(e.get("name")) for e in listing.entries if e.get("type") == "file"}
     results: list[FetchResult] = []

@@ -1,0 +1,49 @@
+"""Sizes, durations and sources in Litestar: encoded as written, decoded by our hooks.
+
+Litestar encodes responses and decodes request bodies with msgspec, but with
+its own hooks; these tables hand it ours (``llmgw.catalog.decode``), so a body
+is parsed exactly as a YAML file would be and a response shows each value the
+way its author wrote it. The schema plugin documents them as they travel: a
+size or a duration is a string (``24GiB``, ``15m``) or a number (bytes,
+seconds); a source is a string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from litestar.openapi.spec import OpenAPIType, Schema
+from litestar.plugins import OpenAPISchemaPlugin
+from litestar.typing import FieldDefinition
+
+from llmgw.catalog.decode import dec_hook, enc_hook
+from llmgw.catalog.source import Source
+from llmgw.catalog.units import Duration, Size
+
+TYPED = (Size, Duration, Source)
+
+TYPE_ENCODERS: dict[Any, Callable[[Any], Any]] = dict.fromkeys(TYPED, enc_hook)
+
+
+def _is_typed(target: Any) -> bool:
+    return isinstance(target, type) and issubclass(target, TYPED)
+
+
+TYPE_DECODERS: list[tuple[Callable[[Any], bool], Callable[[Any, Any], Any]]] = [
+    (_is_typed, dec_hook),
+]
+
+
+class TypedValuesSchema(OpenAPISchemaPlugin):
+    """How a Size, a Duration and a Source appear in the OpenAPI document."""
+
+    def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
+        return _is_typed(field_definition.annotation)
+
+    def to_openapi_schema(self, field_definition: FieldDefinition,
+                          schema_creator: Any) -> Schema:
+        if issubclass(field_definition.annotation, Source):
+            return Schema(type=OpenAPIType.STRING)
+        return Schema(one_of=[Schema(type=OpenAPIType.STRING),
+                              Schema(type=OpenAPIType.INTEGER)])
