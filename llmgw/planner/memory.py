@@ -214,6 +214,7 @@ def gpu_loads(a: Architecture, inv: list[Tensor], sizes: list[int], engine: Engi
         else:
             dev = place[t.layer]
         weights[dev] += s
+    weights[place[a.num_layers]] += output_copy(a, inv, sizes, gpus)
     out: list[GpuLoad] = []
     last = place[a.num_layers]
     for d in range(devices):
@@ -225,6 +226,23 @@ def gpu_loads(a: Architecture, inv: list[Tensor], sizes: list[int], engine: Engi
             kv_per_token=per_layer * (len(mine) - n_capped),
             kv_window_per_token=per_layer * n_capped))
     return out
+
+
+def output_copy(a: Architecture, inv: list[Tensor], sizes: list[int], gpus: int) -> int:
+    """Bytes of the second copy of a tied embedding that llama.cpp loads as the output layer.
+
+    A tied model's GGUF has no output.weight; the loader creates the output
+    layer from token_embd with TENSOR_DUPLICATED (src/llama-model.cpp,
+    load_tensors), at the type token_embd has in the file, which llama-quant.cpp
+    chose by the output head's rules. The copy is made whenever the output
+    layer lands in another buffer than the input embedding
+    (llama-model-loader.cpp, create_tensor, reuses the tensor only within one
+    buffer type): always when the output layer is on a GPU, since the input
+    embedding never is.
+    """
+    if not a.tie_embeddings or gpus == 0:
+        return 0
+    return next(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
 
 
 def kv_bytes(load: GpuLoad, a: Architecture, engine: EngineSpec, context: int,
