@@ -13,6 +13,12 @@ estimate that said Llama-3.3-70B at bf16 does not fit on two 80 GB cards
   with weights, activations and KV cache itself, so the overhead constants
   below are the engine's real consumers and carry no margin of their own.
 
+Host memory is the other place weights sit. vLLM keeps none there; llama.cpp
+keeps the input embedding on the CPU always, and a CPU replica (no GPU) holds
+its weights, KV cache and overhead all in host memory, where the same
+arithmetic applies to the node's memory instead of a card's (``host_weights``;
+the KV cache and overhead of a CPU replica are its one load's).
+
 KV bytes per token are what the engines allocate, layer by layer:
 
 * vLLM (vllm/v1/kv_cache_interface.py): a layer's page holds, per token,
@@ -206,8 +212,8 @@ def gpu_loads(a: Architecture, inv: list[Tensor], sizes: list[int], engine: Engi
     weights = [0] * devices
     for t, s in zip(inv, sizes, strict=True):
         if t.layer < 0:
-            # llama.cpp keeps the input embedding in host memory; the output
-            # norm travels with the output layer.
+            # llama.cpp keeps the input embedding in host memory (host_weights
+            # counts it there); the output norm travels with the output layer.
             if t.role == "token_embd" and gpus > 0:
                 continue
             dev = place[a.num_layers]
@@ -243,6 +249,22 @@ def output_copy(a: Architecture, inv: list[Tensor], sizes: list[int], gpus: int)
     if not a.tie_embeddings or gpus == 0:
         return 0
     return next(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
+
+
+def host_weights(a: Architecture, inv: list[Tensor], sizes: list[int], engine: EngineSpec,
+                 gpus: int) -> int:
+    """Weight bytes one replica keeps in host memory.
+
+    vLLM copies every weight into GPU memory. llama.cpp keeps the input
+    embedding on the CPU whatever it offloads (load_tensors assigns the input
+    layer to the CPU device unconditionally); a CPU replica holds all of its
+    weights there.
+    """
+    if engine.split == "tensor":
+        return 0
+    if gpus == 0:
+        return sum(sizes)
+    return sum(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
 
 
 def kv_bytes(load: GpuLoad, a: Architecture, engine: EngineSpec, context: int,

@@ -36,7 +36,13 @@ from llmgw.planner.candidates import (
     gpu_counts,
     group_problem,
 )
-from llmgw.planner.memory import ENGINES, GpuLoad, capped_layers, gpu_loads
+from llmgw.planner.memory import (
+    ENGINES,
+    GpuLoad,
+    capped_layers,
+    gpu_loads,
+    host_weights,
+)
 from llmgw.planner.quant import QUANTIZATIONS, container, weights_by_tensor
 from llmgw.planner.tensors import Tensor, inventory
 
@@ -244,11 +250,13 @@ def _candidates(a: Architecture, inv: list[Tensor], pools: list[PoolSpec],
                     fmt = container(quant, gguf_engine=engine.split == "layer")
                     if (fmt, quant) not in sizes:
                         sizes[(fmt, quant)] = weights_by_tensor(inv, quant, a, fmt)
-                    loads = _adjusted(a, inv, sizes[(fmt, quant)], engine_name, gpus,
-                                      o.kv_dtype, card, scale, surplus if fmt != "gguf" else 0)
+                    loads, host = _replica(a, inv, sizes[(fmt, quant)], engine_name, gpus,
+                                           o.kv_dtype, card, scale,
+                                           surplus if fmt != "gguf" else 0)
                     fraction = o.usable_fraction or engine.default_usable_fraction
-                    results[key] = evaluate(a, loads, engine, quant, gpus, card, fraction,
-                                            o.min_context, group_problem(a, quant, gpus))
+                    results[key] = evaluate(a, loads, host, engine, quant, gpus, card,
+                                            fraction, o.min_context,
+                                            group_problem(a, quant, gpus))
                 free = (None if pool.free_gpus_per_node is None
                         else pool.free_gpus_per_node >= gpus)
                 out.append(Candidate(**results[key], pool=pool.name, gpu_class=pool.gpu_class,
@@ -256,11 +264,18 @@ def _candidates(a: Architecture, inv: list[Tensor], pools: list[PoolSpec],
     return out
 
 
-def _adjusted(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, gpus: int,
-              kv_dtype: str, card: int, scale: float, surplus: int) -> list[GpuLoad]:
-    loads = gpu_loads(a, inv, sizes, ENGINES[engine], gpus, kv_dtype, card)
+def _replica(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, gpus: int,
+             kv_dtype: str, card: int, scale: float, surplus: int,
+             ) -> tuple[list[GpuLoad], int]:
+    """The loads of a replica's GPUs (its node's, on a CPU) and its weight bytes on the host,
+    scaled to the parameter count."""
+    e = ENGINES[engine]
+    loads = gpu_loads(a, inv, sizes, e, gpus, kv_dtype, card)
+    host = host_weights(a, inv, sizes, e, gpus)
     if scale == 1.0 and not surplus:
-        return loads
+        return loads, host
     extra = math.ceil(surplus * 2 / max(gpus, 1))
-    return [dataclasses.replace(ld, weights=math.ceil(ld.weights * scale) + extra)
-            for ld in loads]
+    return ([dataclasses.replace(ld, weights=math.ceil(ld.weights * scale) + extra)
+             for ld in loads],
+            math.ceil(host * scale))
+

@@ -168,7 +168,9 @@ def test_cpu_pool_gets_a_llama_cpp_candidate() -> None:
     assert {c.engine for c in result.candidates} == {"llama.cpp"}
     c = pick(result, "q4_K_M", 0, "llama.cpp")
     assert c.fits
-    assert c.weights_bytes_per_gpu > 4.5 * GiB
+    a = architecture_from_config(load_config("llama-3.1-8b-instruct"))
+    gguf = sum(weights_by_tensor(inventory(a), "q4_K_M", a, "gguf"))
+    assert (c.weights_bytes_per_gpu, c.host_bytes, c.weights_bytes_total) == (0, gguf, gguf)
 
 
 def test_surplus_parameters_are_charged_to_vllm_only() -> None:

@@ -179,15 +179,19 @@ def test_tied_gguf_sizes_match_published_files(name: str, quant: str) -> None:
 
 @pytest.mark.parametrize(("name", "quant"), sorted(TIED_PUBLISHED_GB))
 def test_tied_model_on_one_gpu_holds_the_whole_file(name: str, quant: str) -> None:
-    """llama.cpp on one GPU holds a tied model's published file size.
+    """llama.cpp on one GPU holds a tied model's published file size, the embedding again on
+    the host.
 
     The GPU has every tensor but the input embedding, plus the output layer that
     llama.cpp duplicates from that embedding: as many bytes as the file. Leaving
     the copy out under-counts Gemma-2-9B by 10-14% and Gemma-3-27B by 5-7%.
     """
     c = llama_cpp_candidate(name, quant)
+    embd = embedding_bytes(name, quant)
     assert c.weights_bytes_per_gpu / 1e9 == pytest.approx(TIED_PUBLISHED_GB[(name, quant)],
                                                           rel=0.005)
+    assert c.host_bytes == embd
+    assert c.weights_bytes_total == gguf_total(name, quant) + embd
 
 
 def test_tied_output_copy_has_the_output_heads_type() -> None:
@@ -217,3 +221,11 @@ def test_tied_copy_lands_on_the_output_layers_gpu() -> None:
     embd = embedding_bytes("gemma-2-9b-it", "q8_0")
     assert [ld.weights for ld in loads] == [layers[0], layers[1] + norm + embd]
 
+
+def test_untied_qwen_total_is_the_calibrated_file() -> None:
+    """Qwen2.5-14B (untied) on one GPU: GPU plus host is the file llama.cpp reports, once."""
+    for quant, gib in (("q8_0", 14.62), ("q4_K_M", 8.37)):
+        c = llama_cpp_candidate("qwen2.5-14b-instruct", quant)
+        assert c.weights_bytes_total / GiB == pytest.approx(gib, rel=0.01)
+        assert c.weights_bytes_total == c.weights_bytes_per_gpu + c.host_bytes
+        assert c.host_bytes == embedding_bytes("qwen2.5-14b-instruct", quant)
