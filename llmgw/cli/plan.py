@@ -95,7 +95,9 @@ def _print(result: PlanResult) -> None:
 @click.argument("source", metavar="REPO_OR_DIR")
 @click.option("--pool", "pool_texts", multiple=True, metavar="NAME=COUNTxMEMORY[@FABRIC]",
               help="Plan against COUNT cards of MEMORY on one node (e.g. h100=8x81559MiB@ib-a) "
-                   "instead of the live fleet; repeatable. Needs no server.")
+                   "instead of the live fleet; COUNT 0 is a CPU node with MEMORY of host "
+                   "memory (e.g. cpu=0x256GB), planned on llama.cpp. Repeatable. Needs no "
+                   "server.")
 @click.option("--params", metavar="N", callback=_param_count, default=None,
               help="Parameter count, overriding the checkpoint's (e.g. 70553706496 or 70.6B).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")

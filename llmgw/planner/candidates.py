@@ -94,23 +94,32 @@ _POOL_RE = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*)=(?P<count>-?\d+)[xX](?P<me
 
 
 def parse_pool(text: str) -> PoolSpec:
-    """``NAME=COUNTxMEMORY[@FABRIC]``: COUNT cards of MEMORY each on one node."""
+    """``NAME=COUNTxMEMORY[@FABRIC]``: COUNT cards of MEMORY each on one node.
+
+    COUNT 0 is a CPU node with MEMORY of host memory, the PoolSpec the fleet
+    path builds for a pool of CPU nodes.
+    """
     match = _POOL_RE.match(text.strip())
     if match is None:
         raise DefinitionError(
             f"--pool {text!r} is not NAME=COUNTxMEMORY[@FABRIC]; write e.g. h100=8x80GB@ib-a "
-            "(8 cards of 80 GB on one node, on fabric ib-a)", field="pool")
+            "(8 cards of 80 GB on one node, on fabric ib-a) or cpu=0x256GB (a node with no "
+            "GPU and 256 GB of memory)", field="pool")
     count = int(match["count"])
-    if count < 1:
+    if count < 0:
         raise DefinitionError(
-            f"--pool {text!r}: the GPU count must be at least 1, got {count}", field="pool")
+            f"--pool {text!r}: the GPU count must be at least 0 (0 for a CPU node), got "
+            f"{count}", field="pool")
+    what = "the memory per GPU" if count else "the host memory of a CPU node"
     try:
         memory = parse_size(match["mem"].strip())
     except ValueError as exc:
         raise DefinitionError(f"--pool {text!r}: {exc}", field="pool") from None
     if memory <= 0:
-        raise DefinitionError(
-            f"--pool {text!r}: the memory per GPU must be more than 0", field="pool")
+        raise DefinitionError(f"--pool {text!r}: {what} must be more than 0", field="pool")
+    if count == 0:
+        return PoolSpec(name=match["name"], gpus_per_node=0, memory=memory,
+                        fabric=match["fabric"], gpu_class=None)
     return PoolSpec(name=match["name"], gpus_per_node=count, gpu_memory=memory,
                     fabric=match["fabric"], gpu_class=match["name"])
 

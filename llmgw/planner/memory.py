@@ -244,11 +244,23 @@ def output_copy(a: Architecture, inv: list[Tensor], sizes: list[int], gpus: int)
     layer lands in another buffer than the input embedding
     (llama-model-loader.cpp, create_tensor, reuses the tensor only within one
     buffer type): always when the output layer is on a GPU, since the input
-    embedding never is.
+    embedding never is. On a CPU replica it is made when the CPU backend
+    repacks the output's type into a buffer of its own, as AMX does on recent
+    Xeons (Gemma 3 270M at q4_K_M on such a host: token_embd repacked into
+    the AMX buffer as the output layer, its q8_0 original kept for the
+    input) and ARM's dot-product and int8-matmul kernels do; both take every
+    quantised type a tied embedding gets here, and no CPU backend repacks a
+    16-bit one. A CPU without those shares one copy, and this counts one
+    embedding more than it holds there: the side to err on, since the
+    planner cannot tell the CPU and too little is an out-of-memory.
     """
-    if not a.tie_embeddings or gpus == 0:
+    if not a.tie_embeddings:
         return 0
-    return next(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
+    for t, s in zip(inv, sizes, strict=True):
+        if t.role == "token_embd":
+            quantised = s < t.params * 2  # fewer than 16 bits a weight
+            return s if gpus > 0 or quantised else 0
+    return 0
 
 
 def host_weights(a: Architecture, inv: list[Tensor], sizes: list[int], engine: EngineSpec,
@@ -258,12 +270,12 @@ def host_weights(a: Architecture, inv: list[Tensor], sizes: list[int], engine: E
     vLLM copies every weight into GPU memory. llama.cpp keeps the input
     embedding on the CPU whatever it offloads (load_tensors assigns the input
     layer to the CPU device unconditionally); a CPU replica holds all of its
-    weights there.
+    weights there, with a tied model's output copy (``output_copy``).
     """
     if engine.split == "tensor":
         return 0
     if gpus == 0:
-        return sum(sizes)
+        return sum(sizes) + output_copy(a, inv, sizes, gpus)
     return sum(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
 
 

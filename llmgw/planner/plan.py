@@ -219,6 +219,13 @@ def plan_model(request: PlanRequest, pools: list[PoolSpec], *,
         out_notes.append(window)
     if not pools:
         out_notes.append("no pools to plan on: the fleet has none, or give --pool")
+    cpu_pools = [p.name for p in pools if p.gpus_per_node == 0]
+    if cpu_pools and any(ENGINES[e].split == "tensor" for e, _ in pairs):
+        # One note rather than a non-fitting row per quantisation: vLLM needs an
+        # NVIDIA GPU (the local scheduler refuses it on a machine without one), so
+        # those rows could never fit and would bury the llama.cpp ones.
+        out_notes.append(f"{', '.join(cpu_pools)} {'has' if len(cpu_pools) == 1 else 'have'} "
+                         "no GPU: vLLM needs one, so only llama.cpp candidates are listed there")
     candidates = _candidates(a, inv, pools, pairs, o, scale, surplus)
     candidates.sort(key=_order)
     total = request.parameters.total if request.parameters else n_config

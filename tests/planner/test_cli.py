@@ -59,7 +59,7 @@ def test_table_shows_model_notes_and_reasons(qwen_dir: Path) -> None:
     assert "exceed the" in out
 
 
-@pytest.mark.parametrize("pool", ["h100", "h100=0x80GB", "h100=-1x80GB", "h100=8x0GB",
+@pytest.mark.parametrize("pool", ["h100", "h100=-1x80GB", "h100=8x0GB", "cpu=0x0GB",
                                   "h100=8xbig"])
 def test_malformed_pool_is_a_usage_error(qwen_dir: Path, pool: str) -> None:
     """A malformed --pool or a zero/negative size exits 2 with the expected form."""
@@ -83,6 +83,22 @@ def test_calibrated_weights_show_as_the_total_in_json_and_table(qwen_dir: Path) 
     rows = {line.split()[2]: line for line in out.splitlines() if "llama.cpp" in line}
     assert "14.62GiB" in rows["q8_0"]
     assert "8.37GiB" in rows["q4_K_M"]
+
+
+def test_cpu_pool_plans_llama_cpp_in_host_memory(qwen_dir: Path) -> None:
+    """--pool cpu=0x64GB lists llama.cpp on the CPU node, every weight in host memory."""
+    code, out, err = run("model", "plan", str(qwen_dir), "--pool", "cpu=0x64GB", "-o", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {(r["engine"], r["gpus"]) for r in rows} == {("llama.cpp", 0)}
+    q4 = next(r for r in rows if r["quantization"] == "q4_K_M")
+    assert q4["fits"]
+    assert q4["weights_bytes_per_gpu"] == 0
+    assert q4["host_bytes"] == q4["weights_bytes_total"]
+    assert q4["host_bytes"] / GiB == pytest.approx(8.37, rel=0.01)
+    code, out, _ = run("model", "plan", str(qwen_dir), "--pool", "cpu=0x64GB")
+    assert code == 0
+    assert "cpu has no GPU: vLLM needs one" in out
 
 
 @pytest.mark.parametrize("params", ["0", "-5", "lots"])
