@@ -42,6 +42,7 @@ from llmgw.planner.memory import (
     capped_layers,
     gpu_loads,
     host_weights,
+    kv_bytes,
 )
 from llmgw.planner.quant import QUANTIZATIONS, container, weights_by_tensor
 from llmgw.planner.tensors import Tensor, inventory
@@ -51,7 +52,8 @@ EngineName = Literal["vllm", "llama.cpp", "llama-cpp-python"]
 # safetensors dtypes that pack several weights into one element
 PACKED_DTYPES = frozenset({"I32", "U32", "U8", "I4", "U4"})
 
-__all__ = ["Candidate", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec", "plan_model"]
+__all__ = ["Candidate", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec", "host_need",
+           "plan_model"]
 
 
 class PlanOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -286,3 +288,48 @@ def _replica(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, 
              for ld in loads],
             math.ceil(host * scale))
 
+
+def host_need(config: dict[str, Any], *, engine: EngineName, quantization: str, gpus: int,
+              context: int, parameters: ParameterCount | None = None,
+              kv_dtype: KvDtype = "fp16", model: str = "model") -> int:
+    """Bytes of host memory one replica needs: what a memory reservation must cover.
+
+    ``config`` and ``parameters`` are what ``plan_model`` reads (a PlanRequest's,
+    or ``resolve_model``'s ModelInput). On GPUs that is the weights the engine
+    keeps on the host (a candidate's ``host_bytes``: llama.cpp's input
+    embedding, nothing for vLLM); a CPU replica (``gpus`` 0) holds everything
+    there, so it is its weights, the runtime's overhead and the KV cache of
+    ``context`` tokens. No usable fraction is applied: this is the need itself.
+    The process's own code and libraries are not counted.
+    """
+    a = architecture_from_config(config, source=f"{model}: config.json")
+    if gpus < 0:
+        raise DefinitionError(f"gpus must be 0 (a CPU replica) or more, got {gpus}",
+                              field="gpus")
+    if context < 1:
+        raise DefinitionError(f"context must be at least 1 token, got {context}",
+                              field="context")
+    e = ENGINES[engine]
+    if gpus == 0 and e.split == "tensor":
+        raise DefinitionError(
+            f"{engine} needs a GPU; give gpus of 1 or more, or plan a CPU replica on "
+            "llama.cpp", field="gpus")
+    offered = [q for name, q in engine_quants(a, engine) if name == engine]
+    if quantization not in offered:
+        raise DefinitionError(
+            f"{engine} cannot serve {a.model_type} as {quantization!r}; it offers "
+            f"{', '.join(offered)}", field="quantization")
+    if kv_dtype not in e.kv_dtypes:
+        raise DefinitionError(f"{engine} has no {kv_dtype} KV cache; it offers "
+                              f"{', '.join(e.kv_dtypes)}", field="kv_dtype")
+    inv = inventory(a)
+    scale, surplus, _ = reconcile(sum(t.params for t in inv), parameters)
+    fmt = container(quantization, gguf_engine=e.split == "layer")
+    sizes = weights_by_tensor(inv, quantization, a, fmt)
+    # The card size only sizes vLLM's batch, and vLLM keeps nothing on the host.
+    loads, host = _replica(a, inv, sizes, engine, gpus, kv_dtype, 0, scale,
+                           surplus if fmt != "gguf" else 0)
+    if gpus:
+        return host
+    (node,) = loads
+    return host + node.overhead + kv_bytes(node, a, e, context, 0)
