@@ -24,6 +24,7 @@ from llmgw.planner.candidates import PoolSpec, parse_pool
 from llmgw.planner.plan import PlanOptions, PlanRequest, PlanResult, plan_model
 from llmgw.planner.quant import QUANTIZATIONS
 
+GiB = 1024**3
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMbBtT]?)\s*$")
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
@@ -59,6 +60,12 @@ def _context(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
 
 
+def _size(n: int) -> str:
+    """A weight size: GiB at two decimals, the resolution of the planner's 1% calibration
+    (one decimal of 8.37 GiB is 0.6%); smaller sizes as everywhere else."""
+    return f"{n / GiB:.2f}GiB" if n >= GiB else format_size(n)
+
+
 def _print(result: PlanResult) -> None:
     a = result.architecture
     shape = f"{a.layers} layers, {a.attention_heads} heads, {a.kv_heads} KV heads"
@@ -73,21 +80,24 @@ def _print(result: PlanResult) -> None:
         click.echo(f"note:       {note}")
     rows = [
         (c.pool, c.gpus or "cpu", c.quantization, c.engine,
-         format_size(c.weights_bytes_per_gpu), format_size(c.kv_bytes_per_token),
+         _size(c.weights_bytes_per_gpu) if c.gpus else "-", _size(c.host_bytes),
+         _size(c.weights_bytes_total), format_size(c.kv_bytes_per_token),
          _context(c.max_context), "yes" if c.fits else "no",
          ("" if c.free_now is None else "free now" if c.free_now else "busy now")
          if c.fits else c.reason)
         for c in result.candidates
     ]
-    print_table(rows, ["pool", "gpus", "quant", "engine", "weights/gpu", "kv/token",
-                       "max context", "fits", "reason"])
+    print_table(rows, ["pool", "gpus", "quant", "engine", "weights/gpu", "host",
+                       "weights total", "kv/token", "max context", "fits", "reason"])
 
 
 @model.command("plan")
 @click.argument("source", metavar="REPO_OR_DIR")
 @click.option("--pool", "pool_texts", multiple=True, metavar="NAME=COUNTxMEMORY[@FABRIC]",
               help="Plan against COUNT cards of MEMORY on one node (e.g. h100=8x81559MiB@ib-a) "
-                   "instead of the live fleet; repeatable. Needs no server.")
+                   "instead of the live fleet; COUNT 0 is a CPU node with MEMORY of host "
+                   "memory (e.g. cpu=0x256GB), planned on llama.cpp. Repeatable. Needs no "
+                   "server.")
 @click.option("--params", metavar="N", callback=_param_count, default=None,
               help="Parameter count, overriding the checkpoint's (e.g. 70553706496 or 70.6B).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit).")
@@ -116,7 +126,10 @@ def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: in
     REPO_OR_DIR is a Hugging Face repository (Qwen/Qwen2.5-14B-Instruct, optionally
     @REVISION) or a checkpoint directory holding config.json and its safetensors
     (or give --params). Fitting candidates come first; each other one says why it
-    does not fit. --output json prints the candidates as a list.
+    does not fit. Weights are shown where they sit: on the most loaded GPU, in
+    host memory, and in total over both (a copy, such as llama.cpp's output layer
+    of a tied model, counts each time). --output json prints the candidates as a
+    list.
     """
     pools = _pools(pool_texts)
     from llmgw.planner.inputs import resolve_model

@@ -15,7 +15,8 @@ Layers, each importing only the ones above it and no I/O library except
     quant       bytes of each tensor in each quantisation
     memory      per-GPU arithmetic: weights share, KV per token, overhead, max context
     candidates  pools (never spanning fabrics or nodes) and the candidate list
-    plan        the request/result structs and ``plan_model``, the one entry point
+    plan        the request/result structs, ``plan_model`` (the one entry point) and
+                ``host_need`` (one replica's host memory, for checking a reservation)
     inputs      reading config.json and the parameter count (local dir or Hub)
 
 The two errors this package exists to avoid, both in memory.py: the runtime's
@@ -25,7 +26,14 @@ model; and the usable fraction of a card is reserved exactly once.
 
 from llmgw.planner.arch import Architecture, architecture_from_config
 from llmgw.planner.candidates import PoolSpec, parse_pool, pools_from_fleet
-from llmgw.planner.plan import Candidate, PlanOptions, PlanRequest, PlanResult, plan_model
+from llmgw.planner.plan import (
+    Candidate,
+    PlanOptions,
+    PlanRequest,
+    PlanResult,
+    host_need,
+    plan_model,
+)
 
 __all__ = [
     "Architecture",
@@ -35,6 +43,7 @@ __all__ = [
     "PlanResult",
     "PoolSpec",
     "architecture_from_config",
+    "host_need",
     "parse_pool",
     "plan_model",
     "pools_from_fleet",

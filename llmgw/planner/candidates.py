@@ -55,7 +55,21 @@ class PoolSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
-    """One way to run the model: a quantisation on an engine over ``gpus`` of one node."""
+    """One way to run the model: a quantisation on an engine over ``gpus`` of one node.
+
+    Where the weights sit: ``weights_bytes_per_gpu`` on the most loaded GPU,
+    ``host_bytes`` in host memory, and ``weights_bytes_total`` everywhere the
+    replica holds them, every GPU and the host summed. The total counts each
+    copy in memory, so it exceeds the checkpoint where a copy is made:
+    tensor-parallel ranks that replicate a tensor, and llama.cpp's output
+    layer of a tied model, a second copy of the token embedding
+    (memory.output_copy).
+
+    A CPU candidate (``gpus`` 0) has no GPU: its weights are all
+    ``host_bytes``, ``weights_bytes_per_gpu`` is 0, and ``memory_per_gpu``
+    and ``overhead_bytes_per_gpu`` are the node's host memory and the
+    runtime's overhead there.
+    """
 
     quantization: str
     engine: str
@@ -65,6 +79,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     fabric: str | None
     memory_per_gpu: int
     weights_bytes_per_gpu: int
+    weights_bytes_total: int
+    host_bytes: int
     overhead_bytes_per_gpu: int
     kv_bytes_per_token: int
     kv_window_bytes: int
@@ -79,23 +95,32 @@ _POOL_RE = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*)=(?P<count>-?\d+)[xX](?P<me
 
 
 def parse_pool(text: str) -> PoolSpec:
-    """``NAME=COUNTxMEMORY[@FABRIC]``: COUNT cards of MEMORY each on one node."""
+    """``NAME=COUNTxMEMORY[@FABRIC]``: COUNT cards of MEMORY each on one node.
+
+    COUNT 0 is a CPU node with MEMORY of host memory, the PoolSpec the fleet
+    path builds for a pool of CPU nodes.
+    """
     match = _POOL_RE.match(text.strip())
     if match is None:
         raise DefinitionError(
             f"--pool {text!r} is not NAME=COUNTxMEMORY[@FABRIC]; write e.g. h100=8x80GB@ib-a "
-            "(8 cards of 80 GB on one node, on fabric ib-a)", field="pool")
+            "(8 cards of 80 GB on one node, on fabric ib-a) or cpu=0x256GB (a node with no "
+            "GPU and 256 GB of memory)", field="pool")
     count = int(match["count"])
-    if count < 1:
+    if count < 0:
         raise DefinitionError(
-            f"--pool {text!r}: the GPU count must be at least 1, got {count}", field="pool")
+            f"--pool {text!r}: the GPU count must be at least 0 (0 for a CPU node), got "
+            f"{count}", field="pool")
+    what = "the memory per GPU" if count else "the host memory of a CPU node"
     try:
         memory = int(decode_value(match["mem"].strip(), Size, source=f"--pool {text!r}"))
     except DefinitionError as exc:
         raise DefinitionError(exc.message, field="pool") from None
     if memory <= 0:
-        raise DefinitionError(
-            f"--pool {text!r}: the memory per GPU must be more than 0", field="pool")
+        raise DefinitionError(f"--pool {text!r}: {what} must be more than 0", field="pool")
+    if count == 0:
+        return PoolSpec(name=match["name"], gpus_per_node=0, memory=memory,
+                        fabric=match["fabric"], gpu_class=None)
     return PoolSpec(name=match["name"], gpus_per_node=count, gpu_memory=memory,
                     fabric=match["fabric"], gpu_class=match["name"])
 
@@ -192,10 +217,14 @@ def gpu_counts(a: Architecture, engine: EngineSpec, pool: PoolSpec) -> list[int]
     return sorted(c for c in counts if c <= a.num_layers)
 
 
-def evaluate(a: Architecture, loads: list[GpuLoad], engine: EngineSpec, quant: str,
-             gpus: int, card: int, fraction: float, min_context: int,
+def evaluate(a: Architecture, loads: list[GpuLoad], host: int, engine: EngineSpec,
+             quant: str, gpus: int, card: int, fraction: float, min_context: int,
              problem: str | None) -> dict[str, Any]:
-    """Fit of one candidate on cards of ``card`` bytes: the numbers and the verdict."""
+    """Fit of one candidate on cards of ``card`` bytes: the numbers and the verdict.
+
+    ``loads`` are the GPUs' (one for all vLLM ranks, which are alike; the
+    node's own for a CPU replica) and ``host`` the weight bytes in host memory.
+    """
     usable = int(card * fraction)
     worst = max(loads, key=lambda ld: ld.weights + ld.overhead)
     contexts = [max_context(ld, a, engine, usable - ld.weights - ld.overhead, card)
@@ -212,12 +241,20 @@ def evaluate(a: Architecture, loads: list[GpuLoad], engine: EngineSpec, quant: s
         reason = (f"only {ctx} tokens of KV cache fit {where} after weights and overhead; "
                   f"at least {min_context} are needed")
     window = max(window_bytes(ld, a, engine, max(ctx, 1), card) for ld in loads)
+    if gpus == 0:
+        on_gpus = 0  # the one load is the host's, already counted in ``host``
+    elif engine.split == "tensor":
+        on_gpus = loads[0].weights * gpus
+    else:
+        on_gpus = sum(ld.weights for ld in loads)
     return {
         "quantization": quant,
         "engine": engine.name,
         "gpus": gpus,
         "memory_per_gpu": card,
-        "weights_bytes_per_gpu": worst.weights,
+        "weights_bytes_per_gpu": worst.weights if gpus else 0,
+        "weights_bytes_total": on_gpus + host,
+        "host_bytes": host,
         "overhead_bytes_per_gpu": worst.overhead,
         "kv_bytes_per_token": heaviest_kv.kv_per_token,
         "kv_window_bytes": window,

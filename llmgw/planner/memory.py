@@ -13,6 +13,12 @@ estimate that said Llama-3.3-70B at bf16 does not fit on two 80 GB cards
   with weights, activations and KV cache itself, so the overhead constants
   below are the engine's real consumers and carry no margin of their own.
 
+Host memory is the other place weights sit. vLLM keeps none there; llama.cpp
+keeps the input embedding on the CPU always, and a CPU replica (no GPU) holds
+its weights, KV cache and overhead all in host memory, where the same
+arithmetic applies to the node's memory instead of a card's (``host_weights``;
+the KV cache and overhead of a CPU replica are its one load's).
+
 KV bytes per token are what the engines allocate, layer by layer:
 
 * vLLM (vllm/v1/kv_cache_interface.py): a layer's page holds, per token,
@@ -206,14 +212,15 @@ def gpu_loads(a: Architecture, inv: list[Tensor], sizes: list[int], engine: Engi
     weights = [0] * devices
     for t, s in zip(inv, sizes, strict=True):
         if t.layer < 0:
-            # llama.cpp keeps the input embedding in host memory; the output
-            # norm travels with the output layer.
+            # llama.cpp keeps the input embedding in host memory (host_weights
+            # counts it there); the output norm travels with the output layer.
             if t.role == "token_embd" and gpus > 0:
                 continue
             dev = place[a.num_layers]
         else:
             dev = place[t.layer]
         weights[dev] += s
+    weights[place[a.num_layers]] += output_copy(a, inv, sizes, gpus)
     out: list[GpuLoad] = []
     last = place[a.num_layers]
     for d in range(devices):
@@ -225,6 +232,51 @@ def gpu_loads(a: Architecture, inv: list[Tensor], sizes: list[int], engine: Engi
             kv_per_token=per_layer * (len(mine) - n_capped),
             kv_window_per_token=per_layer * n_capped))
     return out
+
+
+def output_copy(a: Architecture, inv: list[Tensor], sizes: list[int], gpus: int) -> int:
+    """Bytes of the second copy of a tied embedding that llama.cpp loads as the output layer.
+
+    A tied model's GGUF has no output.weight; the loader creates the output
+    layer from token_embd with TENSOR_DUPLICATED (src/llama-model.cpp,
+    load_tensors), at the type token_embd has in the file, which llama-quant.cpp
+    chose by the output head's rules. The copy is made whenever the output
+    layer lands in another buffer than the input embedding
+    (llama-model-loader.cpp, create_tensor, reuses the tensor only within one
+    buffer type): always when the output layer is on a GPU, since the input
+    embedding never is. On a CPU replica it is made when the CPU backend
+    repacks the output's type into a buffer of its own, as AMX does on recent
+    Xeons (Gemma 3 270M at q4_K_M on such a host: token_embd repacked into
+    the AMX buffer as the output layer, its q8_0 original kept for the
+    input) and ARM's dot-product and int8-matmul kernels do; both take every
+    quantised type a tied embedding gets here, and no CPU backend repacks a
+    16-bit one. A CPU without those shares one copy, and this counts one
+    embedding more than it holds there: the side to err on, since the
+    planner cannot tell the CPU and too little is an out-of-memory.
+    """
+    if not a.tie_embeddings:
+        return 0
+    for t, s in zip(inv, sizes, strict=True):
+        if t.role == "token_embd":
+            quantised = s < t.params * 2  # fewer than 16 bits a weight
+            return s if gpus > 0 or quantised else 0
+    return 0
+
+
+def host_weights(a: Architecture, inv: list[Tensor], sizes: list[int], engine: EngineSpec,
+                 gpus: int) -> int:
+    """Weight bytes one replica keeps in host memory.
+
+    vLLM copies every weight into GPU memory. llama.cpp keeps the input
+    embedding on the CPU whatever it offloads (load_tensors assigns the input
+    layer to the CPU device unconditionally); a CPU replica holds all of its
+    weights there, with a tied model's output copy (``output_copy``).
+    """
+    if engine.split == "tensor":
+        return 0
+    if gpus == 0:
+        return sum(sizes) + output_copy(a, inv, sizes, gpus)
+    return sum(s for t, s in zip(inv, sizes, strict=True) if t.role == "token_embd")
 
 
 def kv_bytes(load: GpuLoad, a: Architecture, engine: EngineSpec, context: int,

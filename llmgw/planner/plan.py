@@ -36,7 +36,14 @@ from llmgw.planner.candidates import (
     gpu_counts,
     group_problem,
 )
-from llmgw.planner.memory import ENGINES, GpuLoad, capped_layers, gpu_loads
+from llmgw.planner.memory import (
+    ENGINES,
+    GpuLoad,
+    capped_layers,
+    gpu_loads,
+    host_weights,
+    kv_bytes,
+)
 from llmgw.planner.quant import QUANTIZATIONS, container, weights_by_tensor
 from llmgw.planner.tensors import Tensor, inventory
 
@@ -45,7 +52,8 @@ EngineName = Literal["vllm", "llama.cpp", "llama-cpp-python"]
 # safetensors dtypes that pack several weights into one element
 PACKED_DTYPES = frozenset({"I32", "U32", "U8", "I4", "U4"})
 
-__all__ = ["Candidate", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec", "plan_model"]
+__all__ = ["Candidate", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec", "host_need",
+           "plan_model"]
 
 
 class PlanOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -213,6 +221,13 @@ def plan_model(request: PlanRequest, pools: list[PoolSpec], *,
         out_notes.append(window)
     if not pools:
         out_notes.append("no pools to plan on: the fleet has none, or give --pool")
+    cpu_pools = [p.name for p in pools if p.gpus_per_node == 0]
+    if cpu_pools and any(ENGINES[e].split == "tensor" for e, _ in pairs):
+        # One note rather than a non-fitting row per quantisation: vLLM needs an
+        # NVIDIA GPU (the local scheduler refuses it on a machine without one), so
+        # those rows could never fit and would bury the llama.cpp ones.
+        out_notes.append(f"{', '.join(cpu_pools)} {'has' if len(cpu_pools) == 1 else 'have'} "
+                         "no GPU: vLLM needs one, so only llama.cpp candidates are listed there")
     candidates = _candidates(a, inv, pools, pairs, o, scale, surplus)
     candidates.sort(key=_order)
     total = request.parameters.total if request.parameters else n_config
@@ -244,11 +259,13 @@ def _candidates(a: Architecture, inv: list[Tensor], pools: list[PoolSpec],
                     fmt = container(quant, gguf_engine=engine.split == "layer")
                     if (fmt, quant) not in sizes:
                         sizes[(fmt, quant)] = weights_by_tensor(inv, quant, a, fmt)
-                    loads = _adjusted(a, inv, sizes[(fmt, quant)], engine_name, gpus,
-                                      o.kv_dtype, card, scale, surplus if fmt != "gguf" else 0)
+                    loads, host = _replica(a, inv, sizes[(fmt, quant)], engine_name, gpus,
+                                           o.kv_dtype, card, scale,
+                                           surplus if fmt != "gguf" else 0)
                     fraction = o.usable_fraction or engine.default_usable_fraction
-                    results[key] = evaluate(a, loads, engine, quant, gpus, card, fraction,
-                                            o.min_context, group_problem(a, quant, gpus))
+                    results[key] = evaluate(a, loads, host, engine, quant, gpus, card,
+                                            fraction, o.min_context,
+                                            group_problem(a, quant, gpus))
                 free = (None if pool.free_gpus_per_node is None
                         else pool.free_gpus_per_node >= gpus)
                 out.append(Candidate(**results[key], pool=pool.name, gpu_class=pool.gpu_class,
@@ -256,11 +273,63 @@ def _candidates(a: Architecture, inv: list[Tensor], pools: list[PoolSpec],
     return out
 
 
-def _adjusted(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, gpus: int,
-              kv_dtype: str, card: int, scale: float, surplus: int) -> list[GpuLoad]:
-    loads = gpu_loads(a, inv, sizes, ENGINES[engine], gpus, kv_dtype, card)
+def _replica(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, gpus: int,
+             kv_dtype: str, card: int, scale: float, surplus: int,
+             ) -> tuple[list[GpuLoad], int]:
+    """The loads of a replica's GPUs (its node's, on a CPU) and its weight bytes on the host,
+    scaled to the parameter count."""
+    e = ENGINES[engine]
+    loads = gpu_loads(a, inv, sizes, e, gpus, kv_dtype, card)
+    host = host_weights(a, inv, sizes, e, gpus)
     if scale == 1.0 and not surplus:
-        return loads
+        return loads, host
     extra = math.ceil(surplus * 2 / max(gpus, 1))
-    return [dataclasses.replace(ld, weights=math.ceil(ld.weights * scale) + extra)
-            for ld in loads]
+    return ([dataclasses.replace(ld, weights=math.ceil(ld.weights * scale) + extra)
+             for ld in loads],
+            math.ceil(host * scale))
+
+
+def host_need(config: dict[str, Any], *, engine: EngineName, quantization: str, gpus: int,
+              context: int, parameters: ParameterCount | None = None,
+              kv_dtype: KvDtype = "fp16", model: str = "model") -> int:
+    """Bytes of host memory one replica needs: what a memory reservation must cover.
+
+    ``config`` and ``parameters`` are what ``plan_model`` reads (a PlanRequest's,
+    or ``resolve_model``'s ModelInput). On GPUs that is the weights the engine
+    keeps on the host (a candidate's ``host_bytes``: llama.cpp's input
+    embedding, nothing for vLLM); a CPU replica (``gpus`` 0) holds everything
+    there, so it is its weights, the runtime's overhead and the KV cache of
+    ``context`` tokens. No usable fraction is applied: this is the need itself.
+    The process's own code and libraries are not counted.
+    """
+    a = architecture_from_config(config, source=f"{model}: config.json")
+    if gpus < 0:
+        raise DefinitionError(f"gpus must be 0 (a CPU replica) or more, got {gpus}",
+                              field="gpus")
+    if context < 1:
+        raise DefinitionError(f"context must be at least 1 token, got {context}",
+                              field="context")
+    e = ENGINES[engine]
+    if gpus == 0 and e.split == "tensor":
+        raise DefinitionError(
+            f"{engine} needs a GPU; give gpus of 1 or more, or plan a CPU replica on "
+            "llama.cpp", field="gpus")
+    offered = [q for name, q in engine_quants(a, engine) if name == engine]
+    if quantization not in offered:
+        raise DefinitionError(
+            f"{engine} cannot serve {a.model_type} as {quantization!r}; it offers "
+            f"{', '.join(offered)}", field="quantization")
+    if kv_dtype not in e.kv_dtypes:
+        raise DefinitionError(f"{engine} has no {kv_dtype} KV cache; it offers "
+                              f"{', '.join(e.kv_dtypes)}", field="kv_dtype")
+    inv = inventory(a)
+    scale, surplus, _ = reconcile(sum(t.params for t in inv), parameters)
+    fmt = container(quantization, gguf_engine=e.split == "layer")
+    sizes = weights_by_tensor(inv, quantization, a, fmt)
+    # The card size only sizes vLLM's batch, and vLLM keeps nothing on the host.
+    loads, host = _replica(a, inv, sizes, engine, gpus, kv_dtype, 0, scale,
+                           surplus if fmt != "gguf" else 0)
+    if gpus:
+        return host
+    (node,) = loads
+    return host + node.overhead + kv_bytes(node, a, e, context, 0)

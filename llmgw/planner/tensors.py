@@ -14,7 +14,9 @@ inputs, the vocabulary is padded to a multiple of 64 and split, and K/V
 projections are replicated when there are fewer KV heads than ranks. MLA's
 down-projections are replicated on every rank. llama.cpp does not split
 tensors; it places whole layers on devices and keeps the token embedding in
-host memory.
+host memory. A model with tied embeddings has no ``output`` tensor here, as
+its GGUF file has none; llama.cpp loads a second copy of ``token_embd`` as
+the output layer, which memory.py places.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ def test_plans_against_the_live_fleet() -> None:
     assert data["candidates"] == msgspec.to_builtins(expected.candidates)
     assert len(data["candidates"]) == len(expected.candidates)
     first = data["candidates"][0]
-    for key in ("quantization", "gpus", "pool", "weights_bytes_per_gpu", "kv_bytes_per_token",
-                "max_context", "fits", "reason"):
+    for key in ("quantization", "gpus", "pool", "weights_bytes_per_gpu", "weights_bytes_total",
+                "host_bytes", "kv_bytes_per_token", "max_context", "fits", "reason"):
         assert key in first
     assert first["fits"] is True
 

@@ -14,8 +14,9 @@ from tests.planner.apps import FleetBackend, plan_app, serving, two_fabric_fleet
 from tests.planner.fakehub import FakeHub, HubRepo, running_hub
 from tests.planner.fixtures import load_config
 
-P4_FIELDS = {"quantization", "gpus", "pool", "weights_bytes_per_gpu", "kv_bytes_per_token",
-             "max_context", "fits", "reason"}
+P4_FIELDS = {"quantization", "gpus", "pool", "weights_bytes_per_gpu", "weights_bytes_total",
+             "host_bytes", "kv_bytes_per_token", "max_context", "fits", "reason"}
+GiB = 1024**3
 
 
 @pytest.fixture
@@ -58,13 +59,46 @@ def test_table_shows_model_notes_and_reasons(qwen_dir: Path) -> None:
     assert "exceed the" in out
 
 
-@pytest.mark.parametrize("pool", ["h100", "h100=0x80GB", "h100=-1x80GB", "h100=8x0GB",
+@pytest.mark.parametrize("pool", ["h100", "h100=-1x80GB", "h100=8x0GB", "cpu=0x0GB",
                                   "h100=8xbig"])
 def test_malformed_pool_is_a_usage_error(qwen_dir: Path, pool: str) -> None:
     """A malformed --pool or a zero/negative size exits 2 with the expected form."""
     code, _, err = run("model", "plan", str(qwen_dir), "--pool", pool)
     assert code == 2
     assert "--pool" in err
+
+
+def test_calibrated_weights_show_as_the_total_in_json_and_table(qwen_dir: Path) -> None:
+    """Qwen2.5-14B's llama.cpp figures, 14.62 GiB at q8_0 and 8.37 at q4_K_M, are the total."""
+    args = ("model", "plan", str(qwen_dir), "--pool", "h100=1x81559MiB", "-q", "q8_0",
+            "-q", "q4_K_M")
+    code, out, err = run(*args, "-o", "json")
+    assert code == 0, err
+    totals = {r["quantization"]: r["weights_bytes_total"] / GiB for r in json.loads(out)}
+    assert totals == {"q8_0": pytest.approx(14.62, rel=0.01),
+                      "q4_K_M": pytest.approx(8.37, rel=0.01)}
+    code, out, err = run(*args)
+    assert code == 0, err
+    assert "WEIGHTS TOTAL" in out
+    rows = {line.split()[2]: line for line in out.splitlines() if "llama.cpp" in line}
+    assert "14.62GiB" in rows["q8_0"]
+    assert "8.37GiB" in rows["q4_K_M"]
+
+
+def test_cpu_pool_plans_llama_cpp_in_host_memory(qwen_dir: Path) -> None:
+    """--pool cpu=0x64GB lists llama.cpp on the CPU node, every weight in host memory."""
+    code, out, err = run("model", "plan", str(qwen_dir), "--pool", "cpu=0x64GB", "-o", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {(r["engine"], r["gpus"]) for r in rows} == {("llama.cpp", 0)}
+    q4 = next(r for r in rows if r["quantization"] == "q4_K_M")
+    assert q4["fits"]
+    assert q4["weights_bytes_per_gpu"] == 0
+    assert q4["host_bytes"] == q4["weights_bytes_total"]
+    assert q4["host_bytes"] / GiB == pytest.approx(8.37, rel=0.01)
+    code, out, _ = run("model", "plan", str(qwen_dir), "--pool", "cpu=0x64GB")
+    assert code == 0
+    assert "cpu has no GPU: vLLM needs one" in out
 
 
 @pytest.mark.parametrize("params", ["0", "-5", "lots"])

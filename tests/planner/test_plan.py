@@ -168,7 +168,16 @@ def test_cpu_pool_gets_a_llama_cpp_candidate() -> None:
     assert {c.engine for c in result.candidates} == {"llama.cpp"}
     c = pick(result, "q4_K_M", 0, "llama.cpp")
     assert c.fits
-    assert c.weights_bytes_per_gpu > 4.5 * GiB
+    a = architecture_from_config(load_config("llama-3.1-8b-instruct"))
+    gguf = sum(weights_by_tensor(inventory(a), "q4_K_M", a, "gguf"))
+    assert (c.weights_bytes_per_gpu, c.host_bytes, c.weights_bytes_total) == (0, gguf, gguf)
+
+
+def test_cpu_pool_says_why_vllm_is_left_out() -> None:
+    """vLLM has no row on a CPU pool; one note names the pool and says vLLM needs a GPU."""
+    result = plan("llama-3.1-8b-instruct", [parse_pool("epyc=0x512GB")])
+    assert {c.engine for c in result.candidates} == {"llama.cpp"}
+    assert "epyc has no GPU: vLLM needs one" in " ".join(result.notes)
 
 
 def test_surplus_parameters_are_charged_to_vllm_only() -> None:
@@ -221,8 +230,8 @@ def test_bad_options_are_refused() -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("h100", "not NAME=COUNTxMEMORY"),
     ("h100=8", "not NAME=COUNTxMEMORY"),
-    ("h100=0x80GB", "at least 1"),
-    ("h100=-2x80GB", "at least 1"),
+    ("h100=-2x80GB", "at least 0"),
+    ("cpu=0x0GB", "host memory of a CPU node must be more than 0"),
     ("h100=8x0GB", "more than 0"),
     ("h100=8xlots", "not a size"),
 ])
@@ -230,6 +239,17 @@ def test_malformed_pools_are_refused(text: str, message: str) -> None:
     """--pool must be NAME=COUNTxMEMORY[@FABRIC] with positive sizes."""
     with pytest.raises(DefinitionError, match=message):
         parse_pool(text)
+
+
+def test_pool_of_zero_gpus_is_a_cpu_node_as_the_fleet_builds_it() -> None:
+    """cpu=0x256GB is the PoolSpec pools_from_fleet makes for a CPU node of 256 GB."""
+    p = parse_pool("cpu=0x256GB")
+    fleet = Fleet(nodes=[node_epyc_256g("cpu-1")], pools=[Pool(name="cpu", gpu_class=None,
+                                                                fabric=None,
+                                            gpu_memory=None, nodes=["cpu-1"], gpus_total=0,
+                                            gpus_free=0, largest_free_gpus_on_a_node=0)])
+    (from_fleet,) = pools_from_fleet(fleet)[0]
+    assert p == msgspec.structs.replace(from_fleet, free_gpus_per_node=None)
 
 
 def test_pool_parses_fabric() -> None:
@@ -243,6 +263,13 @@ def node_8x_h100_80g(name: str, fabric: str, free: int = 8) -> NodeView:
                     gpu_device="NVIDIA H100 80GB HBM3", fabric=fabric, gpus_total=8,
                     gpus_free=free, gpu_memory=H100, cores_total=96, cores_free=96,
                     memory_total=1024 * GiB, memory_free=1024 * GiB)
+
+
+def node_epyc_256g(name: str) -> NodeView:
+    return NodeView(name=name, id=name, status="ready", schedulable=True, gpu_class=None,
+                    gpu_device=None, fabric=None, gpus_total=0, gpus_free=0, gpu_memory=None,
+                    cores_total=64, cores_free=64, memory_total=256 * 10**9,
+                    memory_free=256 * 10**9)
 
 
 def test_fleet_pools_stay_per_fabric_and_skip_unschedulable_nodes() -> None:

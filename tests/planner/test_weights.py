@@ -8,9 +8,10 @@ import pytest
 
 from llmgw.planner.arch import architecture_from_config
 from llmgw.planner.candidates import parse_pool
-from llmgw.planner.plan import ParameterCount, PlanOptions, PlanRequest, plan_model
+from llmgw.planner.memory import ENGINES, gpu_loads
+from llmgw.planner.plan import Candidate, ParameterCount, PlanOptions, PlanRequest, plan_model
 from llmgw.planner.quant import gguf_type, tensor_bytes, weights_by_tensor
-from llmgw.planner.tensors import inventory
+from llmgw.planner.tensors import inventory, layer_devices
 from tests.planner.fixtures import MODELS, load_config
 from tests.planner.gguf_reader import read_gguf
 
@@ -132,3 +133,99 @@ def test_deepseek_fp8_checkpoint_carries_block_scales() -> None:
     a = architecture_from_config(load_config("deepseek-v3"))
     (t,) = [t for t in inventory(a) if t.role == "ffn_down_exps" and t.layer == 5]
     assert tensor_bytes(t, "fp8", a, "fp8") == t.params + 256 * (7168 // 128) * (2048 // 128) * 4
+
+
+# Published GGUF file sizes of tied-embedding models, in decimal GB as the Hub shows them
+# (three significant figures). Gemma-2-9B-it: bartowski/gemma-2-9b-it-GGUF, each file's page
+# https://huggingface.co/bartowski/gemma-2-9b-it-GGUF/blob/main/gemma-2-9b-it-<QUANT>.gguf
+# (Q8_0 9.83 GB, Q6_K 7.59 GB, Q5_K_M 6.65 GB, Q4_K_M 5.76 GB). Gemma-3-27B-it: the static
+# quants at https://huggingface.co/mradermacher/gemma-3-27b-it-GGUF/tree/main (Q8_0 28.7 GB,
+# Q6_K 22.2 GB, Q5_K_M 19.3 GB, Q4_K_M 16.5 GB; llama.cpp's own
+# https://huggingface.co/ggml-org/gemma-3-27b-it-GGUF/tree/main lists the same Q8_0 and
+# Q4_K_M). The files hold the text model only (the vision tower is a separate mmproj file)
+# and a few MB of tokenizer metadata besides the tensors.
+TIED_PUBLISHED_GB = {
+    ("gemma-2-9b-it", "q8_0"): 9.83, ("gemma-2-9b-it", "q6_K"): 7.59,
+    ("gemma-2-9b-it", "q5_K_M"): 6.65, ("gemma-2-9b-it", "q4_K_M"): 5.76,
+    ("gemma-3-27b-it", "q8_0"): 28.7, ("gemma-3-27b-it", "q6_K"): 22.2,
+    ("gemma-3-27b-it", "q5_K_M"): 19.3, ("gemma-3-27b-it", "q4_K_M"): 16.5,
+}
+
+
+def embedding_bytes(name: str, quant: str) -> int:
+    a = architecture_from_config(load_config(name))
+    inv = inventory(a)
+    (embd,) = [s for t, s in zip(inv, weights_by_tensor(inv, quant, a, "gguf"), strict=True)
+               if t.role == "token_embd"]
+    return embd
+
+
+def llama_cpp_candidate(name: str, quant: str, pool: str = "big=1x4000GB") -> Candidate:
+    params = MODELS[name].params
+    assert params is not None
+    request = PlanRequest(model=name, config=load_config(name),
+                          parameters=ParameterCount(total=params, source="hub"),
+                          options=PlanOptions(engine="llama.cpp", quantizations=[quant]))
+    (c,) = [c for c in plan_model(request, [parse_pool(pool)]).candidates if c.gpus == 1]
+    return c
+
+
+@pytest.mark.parametrize(("name", "quant"), sorted(TIED_PUBLISHED_GB))
+def test_tied_gguf_sizes_match_published_files(name: str, quant: str) -> None:
+    """Each Gemma GGUF mix, every tensor counted once, is within 0.5% of the published file."""
+    ours = gguf_total(name, quant) / 1e9
+    assert ours == pytest.approx(TIED_PUBLISHED_GB[(name, quant)], rel=0.005)
+
+
+@pytest.mark.parametrize(("name", "quant"), sorted(TIED_PUBLISHED_GB))
+def test_tied_model_on_one_gpu_holds_the_whole_file(name: str, quant: str) -> None:
+    """llama.cpp on one GPU holds a tied model's published file size, the embedding again on
+    the host.
+
+    The GPU has every tensor but the input embedding, plus the output layer that
+    llama.cpp duplicates from that embedding: as many bytes as the file. Leaving
+    the copy out under-counts Gemma-2-9B by 10-14% and Gemma-3-27B by 5-7%.
+    """
+    c = llama_cpp_candidate(name, quant)
+    embd = embedding_bytes(name, quant)
+    assert c.weights_bytes_per_gpu / 1e9 == pytest.approx(TIED_PUBLISHED_GB[(name, quant)],
+                                                          rel=0.005)
+    assert c.host_bytes == embd
+    assert c.weights_bytes_total == gguf_total(name, quant) + embd
+
+
+def test_tied_output_copy_has_the_output_heads_type() -> None:
+    """Gemma-2-9B at q4_K_M: the GPU copy is q6_K, as an untied output head would be."""
+    a = architecture_from_config(load_config("gemma-2-9b-it"))
+    (embd,) = [t for t in inventory(a) if t.role == "token_embd"]
+    assert gguf_type(embd, "q4_K_M", a) == "q6_K"
+    copy = 256_000 * (3584 // 256) * 210
+    assert embedding_bytes("gemma-2-9b-it", "q4_K_M") == copy
+    untied = {**load_config("gemma-2-9b-it"), "tie_word_embeddings": False}
+    u = architecture_from_config(untied)
+    head = [s for t, s in zip(inventory(u), weights_by_tensor(inventory(u), "q4_K_M", u, "gguf"),
+                              strict=True) if t.role == "output"]
+    assert head == [copy]
+
+
+def test_tied_copy_lands_on_the_output_layers_gpu() -> None:
+    """Over two GPUs the embedding's copy sits with the output layer, on the last GPU."""
+    a = architecture_from_config(load_config("gemma-2-9b-it"))
+    inv = inventory(a)
+    sizes = weights_by_tensor(inv, "q8_0", a, "gguf")
+    place = layer_devices(a.num_layers, 2)
+    layers = [sum(s for t, s in zip(inv, sizes, strict=True)
+                  if t.layer >= 0 and place[t.layer] == d) for d in (0, 1)]
+    norm = next(s for t, s in zip(inv, sizes, strict=True) if t.role == "output_norm")
+    loads = gpu_loads(a, inv, sizes, ENGINES["llama.cpp"], 2, "fp16", 80 * GiB)
+    embd = embedding_bytes("gemma-2-9b-it", "q8_0")
+    assert [ld.weights for ld in loads] == [layers[0], layers[1] + norm + embd]
+
+
+def test_untied_qwen_total_is_the_calibrated_file() -> None:
+    """Qwen2.5-14B (untied) on one GPU: GPU plus host is the file llama.cpp reports, once."""
+    for quant, gib in (("q8_0", 14.62), ("q4_K_M", 8.37)):
+        c = llama_cpp_candidate("qwen2.5-14b-instruct", quant)
+        assert c.weights_bytes_total / GiB == pytest.approx(gib, rel=0.01)
+        assert c.weights_bytes_total == c.weights_bytes_per_gpu + c.host_bytes
+        assert c.host_bytes == embedding_bytes("qwen2.5-14b-instruct", quant)
