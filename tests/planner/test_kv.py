@@ -124,7 +124,8 @@ def test_llama_cpp_python_allocates_full_size_swa() -> None:
     assert (ld.kv_per_token, ld.kv_window_per_token) == (18_432, 0)
 
 
-_KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers")
+# llama.cpp logged this as llama_kv_cache_unified before it was renamed llama_kv_cache.
+_KV_LINE = re.compile(r"llama_kv_cache(?:_unified)?: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers")
 
 
 def real_llama_cpp_kv(n_ctx: int, swa_full: bool) -> list[tuple[float, int, int]]:
