@@ -16,11 +16,11 @@ import time
 from litestar.testing import AsyncTestClient
 
 from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.catalog import GpuClass, Model, Profile, Scaling, build_catalog
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Size
 from llmgw.config import AdminToken, ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
 from llmgw.store import open_store

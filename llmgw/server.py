@@ -19,15 +19,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from litestar import Litestar
+
+from llmgw import admin
 from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.errors import StoreUnavailableError
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import Backend
+
+if TYPE_CHECKING:
+    from llmgw.scheduler.local.backend import LocalEvent
 from llmgw.store import open_store
 from llmgw.store.base import Store
 
@@ -39,15 +45,26 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def make_backend(config: ServerConfig, store: Store) -> Backend:
-    """The scheduler backend ``config.scheduler.kind`` names."""
+def control_app(ctx: AppContext) -> Litestar:
+    """The control plane's app: the JSON API with the admin page mounted beside it."""
+    return create_app(ctx, mounts=admin.routers(), template_config=admin.template_config())
+
+
+def make_backend(config: ServerConfig, store: Store,
+                 on_event: Callable[[LocalEvent], None] | None = None) -> Backend:
+    """The scheduler backend ``config.scheduler.kind`` names.
+
+    ``on_event`` hears the embedded scheduler's replicas load, serve, fail and
+    stop (what a person watching ``llmgw serve`` wants to see); Nomad's
+    replicas are watched in Nomad itself.
+    """
     if config.scheduler.kind == "nomad":
         from llmgw.scheduler.nomad.backend import NomadBackend
 
         return NomadBackend(config, store)
     from llmgw.scheduler.local.backend import LocalBackend
 
-    return LocalBackend(config, store)
+    return LocalBackend(config, store, on_event=on_event)
 
 
 class Server:
@@ -60,12 +77,13 @@ class Server:
         config_name: str = "server.yaml",
         store: Store | None = None,
         backend: Backend | None = None,
+        on_event: Callable[[LocalEvent], None] | None = None,
         source_check: Callable[[Model], Awaitable[None]] | None = None,
         watch_interval: float = 0.5,
     ) -> None:
         self.config = config
         self.store = store or open_store(config.database)
-        self.backend = backend or make_backend(config, self.store)
+        self.backend = backend or make_backend(config, self.store, on_event)
         self.models = ModelService(
             config.models, dict(config.gpu_classes), self.store,
             placement_check=self.backend.check_placement, config_name=config_name,
@@ -77,7 +95,7 @@ class Server:
             source_check = model_source_checker(mirror=config.mirror)
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
                               store=self.store, source_check=source_check)
-        self.api = create_app(self.ctx)
+        self.api = control_app(self.ctx)
         self.api.on_startup.append(self.start)
         self.api.on_shutdown.append(self.close)
         # Built here, not at start-up: the gateway validates its settings and

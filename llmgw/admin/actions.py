@@ -32,10 +32,11 @@ from llmgw.admin.locate import excerpt, line_of
 from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in
 from llmgw.admin.render import page, scaling_text
 from llmgw.admin.session import flash_cookie
-from llmgw.api.context import Ctx
-from llmgw.api.models import roll_out
 from llmgw.catalog.decode import decode_model_file
 from llmgw.catalog.model import Model
+from llmgw.control.actions import add_model as add
+from llmgw.control.actions import roll_out
+from llmgw.control.context import Ctx
 from llmgw.errors import DefinitionError, LlmgwError
 
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
@@ -54,9 +55,7 @@ async def add_model(request: Request[Any, Any, Any], ctx: Ctx,
     text = data.get("yaml", "")
     try:
         model: Model = decode_model_file(text, source=SOURCE)
-        if ctx.source_check is not None:
-            await ctx.source_check(model)
-        final = await ctx.models.add(model, session.name)
+        final = await add(ctx, model, session.name)
     except LlmgwError as exc:
         line = line_of(text, exc.field)
         return page(request, "add.html", session=session, status=exc.status, yaml=text,

@@ -25,10 +25,16 @@ from litestar.response import Redirect, Template
 from llmgw.admin.csrf import session_of
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
-from llmgw.api.context import AppContext, Ctx
-from llmgw.api.models import find_model, model_view, replicas_of
-from llmgw.api.views import ModelView, ReplicaView, replica_view
 from llmgw.catalog.decode import to_builtins
+from llmgw.control.context import AppContext, Ctx
+from llmgw.control.views import (
+    ModelView,
+    ReplicaView,
+    find_model,
+    model_view,
+    replica_view,
+    replicas_of,
+)
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
 

@@ -25,9 +25,9 @@ from litestar.response import Template
 from litestar.template.config import TemplateConfig
 
 from llmgw.admin.session import FLASH_COOKIE, Session, expired_cookie, read_flash
-from llmgw.api.views import ScalingInForce
 from llmgw.catalog.model import Scaling
 from llmgw.catalog.units import format_size
+from llmgw.control.views import ScalingInForce
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

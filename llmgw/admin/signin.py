@@ -32,8 +32,8 @@ from llmgw.admin.session import (
     signin_cookie,
     verify,
 )
-from llmgw.api.auth import identify
-from llmgw.api.context import AppContext, Ctx
+from llmgw.control.context import AppContext, Ctx
+from llmgw.control.identity import identify
 
 HOME = "/admin/models"
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]

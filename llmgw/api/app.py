@@ -1,37 +1,37 @@
 """The control API's Litestar app: one factory, every route under /api/v1 behind
 the admin guard, probes outside it.
 
-The app holds no state of its own (A2); it reads the catalog in force from the
+The app holds no state of its own; it reads the catalog in force from the
 model service and the scheduler's view from the backend, both in the
-``AppContext`` it is built around.
+``AppContext`` it is built around. Other faces (the admin page) are mounted
+by the server assembly through ``mounts``; this package does not know them.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 from litestar import Litestar, Router, get
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.response import Response
+from litestar.template import TemplateConfig
 
 from llmgw import __version__
-from llmgw.api import models
+from llmgw.api import models, plan, sourcecheck
 from llmgw.api.auth import admin_guard
-from llmgw.api.context import Ctx
 from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedValuesSchema
+from llmgw.control.context import Ctx
 from llmgw.errors import BackendUnavailableError, LlmgwError
 from llmgw.scheduler.base import BackendHealth, Fleet
 
 log = logging.getLogger("llmgw.api")
-
-# Route modules that contribute `route_handlers` under /api/v1 beside the models.
-_EXTRA_ROUTES: tuple[str, ...] = ("llmgw.api.plan", "llmgw.api.sourcecheck")
 
 # A model definition is a few kilobytes; a megabyte is generous and bounds the
 # work a single request can cause (D1).
@@ -85,18 +85,17 @@ async def readyz(ctx: Ctx) -> Response[Any]:
     return error_response(503, "not_ready", f"not ready: {reason}")
 
 
-def create_app(ctx: Ctx, *, debug: bool = False) -> Litestar:
-    handlers: list[Any] = [*models.route_handlers, fleet]
-    for module in _EXTRA_ROUTES:
-        handlers.extend(importlib.import_module(module).route_handlers)
+def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
+               template_config: TemplateConfig[JinjaTemplateEngine] | None = None,
+               debug: bool = False) -> Litestar:
+    """The control API on ``ctx``, with ``mounts`` (another face's routers) beside it."""
+    handlers: list[Any] = [*models.route_handlers, fleet, *plan.route_handlers,
+                           *sourcecheck.route_handlers]
     api = Router("/api/v1", route_handlers=handlers, guards=[admin_guard],
                  security=[{"bearer": []}])
-    # Admin web page (A4, llmgw/admin): its routers and its Jinja templates.
-    from llmgw import admin
-
     app = Litestar(
-        route_handlers=[api, healthz, readyz, *admin.routers()],
-        template_config=admin.template_config(),
+        route_handlers=[api, healthz, readyz, *mounts],
+        template_config=template_config,
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
         request_max_body_size=MAX_BODY,

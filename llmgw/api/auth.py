@@ -13,13 +13,13 @@ omission. Inference API keys (``llmgw keys``) never open admin endpoints.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from llmgw.api.context import AppContext
+from llmgw.control.context import AppContext
+from llmgw.control.identity import identify
 from llmgw.errors import AuthError
 
 
@@ -29,18 +29,6 @@ def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
-
-
-def identify(tokens: dict[str, str], presented: str | None) -> str | None:
-    """The name of the admin token ``presented``, or None; constant time per token."""
-    if presented is None:
-        return None
-    found = None
-    given = presented.encode()
-    for token, name in tokens.items():
-        if hmac.compare_digest(token.encode(), given):
-            found = name
-    return found
 
 
 def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -15,8 +15,8 @@ from llmgw.catalog.decode import to_builtins
 
 def document() -> dict[str, Any]:
     from llmgw.api.app import create_app
-    from llmgw.api.context import AppContext
     from llmgw.config import ServerConfig
+    from llmgw.control.context import AppContext
 
     # Generating the schema touches no context; an empty one keeps it I/O-free.
     app = create_app(AppContext(config=ServerConfig(), models=None, backend=None,  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from litestar import post
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
-from llmgw.api.context import Ctx
+from llmgw.control.context import Ctx
 from llmgw.planner.candidates import pools_from_fleet
 from llmgw.planner.plan import PlanRequest, PlanResult, plan_model
 

@@ -15,8 +15,8 @@ from litestar import post
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_200_OK
 
-from llmgw.api.context import Ctx
 from llmgw.catalog.source import Source
+from llmgw.control.context import Ctx
 from llmgw.weights.check import check_source
 
 

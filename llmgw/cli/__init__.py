@@ -1,28 +1,21 @@
 """The ``llmgw`` command: a thin layer over the app, the API client and the tools.
 
-Each command group lives in its own module; this one only assembles them.
-``ctl`` talks to a running llmgw through its API (``--url``/``LLMGW_URL``,
-``--token``/``LLMGW_ADMIN_TOKEN``); ``serve``, ``keys``, ``mirror``, ``fetch`` and
-``jobspec`` work on this host.
+Each command lives in the module of its noun; this one only assembles them,
+and it is the one place where a command is attached to a group, so the
+whole tree reads here. ``ctl`` talks to a running llmgw through its API
+(``--url``/``LLMGW_URL``, ``--token``/``LLMGW_ADMIN_TOKEN``); ``serve``, ``keys``,
+``mirror``, ``fetch`` and ``jobspec`` work on this host.
+
+Command modules import their heavy dependencies inside the commands, so
+``llmgw --help`` starts without loading the server.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 from llmgw import __version__
-
-# (module, attribute) of every command attached to the top-level group.
-_COMMANDS = [
-    ("llmgw.cli.serve", "serve"),
-    ("llmgw.cli.ctl", "ctl"),
-    ("llmgw.cli.nomad", "jobspec"),
-    ("llmgw.cli.keys", "keys"),
-    ("llmgw.cli.mirror", "mirror"),
-    ("llmgw.cli.mirror", "fetch"),
-]
+from llmgw.cli import ctl, jobspec, keys, mirror, plan, replicas, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -31,5 +24,16 @@ def main() -> None:
     """Serve a catalog of LLMs behind one OpenAI-compatible endpoint."""
 
 
-for _module, _attr in _COMMANDS:
-    main.add_command(getattr(importlib.import_module(_module), _attr))
+ctl.model.add_command(plan.plan)
+ctl.ctl.add_command(ctl.model)
+ctl.ctl.add_command(ctl.scale)
+ctl.ctl.add_command(replicas.rollout)
+ctl.ctl.add_command(replicas.replicas)
+ctl.ctl.add_command(replicas.fleet)
+
+main.add_command(serve.serve)
+main.add_command(ctl.ctl)
+main.add_command(jobspec.jobspec)
+main.add_command(keys.keys)
+main.add_command(mirror.mirror)
+main.add_command(mirror.fetch)

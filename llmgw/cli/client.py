@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 import httpx
 
 from llmgw import errors
@@ -78,3 +79,7 @@ class ApiClient:
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
+
+
+# How a ``ctl`` command receives the client its group built from --url and --token.
+pass_client = click.make_pass_decorator(ApiClient)

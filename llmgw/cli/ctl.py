@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ import click
 
 from llmgw.catalog.decode import decode_model_file, decode_value, to_builtins
 from llmgw.catalog.units import Size
-from llmgw.cli.client import ApiClient
+from llmgw.cli.client import ApiClient, pass_client
 from llmgw.cli.output import failures, output_option, print_json, print_table
 from llmgw.errors import DefinitionError
 
@@ -27,10 +26,7 @@ def ctl(ctx: click.Context, url: str, token: str | None) -> None:
     ctx.call_on_close(ctx.obj.close)
 
 
-pass_client = click.make_pass_decorator(ApiClient)
-
-
-@ctl.group()
+@click.group()
 def model() -> None:
     """List, show, add and remove models."""
 
@@ -168,7 +164,7 @@ def model_resources(client: ApiClient, name: str, cpu_cores: int, memory: str,
                    f"and {m['memory']}")
 
 
-@ctl.command("scale")
+@click.command("scale")
 @click.argument("name")
 @click.option("--min", "min_", type=click.IntRange(min=0), required=True,
               help="Replicas to run. 0 makes the model on demand.")
@@ -193,11 +189,3 @@ def scale(client: ApiClient, name: str, min_: int, max_: int | None, output: str
         print_json(s)
     else:
         click.echo(f"{name}: scaling {_scaling_text(s)}")
-
-
-# ctl subcommands that live in their own modules; each registers itself on
-# `ctl` or `model` when imported.
-_EXTENSIONS: tuple[str, ...] = ("llmgw.cli.nomad", "llmgw.cli.plan")
-
-for _ext in _EXTENSIONS:
-    importlib.import_module(_ext)

@@ -57,11 +57,11 @@ def serve(directory: str, listen: str) -> None:
     """
     import asyncio
 
-    from llmgw.cli.serve import parse_listen
+    from llmgw.config import split_listen
     from llmgw.weights.mirror.server import MirrorServer, raise_file_limit, serve_forever
 
     with failures():
-        host, port = parse_listen(listen)
+        host, port = split_listen(listen)
     raise_file_limit()
 
     def ready(server: MirrorServer) -> None:

@@ -16,8 +16,7 @@ import click
 import msgspec
 
 from llmgw.catalog.units import format_size
-from llmgw.cli.client import ApiClient
-from llmgw.cli.ctl import model, pass_client
+from llmgw.cli.client import ApiClient, pass_client
 from llmgw.cli.output import failures, output_option, print_json, print_table
 from llmgw.errors import DefinitionError
 from llmgw.planner.candidates import PoolSpec, parse_pool
@@ -91,7 +90,7 @@ def _print(result: PlanResult) -> None:
                        "weights total", "kv/token", "max context", "fits", "reason"])
 
 
-@model.command("plan")
+@click.command("plan")
 @click.argument("source", metavar="REPO_OR_DIR")
 @click.option("--pool", "pool_texts", multiple=True, metavar="NAME=COUNTxMEMORY[@FABRIC]",
               help="Plan against COUNT cards of MEMORY on one node (e.g. h100=8x81559MiB@ib-a) "

@@ -8,15 +8,6 @@ import sys
 import click
 
 from llmgw.cli.output import failures
-from llmgw.errors import ConfigError
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen: {listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)",
-                          field="listen")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 @click.command()
@@ -34,7 +25,7 @@ def serve(config_path: str, listen: str | None, log_level: str) -> None:
     import msgspec
     import uvicorn
 
-    from llmgw.config import load_config
+    from llmgw.config import load_config, split_listen
     from llmgw.server import Server
 
     logging.basicConfig(
@@ -45,8 +36,11 @@ def serve(config_path: str, listen: str | None, log_level: str) -> None:
         cfg = load_config(config_path)
         if listen:
             cfg = msgspec.structs.replace(cfg, listen=listen)
-        host, port = parse_listen(cfg.listen)
-        server = Server(cfg, config_name=config_path)
+        host, port = split_listen(cfg.listen)
+        # The embedded scheduler reports each replica loading, ready, failing
+        # and stopping; a person watching `serve` wants exactly those lines.
+        server = Server(cfg, config_name=config_path,
+                        on_event=lambda event: click.echo(event.line(), err=True))
 
     async def announce() -> None:
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -54,11 +48,6 @@ def serve(config_path: str, listen: str | None, log_level: str) -> None:
                    f"(gateway /v1, control API /api/v1, metrics /metrics)", err=True)
 
     server.api.on_startup.append(announce)
-    subscribe = getattr(server.backend, "subscribe", None)
-    if subscribe is not None:
-        # The embedded scheduler reports each replica loading, ready, failing
-        # and stopping; a person watching `serve` wants exactly those lines.
-        subscribe(lambda event: click.echo(event.line(), err=True))
     # A bound method is not recognised as ASGI 3 by uvicorn's sniffing.
     uvicorn.run(server.asgi, host=host, port=port, lifespan="on", log_level=log_level,
                 access_log=False, timeout_graceful_shutdown=30, interface="asgi3")

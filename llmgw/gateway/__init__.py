@@ -13,7 +13,7 @@ Split by noun:
 
 Replicas come from one place per model: an external model's ``upstream``
 URLs, or the scheduler backend's healthy endpoints (Nomad service discovery
-or the embedded scheduler, behind the same ``Backend`` Protocol). The gateway
+or the embedded scheduler, behind the same ``Routing`` Protocol). The gateway
 never sees a replica that is still loading or failing its health check; on
 top of that it keeps its own passive health (``routing``).
 """

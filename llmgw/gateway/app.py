@@ -61,7 +61,7 @@ from llmgw.gateway.ondemand import OnDemand, is_on_demand
 from llmgw.gateway.proxy import Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
 from llmgw.gateway.routing import Balancer
-from llmgw.scheduler.base import Backend
+from llmgw.scheduler.base import Routing
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -94,7 +94,7 @@ class _ModelList(msgspec.Struct):
 class Gateway:
     """The OpenAI-compatible gateway as one ASGI application."""
 
-    def __init__(self, config: ServerConfig, models: CatalogView, backend: Backend,
+    def __init__(self, config: ServerConfig, models: CatalogView, backend: Routing,
                  store: Store) -> None:
         gw = config.gateway
         self.config = config

@@ -42,7 +42,7 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.errors import LlmgwError, StoreUnavailableError
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.scheduler.base import Backend
+from llmgw.scheduler.base import Routing
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.gateway.ondemand")
@@ -62,7 +62,7 @@ def lease_name(model: str) -> str:
 
 
 class OnDemand:
-    def __init__(self, backend: Backend, store: Store, metrics: GatewayMetrics, holder: str,
+    def __init__(self, backend: Routing, store: Store, metrics: GatewayMetrics, holder: str,
                  activity_interval: float, clock: Callable[[], float]) -> None:
         self.backend = backend
         self.store = store

@@ -1,12 +1,13 @@
 """The interface every scheduler backend implements, and the values it reports.
 
 Two backends stand behind it: Nomad (production, ``llmgw.scheduler.nomad``) and
-the embedded local scheduler (``llmgw.scheduler.local``). The reconciler, the
-control API and the gateway see only this Protocol, so none of them can tell
-which one runs — which is what lets the embedded mode be a faithful rehearsal
-of the production one.
+the embedded local scheduler (``llmgw.scheduler.local``). The Protocol is split
+by caller: the gateway sees ``Routing`` and the control plane ``Control``, so
+neither can reach past what it needs, and neither can tell which scheduler
+runs — which is what lets the embedded mode be a faithful rehearsal of the
+production one.
 
-Placement has two failure kinds, kept apart on purpose (N6):
+Placement has two failure kinds, kept apart on purpose:
 
 * a profile no node could *ever* satisfy (no such GPU, unknown fabric, more
   cores than any machine has) is a definition error at add time
@@ -99,8 +100,26 @@ class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
     since: float | None = None
 
 
-class Backend(Protocol):
-    """A scheduler. All methods are async and safe to call from the event loop."""
+class Routing(Protocol):
+    """What the gateway needs of a scheduler: where a model's healthy replicas are,
+    word when that may have changed, and on-demand scaling. Every read is from the
+    backend's cache, so the request path never waits on the scheduler."""
+
+    def endpoints(self, model: str) -> list[str]:
+        """Base URLs of the model's healthy replicas, from the backend's cache (no I/O)."""
+
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
+        """Return when the set of endpoints may have changed, or after ``timeout``."""
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        """On-demand scaling: run ``replicas`` copies of a min-0 model (0 stops it)."""
+
+    def status(self, model: str) -> ModelStatus: ...
+
+
+class Control(Protocol):
+    """What the control plane needs of a scheduler: apply the catalog, roll out,
+    report replicas, fleet and health, and judge placement at add time."""
 
     async def start(self) -> None: ...
 
@@ -120,9 +139,6 @@ class Backend(Protocol):
         stale until ``rollout``.
         """
 
-    async def set_demand(self, model: str, replicas: int) -> None:
-        """On-demand scaling (G5): run ``replicas`` copies of a min-0 model (0 stops it)."""
-
     async def rollout(self, model: str) -> str | None:
         """Replace the model's replicas with ones running the current profile.
 
@@ -139,8 +155,9 @@ class Backend(Protocol):
 
     def health(self) -> BackendHealth: ...
 
-    def endpoints(self, model: str) -> list[str]:
-        """Base URLs of the model's healthy replicas, from the backend's cache (no I/O)."""
 
-    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
-        """Return when the set of endpoints may have changed, or after ``timeout``."""
+class Backend(Routing, Control, Protocol):
+    """A scheduler, both faces: what ``llmgw serve`` builds and hands to each caller.
+
+    All methods are async and safe to call from the event loop.
+    """

@@ -17,17 +17,17 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.decode import convert
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.catalog.units import Size
 from llmgw.config import AdminToken, ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, PlacementError
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
+from llmgw.server import control_app
 from llmgw.store import open_store
 
 ADMIN_TOKEN = "adm-7f3c9a1e5b2d4c6f8a0b1c2d3e4f5a6b"
@@ -194,7 +194,7 @@ def make_app(db: Path, backend: FleetBackend, config: ServerConfig | None = None
                        placement_check=backend.check_placement)
     ctx = AppContext(config=config, models=svc, backend=backend, store=store,
                      source_check=refuse_typos)
-    app = create_app(ctx)
+    app = control_app(ctx)
 
     async def start() -> None:
         await store.open()

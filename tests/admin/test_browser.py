@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from llmgw.api.context import AppContext
+from llmgw.control.context import AppContext
 
 from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, make_app
 from .live import LiveServer

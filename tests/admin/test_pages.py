@@ -15,7 +15,7 @@ import yaml
 from litestar.testing import AsyncTestClient
 
 from llmgw.admin import pages
-from llmgw.api.context import AppContext
+from llmgw.control.context import AppContext
 from llmgw.scheduler.base import Fleet
 
 from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, csrf_of

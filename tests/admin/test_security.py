@@ -12,8 +12,8 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from llmgw.admin import session as sessions
-from llmgw.api.context import AppContext
 from llmgw.config import AdminToken
+from llmgw.control.context import AppContext
 
 from .conftest import (
     ADMIN_TOKEN,

@@ -9,10 +9,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import AdminToken, ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import Replica
 from llmgw.store import open_store
@@ -259,13 +259,13 @@ async def test_a_rollout_the_scheduler_never_answers_is_503(
     """A hung scheduler makes a rollout fail with what to check, not hang the caller."""
     import asyncio
 
-    from llmgw.api import models as api_models
+    from llmgw.control import actions
 
     async def hung(model: str) -> str | None:
         await asyncio.Event().wait()
         return None
 
-    monkeypatch.setattr(api_models, "ROLLOUT_TIMEOUT", 0.2)
+    monkeypatch.setattr(actions, "ROLLOUT_TIMEOUT", 0.2)
     monkeypatch.setattr(backend, "rollout", hung)
     await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
     r = await client.post("/api/v1/models/trial/rollout", headers=ADMIN)

@@ -15,12 +15,12 @@ import uvicorn
 from click.testing import CliRunner
 
 from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.catalog.model import Model, Profile, Scaling
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Size
 from llmgw.cli import main
 from llmgw.config import AdminToken, ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.modelsvc import ModelService
 from llmgw.store import open_store
 

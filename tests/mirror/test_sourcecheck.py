@@ -12,13 +12,13 @@ from litestar.di import Provide
 from litestar.testing import AsyncTestClient
 
 from llmgw.api import sourcecheck as api
-from llmgw.api.context import AppContext
 from llmgw.api.errors import exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS
 from llmgw.catalog.decode import decode_value
 from llmgw.catalog.model import Model
 from llmgw.catalog.source import Source
 from llmgw.config import ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError
 from llmgw.weights.check import check_source, model_source_checker
 from llmgw.weights.mirror.server import MirrorServer

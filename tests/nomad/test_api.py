@@ -21,9 +21,9 @@ import uvicorn
 from click.testing import CliRunner
 
 from llmgw.api.app import create_app
-from llmgw.api.context import AppContext
 from llmgw.cli import main
 from llmgw.config import AdminToken
+from llmgw.control.context import AppContext
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.nomad.backend import NomadBackend
 from llmgw.store import open_store

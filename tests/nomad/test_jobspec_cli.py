@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from llmgw.catalog.build import build_catalog
 from llmgw.cli import main
-from llmgw.cli.nomad import render_file
+from llmgw.cli.jobspec import render_file
 from llmgw.config import load_config
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.render import static_jobs

@@ -15,9 +15,9 @@ from litestar import Litestar, Router
 from litestar.di import Provide
 
 from llmgw.api import plan as plan_api
-from llmgw.api.context import AppContext
 from llmgw.api.errors import exception_handlers
 from llmgw.config import ServerConfig
+from llmgw.control.context import AppContext
 from llmgw.scheduler.base import Fleet, NodeView, Pool
 
 GiB = 1024**3

@@ -125,7 +125,8 @@ def test_llama_cpp_python_allocates_full_size_swa() -> None:
 
 
 # llama.cpp logged this as llama_kv_cache_unified before it was renamed llama_kv_cache.
-_KV_LINE = re.compile(r"llama_kv_cache(?:_unified)?: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers")
+_KV_LINE = re.compile(r"llama_kv_cache(?:_unified)?: size = +([\d.]+) MiB "
+                      r"\( *(\d+) cells, +(\d+) layers")
 
 
 def real_llama_cpp_kv(n_ctx: int, swa_full: bool) -> list[tuple[float, int, int]]:

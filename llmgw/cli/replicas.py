@@ -1,28 +1,23 @@
-"""``llmgw ctl rollout|replicas|fleet`` (through the API) and ``llmgw jobspec render`` (local).
+"""``llmgw ctl rollout|replicas|fleet``: what runs, where, and replacing it.
 
-The ``ctl`` commands only call the control API, so they work the same against
-one instance or a load balancer. ``jobspec render`` needs no server and no
-Nomad: it renders the jobs of a configuration file exactly as the Nomad
-backend would register them (first profile, ``scaling.min`` replicas), which
-is how ``jobspecs/`` is produced and how an operator reads what llmgw would
-submit.
+These only call the control API, so they work the same against one instance
+or a load balancer, and the same whichever scheduler (Nomad or the embedded
+one) runs the replicas.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import click
 
 from llmgw.catalog.units import format_size
-from llmgw.cli.client import ApiClient
-from llmgw.cli.ctl import ctl, pass_client
+from llmgw.cli.client import ApiClient, pass_client
 from llmgw.cli.output import failures, output_option, print_json, print_table
 
 
-@ctl.command("rollout")
+@click.command("rollout")
 @click.argument("name")
 @output_option
 @pass_client
@@ -61,7 +56,7 @@ def _note(r: dict[str, Any]) -> str:
     return "; ".join(notes)
 
 
-@ctl.command("replicas")
+@click.command("replicas")
 @click.argument("name", required=False)
 @output_option
 @pass_client
@@ -92,7 +87,7 @@ def _short_id(replica_id: str) -> str:
     return replica_id
 
 
-@ctl.command("fleet")
+@click.command("fleet")
 @output_option
 @pass_client
 def fleet(client: ApiClient, output: str) -> None:
@@ -121,59 +116,3 @@ def fleet(client: ApiClient, output: str) -> None:
          for n in f["nodes"]],
         ["node", "status", "gpu class", "fabric", "gpus free", "cores free", "memory free"],
     )
-
-
-@click.group()
-def jobspec() -> None:
-    """Nomad job specifications, as llmgw renders them."""
-
-
-@jobspec.command("render")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The server configuration (server.yaml) whose models to render.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write one <job>.json per job into this directory instead of printing.")
-@click.argument("model", required=False)
-def render(config_path: str, out_dir: str | None, model: str | None) -> None:
-    """Print the Nomad jobs for the configuration's models as JSON (PUT /v1/jobs bodies).
-
-    Each job uses the model's first profile and scaling.min replicas; the
-    running backend instead picks the first profile the fleet can place.
-    """
-    from llmgw.catalog.build import Runtime, build_catalog
-    from llmgw.config import load_config
-    from llmgw.errors import NotFoundError
-    from llmgw.scheduler.nomad import jobspec as js
-    from llmgw.scheduler.nomad.render import static_jobs
-
-    with failures():
-        cfg = load_config(config_path)
-        # Rendered for Nomad whatever the file's scheduler, so Nomad's rules apply.
-        catalog = build_catalog(cfg.models, cfg.gpu_classes,
-                                Runtime(scheduler="nomad", mirror=cfg.mirror))
-        if model is not None:
-            m = catalog.get(model)
-            if m is None or m.external:
-                known = ", ".join(x.name for x in catalog if not x.external) or "none"
-                raise NotFoundError(
-                    f"{config_path}: no scheduled model {model!r} (scheduled models: {known})")
-        jobs = static_jobs(catalog, cfg.scheduler.nomad, cfg.mirror,
-                           only=[model] if model else None)
-    bodies = [js.JobRegisterRequest(Job=j) for j in jobs]
-    if out_dir is None:
-        print_json(js.to_builtins(bodies[0]) if model else [js.to_builtins(b) for b in bodies])
-        return
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for body in bodies:
-        (out / f"{body.Job.ID}.json").write_text(render_file(body))
-        click.echo(out / f"{body.Job.ID}.json")
-
-
-def render_file(body: Any) -> str:
-    """The checked-in form of one job: indented JSON with a final newline."""
-    import json
-
-    from llmgw.scheduler.nomad import jobspec as js
-
-    return json.dumps(js.to_builtins(body), indent=2) + "\n"

@@ -1,10 +1,11 @@
-"""What every API handler can reach: the configuration, the model service, the
-scheduler backend and the store.
+"""What every handler of the API and the admin page can reach: the configuration,
+the model service, the scheduler backend and the store.
 
 Litestar injects one ``AppContext`` into any handler that declares a ``ctx``
-parameter. The API holds no state of its own (A2): everything here is either
-configuration, the catalog in force (rebuilt from configuration and the store),
-or a view of the scheduler.
+parameter. Neither face holds state of its own, so any number of instances
+can run behind a load balancer: everything here is either configuration, the
+catalog in force (rebuilt from configuration and the store), or a view of the
+scheduler.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from litestar.di import NamedDependency
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.modelsvc import ModelService
-from llmgw.scheduler.base import Backend
+from llmgw.scheduler.base import Control
 from llmgw.store.base import Store
 
 
@@ -26,9 +27,9 @@ from llmgw.store.base import Store
 class AppContext:
     config: ServerConfig
     models: ModelService
-    backend: Backend
+    backend: Control
     store: Store
-    # Checks a model's source before it is added (S1); None skips the check.
+    # Checks a model's source before it is added; None skips the check.
     source_check: Callable[[Model], Awaitable[None]] | None = None
 
 

@@ -1,13 +1,17 @@
-"""What the control API answers with: models as an operator needs to see them.
+"""How models and replicas are shown, to the JSON API and the admin page alike.
 
 A view joins the catalog in force (the definition with defaults applied), the
 store row behind a runtime model (who added it and when) and the scheduler's
 status (replicas ready against desired, stale profiles, memory warnings,
-waiting for capacity and the last placement failure).
+waiting for capacity and the last placement failure). Both faces build their
+answers here, so a figure cannot read one way on the page and another in the
+API.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import datetime
 from typing import Literal
 
@@ -16,7 +20,15 @@ import msgspec
 from llmgw.catalog.fingerprint import fingerprint, is_stale
 from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
+from llmgw.control.context import AppContext
+from llmgw.errors import NotFoundError
 from llmgw.scheduler.base import ModelStatus, Replica
+
+log = logging.getLogger("llmgw.api")
+
+# The list view asks the scheduler for replicas once per request; if that is
+# slow (Nomad busy) the list still answers, without the per-replica details.
+REPLICA_LOOKUP_TIMEOUT = 2.0
 
 # Measured memory this far below the reservation is worth a look: the
 # reservation keeps other replicas off cores and memory the engine never uses.
@@ -102,3 +114,40 @@ def replica_view(r: Replica, model: Model | None) -> ReplicaView:
         measured_memory=r.measured_memory, memory_warning=memory_warning(r),
         restarts=r.restarts, message=r.message,
     )
+
+
+async def replicas_of(ctx: AppContext, model: str | None = None) -> list[Replica] | None:
+    try:
+        return await asyncio.wait_for(ctx.backend.replicas(model), REPLICA_LOOKUP_TIMEOUT)
+    except Exception as exc:  # the list must answer even when the scheduler does not
+        log.warning("replica lookup failed: %s", exc)
+        return None
+
+
+def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelView:
+    row = ctx.models.stored(m.name)
+    mine = [r for r in replicas or [] if r.model == m.name]
+    views = [replica_view(r, m) for r in mine]
+    return ModelView(
+        name=m.name,
+        origin=ctx.models.origin(m.name),
+        external=m.external,
+        added_by=row.added_by if row else None,
+        added_at=row.added_at if row else None,
+        updated_by=row.updated_by if row else None,
+        updated_at=row.updated_at if row else None,
+        scaling=ScalingInForce.of(m.scaling),
+        fingerprints={p.name: fingerprint(m, p) for p in m.profiles},
+        status=ctx.backend.status(m.name),
+        stale_replicas=sum(1 for v in views if v.stale),
+        memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
+        definition=m,
+    )
+
+
+def find_model(ctx: AppContext, name: str) -> Model:
+    m = ctx.models.catalog.get(name)
+    if m is None:
+        raise NotFoundError(
+            f"there is no model named {name!r}; `llmgw ctl model list` shows the catalog")
+    return m

@@ -1,0 +1,63 @@
+"""What both faces of the control plane change the same way: adding a model, a rollout.
+
+The JSON API and the admin page call these, so a model added from the page is
+checked exactly as one added with ``llmgw ctl model add``, and a rollout reads
+the same in both. Every other change is a single call to the model service,
+which holds the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import Model
+from llmgw.control.context import AppContext
+from llmgw.control.views import find_model
+from llmgw.errors import BackendUnavailableError, NotFoundError
+
+# A rollout registers one job (or marks local replicas); a minute without an
+# answer means the scheduler is not answering, which the caller should hear.
+ROLLOUT_TIMEOUT = 60.0
+
+
+class RolloutAnswer(msgspec.Struct, kw_only=True):
+    model: str
+    profile: str | None
+    fingerprint: str
+    message: str
+
+
+async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
+    """Roll out a model's current profile; the answer names the profile its new replicas run."""
+    m = find_model(ctx, name)
+    if m.external:
+        raise NotFoundError(f"model {name!r} is external (upstream); there is nothing to roll out")
+    try:
+        async with asyncio.timeout(ROLLOUT_TIMEOUT):
+            profile = await ctx.backend.rollout(name)
+    except TimeoutError:
+        raise BackendUnavailableError(
+            f"the scheduler did not take the rollout of {name!r} within "
+            f"{ROLLOUT_TIMEOUT:.0f} s; `llmgw ctl replicas {name}` shows whether it went "
+            "ahead, and `/readyz` whether the scheduler is reachable") from None
+    chosen = m.profile(profile) if profile else None
+    if chosen is None:
+        return RolloutAnswer(model=name, fingerprint="", profile=None,
+                             message=f"no profile of {name} fits the fleet now; its replicas "
+                                     "are replaced once one does")
+    fp = fingerprint(m, chosen)
+    return RolloutAnswer(model=name, fingerprint=fp, profile=chosen.name,
+                         message=f"replicas of {name} are being replaced with profile "
+                                 f"{chosen.name} ({fp})")
+
+
+async def add_model(ctx: AppContext, model: Model, by: str, *,
+                    check_source: bool = True) -> Model:
+    """Check the source (unless told not to), then add; the model as it is now in force."""
+    if check_source and ctx.source_check is not None:
+        await ctx.source_check(model)
+    final = await ctx.models.add(model, by)
+    return ctx.models.catalog.get(final.name) or final
