@@ -1,4 +1,4 @@
-"""How fast a change made through one llmgw process is visible through another (C12).
+"""How fast a change made through one llmgw process is visible through another.
 
 Two real `llmgw serve` processes share one database (SQLite file by default;
 Postgres with LLMGW_BENCH_DATABASE=postgresql://...); a model added through

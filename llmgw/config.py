@@ -40,7 +40,7 @@ class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 
 
 class NomadConfig(_Conf, frozen=True):
-    """Connection to a Nomad cluster (N10) and how jobs are rendered for it."""
+    """Connection to a Nomad cluster and how jobs are rendered for it."""
 
     address: str = "http://127.0.0.1:4646"
     token: str | None = None
@@ -70,7 +70,7 @@ class NomadConfig(_Conf, frozen=True):
 
 
 class LocalConfig(_Conf, frozen=True):
-    """The embedded scheduler: child processes on this machine (L1)."""
+    """The embedded scheduler: child processes on this machine."""
 
     cpu_cores: int | None = None     # defaults to the machine's
     memory: Size | None = None       # defaults to the machine's
@@ -128,7 +128,7 @@ class ServerConfig(_Conf, frozen=True):
         return Runtime(scheduler=self.scheduler.kind, mirror=self.mirror)
 
     def admin_token_names(self) -> dict[str, str]:
-        """token → the identity recorded for changes made with it."""
+        """Token → the identity recorded for changes made with it."""
         out: dict[str, str] = {}
         for i, t in enumerate(self.admin_tokens):
             if isinstance(t, AdminToken):

@@ -17,7 +17,7 @@ would silently revert, and a cluster disagreeing with its own config file is
 worse than an error saying where to edit.
 
 Every change builds and validates the whole next catalog before anything is
-written (C6), inside the store's catalog lock (C12), so a refused change
+written, inside the store's catalog lock, so a refused change
 persists nothing and two changes from two processes apply in the order the
 database records. After a change, and whenever another process bumps the
 catalog version, the catalog in force is rebuilt from configuration plus the
@@ -82,7 +82,7 @@ class ModelService:
 
     @property
     def catalog(self) -> Catalog:
-        """The catalog in force. Reads never touch the store (D2)."""
+        """The catalog in force. Reads never touch the store."""
         return self._catalog
 
     @property
@@ -118,7 +118,7 @@ class ModelService:
         log.warning("stored model %r was skipped: %s", name, why)
 
     def _assemble(self, rows: Sequence[StoredModel]) -> tuple[list[Model], dict[str, StoredModel]]:
-        """Declared models, plus every stored one that makes a valid catalog with them (C11).
+        """Declared models, plus every stored one that makes a valid catalog with them.
 
         One bad row is skipped and named rather than taking the cluster with
         it; the declared models are precisely the ones that must survive that.
@@ -201,7 +201,7 @@ class ModelService:
     # -- changing ----------------------------------------------------------
 
     def _require_store(self) -> None:
-        """Changes need the catalog as stored; until it was read once, refuse them (D2)."""
+        """Changes need the catalog as stored; until it was read once, refuse them."""
         if self._version < 0:
             raise StoreUnavailableError(
                 "the catalog could not be read from the store yet "
@@ -214,7 +214,7 @@ class ModelService:
             raise RefusedError(f"model {name!r} is declared in {where}; {consequence}")
 
     async def add(self, model: Model, by: str) -> Model:
-        """Put ``model`` in the catalog and keep it across restarts (C7).
+        """Put ``model`` in the catalog and keep it across restarts.
 
         Replaces a runtime model of the same name. Validated by building the
         whole catalog first, so a model that would be skipped on every future
@@ -247,7 +247,7 @@ class ModelService:
         return final
 
     async def remove(self, name: str, by: str) -> None:
-        """Take a runtime model out of the catalog (C8)."""
+        """Take a runtime model out of the catalog."""
         self._refuse_declared(name, "remove it there, or it comes back on the next restart")
         self._require_store()
         async with self._store.change() as tx:
@@ -272,7 +272,7 @@ class ModelService:
         await self._reload_after_change()
 
     async def scale(self, name: str, min_: int, max_: int | None, by: str) -> Scaling:
-        """Change only the scaling block; return the scaling in force (C9).
+        """Change only the scaling block; return the scaling in force.
 
         Everything else is read back from the store and written out untouched,
         so changing a number cannot quietly become a redefinition. The answer
@@ -294,7 +294,7 @@ class ModelService:
 
     async def resources(self, name: str, cpu_cores: int, memory: Size,
                         profile: str | None, by: str) -> Profile:
-        """Set the cores and memory a stored model's profile reserves (C10)."""
+        """Set the cores and memory a stored model's profile reserves."""
         self._refuse_declared(
             name, "change its resources there, or they revert on the next restart")
         chosen: list[str] = []

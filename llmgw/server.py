@@ -9,8 +9,8 @@ the gateway starts last, so no request is routed against an empty catalog.
 
 If the store cannot be reached at start-up the server still starts: the API
 and the gateway answer from the declared models, writes answer 503, and the
-scheduler is not told anything until the catalog has been read from the store
-(D2). Nothing a person added is lost: it is in the store, not here.
+scheduler is not told anything until the catalog has been read from the store.
+Nothing a person added is lost: it is in the store, not here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The admin web page (A4), served by the control API's own app under ``/admin``.
+"""The admin web page, served by the control API's own app under ``/admin``.
 
 Server-rendered HTML from Jinja templates, one small script of our own that
 refreshes status fragments, no build step. It is a second face on the same

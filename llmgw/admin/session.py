@@ -8,7 +8,7 @@ sets a cookie holding only an expiry and a CSRF token, signed with HMAC-SHA256.
 ``HMAC(token, "llmgw admin session v1")``, and a cookie is accepted when it
 verifies under one of them; the identity shown and recorded ("added by
 alice") is that token's name. Deriving the key rather than drawing a random
-one per process was chosen because the API is stateless (A2): every instance
+one per process was chosen because the API is stateless: every instance
 behind a load balancer derives the same keys from the same configuration, so
 a session started on one instance is good on all of them, and a restart signs
 nobody out. No extra secret has to be configured, distributed or rotated, and

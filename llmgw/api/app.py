@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Router, get
-from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Response
 from litestar.template import TemplateConfig
 
@@ -34,7 +34,7 @@ from llmgw.scheduler.base import BackendHealth, Fleet
 log = logging.getLogger("llmgw.api")
 
 # A model definition is a few kilobytes; a megabyte is generous and bounds the
-# work a single request can cause (D1).
+# work a single request can cause.
 MAX_BODY = 1024 * 1024
 
 

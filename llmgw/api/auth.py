@@ -1,4 +1,4 @@
-"""Admin authentication for the control API (A3).
+"""Admin authentication for the control API.
 
 An admin token is sent as ``Authorization: Bearer <token>``. Each configured
 token has a name, and that name is the identity recorded on the changes made

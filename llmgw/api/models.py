@@ -48,7 +48,7 @@ class ResourcesAnswer(msgspec.Struct, kw_only=True):
 
 
 async def strict_body(request: Request[Any, Any, Any], type_: type[T]) -> T:
-    """The body decoded strictly, as server.yaml and `ctl model add -f` files are (C4).
+    """The body decoded strictly, as server.yaml and `ctl model add -f` files are.
 
     Litestar has already decoded it (which also documents it in the OpenAPI
     schema), but leniently: "4" would pass for 4. A field that is refused in

@@ -1,4 +1,4 @@
-"""``POST /api/v1/plan``: the planner's candidates against the live fleet (P3, P4).
+"""``POST /api/v1/plan``: the planner's candidates against the live fleet.
 
 The body is the same ``PlanRequest`` the CLI builds: the model's raw
 config.json and parameter count, read on the machine that can reach the

@@ -1,9 +1,9 @@
-"""``POST /api/v1/source-check``: is a model's source there, before it is added (S1)?
+"""``POST /api/v1/source-check``: is a model's source there, before it is added?
 
 The admin page calls this before it submits a pasted model; anything else may
 too. It answers ``{"ok": true}``, or the llmgw error body (400, field
 ``source``) naming the source and the reason: not found, gated or
-unauthorised, unreachable. The check only reads (M6).
+unauthorised, unreachable. The check only reads.
 """
 
 from __future__ import annotations

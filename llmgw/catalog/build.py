@@ -5,7 +5,7 @@ the catalog (an add, a removal, a scale) builds the *whole* next catalog here
 before anything is written, because the rules that matter span models — a
 name is unique, a fallback names a model that exists — and a change that is
 persisted and then refused on the next start would be a model that looks
-added and never appears (C6).
+added and never appears.
 
 Building also applies defaults, so the catalog holds the models as they will
 run (``scaling.max`` filled in), not as they were written.
@@ -28,7 +28,7 @@ from llmgw.errors import DefinitionError
 
 # llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
 # limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
-# (nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
+# (docs/nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
 NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$")
 MAX_NAME = 57
 
@@ -174,7 +174,7 @@ def _check_profile(
                 field=f"{where}.gpu_class",
             )
     else:
-        # C3: a CPU replica is placed by its cores and memory like any other
+        # A CPU replica is placed by its cores and memory like any other
         # resource; without them it would be placed anywhere and starve.
         missing = [k for k in ("memory", "cpu_cores") if getattr(p, k) is None]
         if missing:

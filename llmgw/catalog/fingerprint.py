@@ -1,4 +1,4 @@
-"""Profile fingerprints (C13): a stable hash of everything that changes how a
+"""Profile fingerprints: a stable hash of everything that changes how a
 replica is launched.
 
 A replica records the fingerprint it was started with; when the catalog's

@@ -33,7 +33,7 @@ class Profile(_Spec, frozen=True):
     """One way to run a model: the hardware it needs and how the engine is started.
 
     ``gpus`` is the count on one node and the tensor-parallel size; 0 is a CPU
-    profile, which must declare ``memory`` and ``cpu_cores`` (C3). The first
+    profile, which must declare ``memory`` and ``cpu_cores``. The first
     profile whose needs the fleet can meet is used.
     """
 
@@ -81,7 +81,7 @@ class Timeouts(_Spec, frozen=True):
 
 
 class Model(_Spec, frozen=True):
-    """A catalog entry (C1).
+    """A catalog entry.
 
     A scheduled model has ``source``, ``engine`` and ``profiles``. An external
     model has only ``upstream``: base URLs of OpenAI-compatible servers that

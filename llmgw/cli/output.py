@@ -1,6 +1,6 @@
 """Printing results as tables or JSON, and turning errors into exit codes.
 
-Exit codes (A5): 0 on success, 1 when the operation was refused or failed,
+Exit codes: 0 on success, 1 when the operation was refused or failed,
 2 on usage errors. Every llmgw error carries its own code; this is the one
 place that applies it.
 """

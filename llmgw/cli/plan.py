@@ -1,4 +1,4 @@
-"""``llmgw ctl model plan REPO_OR_DIR``: every way a model fits the fleet (SPEC P).
+"""``llmgw ctl model plan REPO_OR_DIR``: every way a model fits the fleet.
 
 The model is read here, on the machine running the command: a checkpoint
 directory, or a Hub repository through huggingface-hub (with this machine's

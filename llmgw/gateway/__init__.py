@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway (SPEC G): one endpoint in front of every replica.
+"""The OpenAI-compatible gateway: one endpoint in front of every replica.
 
 Split by noun:
 

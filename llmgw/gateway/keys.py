@@ -1,4 +1,4 @@
-"""API keys (G6): the keys file, checking a request's key, and per-key rate limits.
+"""API keys: the keys file, checking a request's key, and per-key rate limits.
 
 The keys file is JSON on the control-plane host, written by ``llmgw keys
 add|revoke`` and read by the gateway, which reloads it when it changes. It

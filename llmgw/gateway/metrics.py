@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway (G7), served at ``/metrics``.
+"""Prometheus metrics of the gateway, served at ``/metrics``.
 
 Each Gateway owns its registry (so two gateways in one process, as in tests,
 do not collide); ``/metrics`` renders it followed by the process-wide default

@@ -1,4 +1,4 @@
-"""On-demand models (G5): scale from zero when a request arrives, back to zero when idle.
+"""On-demand models: scale from zero when a request arrives, back to zero when idle.
 
 A model with ``scaling.min: 0`` runs no replica until someone asks for it.
 

@@ -1,4 +1,4 @@
-"""Forwarding one inference request to a replica, with retries and fallbacks (G3, G4, G8).
+"""Forwarding one inference request to a replica, with retries and fallbacks.
 
 The rule that shapes this module: **a request may be retried only until its
 first byte reaches the client.** Before that, a refused connection, a 5xx, a

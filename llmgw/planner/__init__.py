@@ -1,4 +1,4 @@
-"""The planner: every way a model fits the fleet, from its own config.json (SPEC P).
+"""The planner: every way a model fits the fleet, from its own config.json.
 
 Getting placement arithmetic wrong is not an error message, it is an
 out-of-memory twenty minutes into a load, so every number here is derived

@@ -10,7 +10,7 @@ Catalog changes are serialised across processes by ``change()``: a transaction
 that holds the catalog lock (SQLite ``BEGIN IMMEDIATE``; Postgres a row lock on
 the single ``catalog_version`` row) from the read of the stored models to the
 commit that bumps the version. Two changes can therefore never apply catalogs
-in an order that disagrees with the database (C12).
+in an order that disagrees with the database.
 
 Every other instance notices a change by polling ``catalog_version()`` — one
 primary-key read — every half second. Polling rather than LISTEN/NOTIFY: it

@@ -10,7 +10,7 @@ instances should not be handed dozens per instance.
 ``BEGIN`` it locks the single ``catalog_version`` row (``SELECT … FOR
 UPDATE``); every change in every instance takes that row first, so changes
 are serialised from the read of the stored models to the commit that bumps
-the version (C12). Plain reads do not take the row lock and never wait for
+the version. Plain reads do not take the row lock and never wait for
 a change. Within one instance an ``asyncio.Lock`` queues changes before they
 take a pool connection: otherwise a burst of changes would hold every
 connection while waiting for the row lock, and a read made inside the one
@@ -21,7 +21,7 @@ Nothing waits without a bound: a connection attempt gives up after
 a wait for the catalog lock after ``lock_timeout``, and any statement the
 server leaves unanswered after ``query_timeout``. Each ends in
 ``StoreUnavailableError``, which the API turns into a 503 while reads keep
-serving the catalog in force (D2).
+serving the catalog in force.
 
 Time is the database's ``now()`` — every statement here runs in its own
 transaction, so that is the statement's start — so hosts' clocks do not
@@ -313,7 +313,7 @@ class PostgresStore:
 
         A server that stopped answering — paused, or behind a network that
         drops packets rather than refusing them — would otherwise hold the
-        caller forever, and a write must fail with 503 (D2), not hang. On the
+        caller forever, and a write must fail with 503, not hang. On the
         timeout psycopg cancels the query and, if the server does not answer
         that either, closes the connection (up to ten more seconds); the pool
         then replaces it.

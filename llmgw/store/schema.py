@@ -20,7 +20,7 @@ Postgres — because they are compared across hosts whose clocks may disagree.
 
 ``definition`` is a blob (BLOB / bytea) rather than text: the Protocol hands
 the adapters bytes, and a row that is not valid UTF-8 must still come back
-out, so that startup can name and skip it (C11) instead of failing to read
+out, so that startup can name and skip it instead of failing to read
 the whole table.
 
 This module does no I/O; ``pending`` is the one decision in it.

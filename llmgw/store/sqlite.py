@@ -10,7 +10,7 @@ Three connections per store, each with a job:
 
 * the *catalog* connection runs migrations and ``change()``. A change holds
   ``BEGIN IMMEDIATE`` on it from entry to commit, across the caller's awaits,
-  so changes from other processes on the same file wait for it (C12); an
+  so changes from other processes on the same file wait for it; an
   ``asyncio.Lock`` queues this process's own changes, which share the one
   connection. It commits with ``synchronous=FULL``: a catalog change that was
   acknowledged survives a power cut.

@@ -1,7 +1,7 @@
 """Test doubles llmgw ships so that its users can test their integrations too.
 
 ``FakeNomad`` is a Nomad server on loopback, built from the verified facts in
-``shared/reference/nomad-api.md`` rather than from llmgw's own assumptions: strict
+``docs/nomad-api.md`` rather than from llmgw's own assumptions: strict
 about request shapes where Nomad would silently misread them, faithful in its answers,
 defaults, status codes and error texts. See ``llmgw.testing.fake_nomad``.
 """

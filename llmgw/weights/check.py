@@ -1,4 +1,4 @@
-"""The source check (S1): a model's weights exist and can be reached, checked at add time.
+"""The source check: a model's weights exist and can be reached, checked at add time.
 
 One module, used by the API (``POST /api/v1/source-check`` and adding a model,
 which is what the admin page does) and by ``llmgw ctl model add`` through it,

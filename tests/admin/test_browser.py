@@ -1,4 +1,4 @@
-"""The admin page in real headless Chromium (A4), against the real app on loopback.
+"""The admin page in real headless Chromium, against the real app on loopback.
 
 Chromium is Debian's (/usr/bin/chromium, or LLMGW_CHROMIUM), driven by
 Playwright for Python; no browser is downloaded. Each page visited is saved as

@@ -1,4 +1,4 @@
-"""What the admin page shows and does (A4), over plain HTTP against the real app.
+"""What the admin page shows and does, over plain HTTP against the real app.
 
 Refusals are compared with what the JSON API answers for the same request —
 the message ``llmgw ctl`` prints — so page and CLI cannot drift apart.

@@ -1,4 +1,4 @@
-"""The admin page's locks (A3, A4): session, CSRF, cookie flags, escaping, no secrets shown.
+"""The admin page's locks: session, CSRF, cookie flags, escaping, no secrets shown.
 
 Plain HTTP against the real app in process, over a real SQLite store.
 """
@@ -182,7 +182,7 @@ async def test_a_tampered_or_foreign_cookie_opens_nothing(client: AsyncTestClien
 
 async def test_a_session_works_on_every_instance_and_ends_with_its_token(
         tmp_path: Path, backend: FleetBackend) -> None:
-    """Two instances with one configuration accept each other's sessions (A2); an
+    """Two instances with one configuration accept each other's sessions; an
     instance whose configuration no longer has that token refuses them."""
     db = tmp_path / "shared.db"
     first, _ = make_app(db, backend)

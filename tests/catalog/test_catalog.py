@@ -1,4 +1,4 @@
-"""The catalog's rules (C1–C6, C13), as a pure function over decoded structs."""
+"""The catalog's rules, as a pure function over decoded structs."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_an_unknown_field_is_refused_with_the_file_and_key_path() -> None:
 
 
 def test_a_wrong_type_is_refused_with_the_key_path() -> None:
-    """gpus: two names models[0].profiles[0].gpus and the expected type."""
+    """Gpus: two names models[0].profiles[0].gpus and the expected type."""
     doc = "models:\n  - name: a\n    profiles: [{name: p, gpus: two}]\n"
     with pytest.raises(ConfigError, match=r"models\[0\]\.profiles\[0\]\.gpus: Expected `int`"):
         decode_yaml(doc, ServerConfig, source="server.yaml")
@@ -88,7 +88,7 @@ def test_names_that_cannot_be_nomad_service_names_are_refused(name: str, why: st
 
 
 def test_a_57_character_name_is_the_longest_accepted() -> None:
-    """llmgw- plus 57 characters is Nomad's 63-character limit exactly."""
+    """Llmgw- plus 57 characters is Nomad's 63-character limit exactly."""
     assert len(build_catalog([cpu_model("a" * 57)])) == 1
 
 
@@ -136,7 +136,7 @@ def test_max_defaults_to_min_and_to_one_for_an_on_demand_model() -> None:
 
 
 def test_a_cpu_model_without_memory_is_refused() -> None:
-    """C3: a CPU profile must declare memory and cores, which placement reserves."""
+    """A CPU profile must declare memory and cores, which placement reserves."""
     bad = msgspec.structs.replace(
         cpu_model(), profiles=[Profile(name="cpu", gpus=0, cpu_cores=4)])
     with pytest.raises(DefinitionError, match="must declare memory") as err:
@@ -152,7 +152,7 @@ def test_a_gpu_profile_needs_a_known_gpu_class() -> None:
 
 
 def test_an_external_model_needs_no_source_and_cannot_have_profiles() -> None:
-    """upstream models are routed to, never scheduled."""
+    """Upstream models are routed to, never scheduled."""
     ext = Model(name="ext", upstream=["http://10.0.0.1:8000"])
     assert build_catalog([ext]).models["ext"].external
     with pytest.raises(DefinitionError, match="external model"):
@@ -210,7 +210,7 @@ def test_sizes_and_durations_read_back_as_written() -> None:
 
 
 def test_a_fingerprint_changes_with_what_launches_a_replica_and_nothing_else() -> None:
-    """C13: engine args change it; description, scaling and fallbacks do not."""
+    """Engine args change it; description, scaling and fallbacks do not."""
     m = gpu_model()
     p = m.profiles[0]
     base = fingerprint(m, p)
@@ -254,7 +254,7 @@ def test_environment_overrides_connection_settings(tmp_path: object) -> None:
 
 
 def test_a_base64_admin_token_is_not_split_at_its_padding() -> None:
-    """q1w2...== is one token; splitting at '=' would make the secret a logged name."""
+    """Q1w2...== is one token; splitting at '=' would make the secret a logged name."""
     cfg = load_config("examples/server.yaml", env={
         "LLMGW_ADMIN_TOKENS": "q1w2e3r4t5y6u7i8o9p0AsDfGhJkL==,Q9w8e7r6t5y4u3i2o1p0zX="})
     assert set(cfg.admin_token_names()) == {"q1w2e3r4t5y6u7i8o9p0AsDfGhJkL==",

@@ -1,4 +1,4 @@
-"""The control API (A1–A3, D1, D2): routes, auth, and one error mapping."""
+"""The control API: routes, auth, and one error mapping."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ async def client(store: Store, backend: RecordingBackend) -> AsyncIterator[Async
 
 
 async def test_admin_routes_need_an_admin_token(client: AsyncTestClient) -> None:
-    """A3: no token and a wrong token are both 401 in OpenAI's error shape."""
+    """No token and a wrong token are both 401 in OpenAI's error shape."""
     r = await client.get("/api/v1/models")
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "unauthorized"
@@ -66,7 +66,7 @@ async def test_probes_need_no_token(client: AsyncTestClient) -> None:
 
 async def test_a_model_shows_its_origin_who_added_it_and_its_scaling_in_force(
         client: AsyncTestClient) -> None:
-    """A1: declared or runtime, added by whom and when, scaling after defaults."""
+    """Declared or runtime, added by whom and when, scaling after defaults."""
     r = await client.post("/api/v1/models", json=cpu("trial", scaling={"min": 0}),
                           headers=ADMIN)
     assert r.status_code == 200, r.text
@@ -85,7 +85,7 @@ async def test_a_model_shows_its_origin_who_added_it_and_its_scaling_in_force(
 
 async def test_a_definition_error_is_400_with_the_reason_and_the_field(
         client: AsyncTestClient, store: Store) -> None:
-    """D1: wrong types, unknown fields and bad names name the field; nothing is written."""
+    """Wrong types, unknown fields and bad names name the field; nothing is written."""
     cases = [
         (cpu("trial", profiles=[{"name": "cpu", "gpus": "two"}]), "profiles[0].gpus"),
         (cpu("trial", colour="blue"), "colour"),
@@ -104,7 +104,7 @@ async def test_a_definition_error_is_400_with_the_reason_and_the_field(
 
 async def test_numbers_written_as_strings_are_refused_as_in_yaml(
         client: AsyncTestClient, store: Store) -> None:
-    """C4: the API decodes as strictly as server.yaml; "4" is not a core count."""
+    """The API decodes as strictly as server.yaml; "4" is not a core count."""
     body = cpu("trial", profiles=[{"name": "cpu", "gpus": 0, "cpu_cores": "4", "memory": "8GiB"}])
     r = await client.post("/api/v1/models", json=body, headers=ADMIN)
     assert r.status_code == 400, r.text
@@ -116,7 +116,7 @@ async def test_numbers_written_as_strings_are_refused_as_in_yaml(
 
 
 async def test_malformed_json_is_400(client: AsyncTestClient) -> None:
-    """D1: a body that is not JSON says so."""
+    """A body that is not JSON says so."""
     r = await client.post("/api/v1/models", content=b"{name: ", headers={
         **ADMIN, "Content-Type": "application/json"})
     assert r.status_code == 400
@@ -124,7 +124,7 @@ async def test_malformed_json_is_400(client: AsyncTestClient) -> None:
 
 
 async def test_a_ten_megabyte_body_is_refused(client: AsyncTestClient, store: Store) -> None:
-    """D1: request bodies are bounded; the refusal says why."""
+    """Request bodies are bounded; the refusal says why."""
     body = b'{"name": "x", "description": "' + b"a" * (10 * 1024 * 1024) + b'"}'
     r = await client.post("/api/v1/models", content=body, headers={
         **ADMIN, "Content-Type": "application/json"})
@@ -199,7 +199,7 @@ async def test_stale_replicas_and_memory_warnings_are_shown(
 
 async def test_reads_keep_serving_when_the_store_goes_away(
         postgres_url: str, backend: RecordingBackend) -> None:
-    """D2: with Postgres cut off mid-run, reads answer from the catalog in force, writes are 503."""
+    """With Postgres cut off mid-run, reads answer from the catalog in force, writes are 503."""
     from urllib.parse import urlsplit
 
     from .conftest import TcpProxy, _postgres_schema_url

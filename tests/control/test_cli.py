@@ -1,4 +1,4 @@
-"""``llmgw ctl`` against a real API on loopback: output, and exit codes 0 / 1 / 2 (A5)."""
+"""``llmgw ctl`` against a real API on loopback: output, and exit codes 0 / 1 / 2."""
 
 from __future__ import annotations
 

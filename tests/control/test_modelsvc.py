@@ -1,4 +1,4 @@
-"""The model service's rules (C5, C7–C11), each pinned by a test that fails if dropped."""
+"""The model service's rules, each pinned by a test that fails if dropped."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ async def stored_names(store: Store) -> list[str]:
 
 
 async def test_adding_a_declared_name_is_refused_and_nothing_is_stored(store: Store) -> None:
-    """C5: configuration wins; a runtime model may not shadow a declared one."""
+    """Configuration wins; a runtime model may not shadow a declared one."""
     svc = await service(store)
     with pytest.raises(RefusedError, match=r"declared in server.yaml \(models\[0\]\); edit it "
                                            "there rather than adding a second definition"):
@@ -50,7 +50,7 @@ async def test_adding_a_declared_name_is_refused_and_nothing_is_stored(store: St
 
 
 async def test_add_records_who_added_the_model_and_when(store: Store) -> None:
-    """C7: the actor and the time are kept with the row and shown on the model."""
+    """The actor and the time are kept with the row and shown on the model."""
     svc = await service(store)
     before = datetime.now(UTC)
     await svc.add(cpu("trial"), "alice")
@@ -64,7 +64,7 @@ async def test_add_records_who_added_the_model_and_when(store: Store) -> None:
 
 
 async def test_add_replaces_a_runtime_model_of_the_same_name(store: Store) -> None:
-    """C7: adding again is a replacement, not a duplicate."""
+    """Adding again is a replacement, not a duplicate."""
     svc = await service(store)
     await svc.add(cpu("trial"), "alice")
     await svc.add(cpu("trial", description="second"), "bob")
@@ -73,7 +73,7 @@ async def test_add_replaces_a_runtime_model_of_the_same_name(store: Store) -> No
 
 
 async def test_an_add_that_would_make_the_catalog_invalid_persists_nothing(store: Store) -> None:
-    """C6: a missing fallback is refused before anything is written."""
+    """A missing fallback is refused before anything is written."""
     svc = await service(store)
     version = await store.catalog_version()
     with pytest.raises(DefinitionError, match="no model 'ghost'"):
@@ -84,7 +84,7 @@ async def test_an_add_that_would_make_the_catalog_invalid_persists_nothing(store
 
 async def test_an_unplaceable_profile_is_refused_at_add_time(store: Store,
                                                             backend: RecordingBackend) -> None:
-    """N6: a profile no node could ever run is a definition error, and nothing is stored."""
+    """A profile no node could ever run is a definition error, and nothing is stored."""
     svc = await service(store, backend)
     big = Model(name="huge", source=Source.parse("hf://org/huge"), engine="vllm", profiles=[
         Profile(name="tp16", gpu_class="h100-80g", gpus=16, cpu_cores=8,
@@ -95,7 +95,7 @@ async def test_an_unplaceable_profile_is_refused_at_add_time(store: Store,
 
 
 async def test_a_fallback_that_sorts_after_its_model_is_kept(store: Store) -> None:
-    """C11: 'alpha' falling back to 'zulu' stays in force, and zulu cannot be removed."""
+    """'alpha' falling back to 'zulu' stays in force, and zulu cannot be removed."""
     svc = await service(store)
     await svc.add(cpu("zulu"), "alice")
     await svc.add(cpu("alpha", fallbacks=["zulu"]), "alice")
@@ -106,7 +106,7 @@ async def test_a_fallback_that_sorts_after_its_model_is_kept(store: Store) -> No
 
 
 async def test_a_chain_of_orphans_is_skipped_whole(store: Store) -> None:
-    """C11: a row whose fallback was skipped is skipped too, and named."""
+    """A row whose fallback was skipped is skipped too, and named."""
     enc = encode
     await _put_raw(store, "a", enc(cpu("a", fallbacks=["b"])))
     await _put_raw(store, "b", enc(cpu("b", fallbacks=["ghost"])))
@@ -117,7 +117,7 @@ async def test_a_chain_of_orphans_is_skipped_whole(store: Store) -> None:
 
 
 async def test_changes_are_refused_until_the_catalog_was_read(store: Store) -> None:
-    """D2: before the store was read once, a write is 503, never a 500 or a guess."""
+    """Before the store was read once, a write is 503, never a 500 or a guess."""
     from llmgw.errors import StoreUnavailableError
 
     svc = ModelService(DECLARED, GPU_CLASSES, store)
@@ -128,7 +128,7 @@ async def test_changes_are_refused_until_the_catalog_was_read(store: Store) -> N
 
 
 async def test_removing_a_declared_model_is_refused(store: Store) -> None:
-    """C8: it would come back on the next restart."""
+    """It would come back on the next restart."""
     svc = await service(store)
     with pytest.raises(RefusedError, match="remove it there, or it comes back on the next "
                                            "restart"):
@@ -137,7 +137,7 @@ async def test_removing_a_declared_model_is_refused(store: Store) -> None:
 
 
 async def test_removing_an_unknown_model_is_refused(store: Store) -> None:
-    """C8: an unknown name is a 404, not a silent success."""
+    """An unknown name is a 404, not a silent success."""
     svc = await service(store)
     with pytest.raises(NotFoundError, match="no model named 'ghost'"):
         await svc.remove("ghost", "alice")
@@ -145,7 +145,7 @@ async def test_removing_an_unknown_model_is_refused(store: Store) -> None:
 
 async def test_a_removal_that_would_break_a_fallback_is_refused_and_the_row_kept(
         store: Store) -> None:
-    """C8: a fallback pointing at nothing is discovered during the outage it covers."""
+    """A fallback pointing at nothing is discovered during the outage it covers."""
     svc = await service(store)
     await svc.add(cpu("backup"), "alice")
     await svc.add(cpu("trial", fallbacks=["backup"]), "alice")
@@ -159,7 +159,7 @@ async def test_a_removal_that_would_break_a_fallback_is_refused_and_the_row_kept
 
 
 async def test_scaling_a_declared_model_is_refused_and_nothing_changes(store: Store) -> None:
-    """C9: the YAML is read on every start, so the new count would silently revert."""
+    """The YAML is read on every start, so the new count would silently revert."""
     svc = await service(store)
     with pytest.raises(RefusedError, match="change its scaling there, or it reverts on the "
                                            "next restart"):
@@ -168,7 +168,7 @@ async def test_scaling_a_declared_model_is_refused_and_nothing_changes(store: St
 
 
 async def test_scale_changes_only_the_scaling_block(store: Store) -> None:
-    """C9: everything else is read back and written unchanged."""
+    """Everything else is read back and written unchanged."""
     svc = await service(store)
     original = cpu("trial", description="tuned", fallbacks=["prod-chat"])
     await svc.add(original, "alice")
@@ -181,7 +181,7 @@ async def test_scale_changes_only_the_scaling_block(store: Store) -> None:
 
 
 async def test_scale_reports_the_scaling_in_force_not_the_request(store: Store) -> None:
-    """C9: max left out comes back filled in (min, or 1 for on demand)."""
+    """Max left out comes back filled in (min, or 1 for on demand)."""
     svc = await service(store)
     await svc.add(cpu("trial"), "alice")
     assert (await svc.scale("trial", 3, None, "bob")).max == 3
@@ -190,7 +190,7 @@ async def test_scale_reports_the_scaling_in_force_not_the_request(store: Store) 
 
 async def test_scaling_max_below_min_is_refused_and_the_stored_definition_untouched(
         store: Store) -> None:
-    """C9: a rejected change is not persisted to come back as a broken catalog."""
+    """A rejected change is not persisted to come back as a broken catalog."""
     svc = await service(store)
     await svc.add(cpu("trial", scaling=Scaling(min=1, max=2)), "alice")
     before = await store.models()
@@ -207,7 +207,7 @@ async def test_scaling_an_unknown_model_is_refused(store: Store) -> None:
 
 
 async def test_resources_set_cores_and_memory_of_a_stored_profile(store: Store) -> None:
-    """C10: both values change, the rest of the profile stays."""
+    """Both values change, the rest of the profile stays."""
     svc = await service(store)
     await svc.add(cpu("trial"), "alice")
     p = await svc.resources("trial", 12, Size.parse("48GiB"), None, "bob")
@@ -216,7 +216,7 @@ async def test_resources_set_cores_and_memory_of_a_stored_profile(store: Store) 
 
 
 async def test_resources_are_validated_like_any_change(store: Store) -> None:
-    """C10: a nonsense size or an unknown profile is refused and nothing written."""
+    """A nonsense size or an unknown profile is refused and nothing written."""
     svc = await service(store)
     await svc.add(cpu("trial"), "alice")
     before = await store.models()
@@ -238,7 +238,7 @@ async def _put_raw(store: Store, name: str, definition: bytes) -> None:
 
 async def test_startup_skips_and_names_bad_rows_and_keeps_the_rest(
         store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    """C11: a colliding, an undecodable and an invalid row are skipped; the good one loads."""
+    """A colliding, an undecodable and an invalid row are skipped; the good one loads."""
     enc = encode
     await _put_raw(store, "prod-chat", enc(cpu("prod-chat")))
     await _put_raw(store, "garbled", b'{"name": "garbled", "profiles": 7}')
@@ -255,7 +255,7 @@ async def test_startup_skips_and_names_bad_rows_and_keeps_the_rest(
 
 
 async def test_a_change_through_one_service_is_seen_by_another(store: Store) -> None:
-    """C12: a second instance on the same store follows the catalog version."""
+    """A second instance on the same store follows the catalog version."""
     a = await service(store)
     b = await service(store)
     await a.add(cpu("trial"), "alice")

@@ -1,4 +1,4 @@
-"""One llmgw process assembled (llmgw.server): start-up with the store away (D2)."""
+"""One llmgw process assembled (llmgw.server): start-up with the store away."""
 
 from __future__ import annotations
 

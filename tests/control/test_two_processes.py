@@ -1,4 +1,4 @@
-"""Two real `llmgw serve` processes on one Postgres (C12).
+"""Two real `llmgw serve` processes on one Postgres.
 
 Concurrent adds and scales through both never leave either process
 disagreeing with the database, and a change made through one is visible
@@ -122,7 +122,7 @@ def test_concurrent_changes_through_two_processes_agree_with_the_database(
 @pytest.mark.slow
 def test_a_fallback_and_its_removal_racing_through_two_processes_never_orphan_it(
         two_servers: list[str], schema_url: str) -> None:
-    """C12: without the catalog lock both would validate against a stale catalog and
+    """Without the catalog lock both would validate against a stale catalog and
     commit, leaving a model that falls back to nothing."""
     a, b = two_servers
 

@@ -1,4 +1,4 @@
-"""Retries, ejection, fallbacks, timeouts, broken streams and disconnects (G3, G4, G8)."""
+"""Retries, ejection, fallbacks, timeouts, broken streams and disconnects."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""On-demand models (G5): held requests, one scale-up per burst, idle scale-down."""
+"""On-demand models: held requests, one scale-up per burst, idle scale-down."""
 
 from __future__ import annotations
 

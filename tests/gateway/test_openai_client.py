@@ -1,4 +1,4 @@
-"""The official `openai` package works against the gateway unchanged (G1)."""
+"""The official `openai` package works against the gateway unchanged."""
 
 from __future__ import annotations
 

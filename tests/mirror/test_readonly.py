@@ -1,4 +1,4 @@
-"""Read-only by construction (M1) and never written by the API or gateway (M6)."""
+"""Read-only by construction and never written by the API or gateway."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_api_and_the_gateway_never_import_what_writes_to_the_mirror() -> None:
-    """M6: no module of the API, the gateway, the server assembly or the source check
+    """No module of the API, the gateway, the server assembly or the source check
     imports the mirror's writers (add, remove) or the node fetcher."""
     modules = [WEIGHTS / "check.py", PACKAGE / "server.py"]
     for sub in ("api", "gateway", "admin"):

@@ -1,4 +1,4 @@
-"""The source check (S1) against a local stand-in Hub and a real `llmgw mirror serve`."""
+"""The source check against a local stand-in Hub and a real `llmgw mirror serve`."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ async def test_a_hub_repository_that_exists_passes(hub: FakeHub) -> None:
 
 
 async def test_a_revision_and_file_that_exist_pass(hub: FakeHub) -> None:
-    """hf://org/repo@revision/file checks that revision and that file."""
+    """Hf://org/repo@revision/file checks that revision and that file."""
     await check("hf://qwen/qwen2.5-0.5b@v1/model.safetensors")
     assert any(s.path == "/api/models/qwen/qwen2.5-0.5b/revision/v1" for s in hub.seen)
     assert any(s.method == "HEAD" and s.path.endswith("/model.safetensors") for s in hub.seen)
@@ -106,7 +106,7 @@ async def test_an_unreachable_hub_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 
 
 async def test_a_malformed_hub_source_is_refused() -> None:
-    """hf:// without ORG/REPO is refused before any request."""
+    """Hf:// without ORG/REPO is refused before any request."""
     message = await refused("hf://just-a-name")
     assert "hf://ORG/REPO" in message
 
@@ -163,7 +163,7 @@ async def test_local_paths_must_exist(tmp_path: Path) -> None:
 
 
 async def test_pkg_sources_must_be_installed() -> None:
-    """pkg:<distribution> passes when installed and says to pip install otherwise."""
+    """Pkg:<distribution> passes when installed and says to pip install otherwise."""
     await check("pkg:msgspec")
     message = await refused("pkg:llmgw-no-such-model-package")
     assert "pip install llmgw-no-such-model-package" in message

@@ -1,4 +1,4 @@
-"""Nomad answers shaped as the reference describes them (nomad-api.md §3.2, §5.1), for the
+"""Nomad answers shaped as the reference describes them (docs/nomad-api.md §3.2, §5.1), for the
 pure modules' tests. Nodes are named after the machines they stand for.
 
 Built as JSON dicts and decoded by llmgw's own wire structs, so these tests

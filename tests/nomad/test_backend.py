@@ -212,7 +212,7 @@ async def test_removed_models_are_deregistered_and_foreign_jobs_left_alone(fake,
 
 
 async def test_an_on_demand_model_is_scaled_by_demand_and_kept_there(fake, backend):
-    """min 0: registered at 0; set_demand scales it (up to max); the reconciler keeps it."""
+    """Min 0: registered at 0; set_demand scales it (up to max); the reconciler keeps it."""
     m = cpu_model("burst", min_=0, max_=2)
     await applied(backend, catalog(m))
     fake.settle()
@@ -248,7 +248,7 @@ async def test_the_fleet_groups_the_fake_nodes_and_counts_what_is_placed(fake, b
 
 
 async def test_nomad_down_backs_off_reports_the_outage_and_keeps_endpoints(fake, backend):
-    """D3: unreachable Nomad → health says so with since, retries back off, endpoints stay."""
+    """Unreachable Nomad → health says so with since, retries back off, endpoints stay."""
     m = cpu_model("embed")
     await applied(backend, catalog(m))
     fake.settle()

@@ -1,5 +1,5 @@
 """The Nomad client: connection settings reach the wire, and every failure becomes an
-llmgw error naming the Nomad address and what to check (N10).
+llmgw error naming the Nomad address and what to check.
 
 These run against a real HTTP(S) server on loopback that answers what each
 test scripts, including the failures a healthy fake never produces: a 403, a
@@ -228,7 +228,7 @@ def test_tls_with_our_ca_and_a_client_certificate_connects(tls_server: Scripted,
 
 
 def test_tls_verification_is_on_without_a_ca(tls_server: Scripted, pki: Path):
-    """python-nomad's verify=False default is overridden: an unknown CA is refused."""
+    """Python-nomad's verify=False default is overridden: an unknown CA is refused."""
     c = _client(tls_server.url, client_cert=str(pki / "client.pem"),
                 client_key=str(pki / "client-key.pem"))
     with pytest.raises(BackendUnavailableError, match="NOMAD_CACERT"):

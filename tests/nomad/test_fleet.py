@@ -1,4 +1,4 @@
-"""The fleet view computes free capacity as Nomad's scheduler does (reference §3.3)."""
+"""The fleet view computes free capacity as Nomad's scheduler does (docs/nomad-api.md §3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A failed plan becomes one readable sentence, classified never-fits or not-now (N6)."""
+"""A failed plan becomes one readable sentence, classified never-fits or not-now."""
 
 from __future__ import annotations
 

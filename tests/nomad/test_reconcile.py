@@ -1,4 +1,4 @@
-"""The reconciler's decisions: register, scale, leave stale, deregister (N7)."""
+"""The reconciler's decisions: register, scale, leave stale, deregister."""
 
 from __future__ import annotations
 
@@ -40,14 +40,14 @@ def test_a_model_without_a_live_job_is_registered():
 
 
 def test_a_model_with_a_minimum_runs_exactly_that_many():
-    """min > 0: the count is scaled to min whatever it is now."""
+    """Min > 0: the count is scaled to min whatever it is now."""
     cat = build_catalog([_model("a", min_=3, max_=5)], GPU_CLASSES)
     assert decide(cat, {"llmgw-a": _job("a", count=5)}, _spec).scale == {"a": 3}
     assert decide(cat, {"llmgw-a": _job("a", count=3)}, _spec).scale == {}
 
 
 def test_an_on_demand_model_keeps_the_count_the_gateway_set_up_to_max():
-    """min 0: the reconciler leaves the demand alone and only clamps it to max."""
+    """Min 0: the reconciler leaves the demand alone and only clamps it to max."""
     m = _model("a", min_=0, max_=2)
     assert desired_count(m, 1) == 1
     assert desired_count(m, 4) == 2

@@ -42,7 +42,7 @@ def pick(result: PlanResult, quant: str, gpus: int, engine: str = "vllm") -> Can
 
 
 def test_p5_llama_70b_bf16_fits_two_80gb_cards_with_useful_context() -> None:
-    """P5: Llama-3.3-70B at bf16 over two 80 GB H100s fits, with tens of thousands of tokens."""
+    """Llama-3.3-70B at bf16 over two 80 GB H100s fits, with tens of thousands of tokens."""
     result = plan("llama-3.3-70b-instruct", [PoolSpec(name="h100", gpus_per_node=2,
                                                       gpu_memory=H100)])
     c = pick(result, "bf16", 2)
@@ -70,7 +70,7 @@ def test_overhead_is_charged_from_each_ranks_share() -> None:
 
 
 def test_usable_fraction_is_reserved_exactly_once() -> None:
-    """weights + overhead + KV(max_context) fill usable x card, and one more block would not fit."""
+    """Weights + overhead + KV(max_context) fill usable x card, and one more block would not fit."""
     a = architecture_from_config(load_config("llama-3.3-70b-instruct"))
     inv = inventory(a)
     sizes = weights_by_tensor(inv, "bf16", a, "bf16")
@@ -174,7 +174,7 @@ def test_cpu_pool_gets_a_llama_cpp_candidate() -> None:
 
 
 def test_cpu_pool_says_why_vllm_is_left_out() -> None:
-    """vLLM has no row on a CPU pool; one note names the pool and says vLLM needs a GPU."""
+    """VLLM has no row on a CPU pool; one note names the pool and says vLLM needs a GPU."""
     result = plan("llama-3.1-8b-instruct", [parse_pool("epyc=0x512GB")])
     assert {c.engine for c in result.candidates} == {"llama.cpp"}
     assert "epyc has no GPU: vLLM needs one" in " ".join(result.notes)
@@ -210,7 +210,7 @@ def test_window_note_says_which_engine_caps() -> None:
 
 
 def test_kv_dtype_the_engine_lacks_leaves_it_out_or_refuses() -> None:
-    """q8_0 KV drops vLLM candidates with a note; asking vLLM for it outright is refused."""
+    """Q8_0 KV drops vLLM candidates with a note; asking vLLM for it outright is refused."""
     pools = [PoolSpec(name="h", gpus_per_node=1, gpu_memory=H100)]
     result = plan("llama-3.1-8b-instruct", pools, kv_dtype="q8_0")
     assert {c.engine for c in result.candidates} == {"llama.cpp"}
@@ -242,7 +242,7 @@ def test_malformed_pools_are_refused(text: str, message: str) -> None:
 
 
 def test_pool_of_zero_gpus_is_a_cpu_node_as_the_fleet_builds_it() -> None:
-    """cpu=0x256GB is the PoolSpec pools_from_fleet makes for a CPU node of 256 GB."""
+    """Cpu=0x256GB is the PoolSpec pools_from_fleet makes for a CPU node of 256 GB."""
     p = parse_pool("cpu=0x256GB")
     fleet = Fleet(nodes=[node_epyc_256g("cpu-1")], pools=[Pool(name="cpu", gpu_class=None,
                                                                 fabric=None,
@@ -253,7 +253,7 @@ def test_pool_of_zero_gpus_is_a_cpu_node_as_the_fleet_builds_it() -> None:
 
 
 def test_pool_parses_fabric() -> None:
-    """h100=8x81559MiB@ib-a is 8 cards of 81559 MiB on fabric ib-a."""
+    """H100=8x81559MiB@ib-a is 8 cards of 81559 MiB on fabric ib-a."""
     p = parse_pool("h100=8x81559MiB@ib-a")
     assert (p.gpus_per_node, p.gpu_memory, p.fabric) == (8, H100, "ib-a")
 

@@ -24,12 +24,12 @@ def gguf_total(name: str, quant: str) -> int:
 
 
 def test_p5_qwen25_14b_q8_0_matches_llama_cpp() -> None:
-    """P5: llama.cpp reports 14.62 GiB for Qwen2.5-14B at q8_0; the planner is within 1%."""
+    """llama.cpp reports 14.62 GiB for Qwen2.5-14B at q8_0; the planner is within 1%."""
     assert gguf_total("qwen2.5-14b-instruct", "q8_0") / GiB == pytest.approx(14.62, rel=0.01)
 
 
 def test_p5_qwen25_14b_q4_k_m_matches_llama_cpp() -> None:
-    """P5: llama.cpp reports 8.37 GiB for Qwen2.5-14B at q4_K_M; the planner is within 1%."""
+    """llama.cpp reports 8.37 GiB for Qwen2.5-14B at q4_K_M; the planner is within 1%."""
     assert gguf_total("qwen2.5-14b-instruct", "q4_K_M") / GiB == pytest.approx(8.37, rel=0.01)
 
 
@@ -107,7 +107,7 @@ def test_bf16_weights_are_params_times_two(name: str) -> None:
 
 
 def test_fp8_keeps_embeddings_and_head_at_16_bits() -> None:
-    """fp8 stores decoder Linears in a byte and leaves embeddings and head at 2 bytes."""
+    """Fp8 stores decoder Linears in a byte and leaves embeddings and head at 2 bytes."""
     a = architecture_from_config(load_config("llama-3.1-8b-instruct"))
     inv = inventory(a)
     total = sum(weights_by_tensor(inv, "fp8", a, "fp8"))

@@ -1,4 +1,4 @@
-"""Catalog changes from separate OS processes serialise on the database (C12)."""
+"""Catalog changes from separate OS processes serialise on the database."""
 
 from __future__ import annotations
 

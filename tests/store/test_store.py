@@ -1,4 +1,4 @@
-"""The Store contract, run unchanged against SQLite and Postgres (D2)."""
+"""The Store contract, run unchanged against SQLite and Postgres."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A database that cannot be reached or used raises StoreUnavailableError (D2), and only then."""
+"""A database that cannot be reached or used raises StoreUnavailableError, and only then."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Job bodies shaped like the ones llmgw renders, written here from the reference.
 
-They are deliberately built by hand from nomad-api.md §1.8 rather than by llmgw's
+They are deliberately built by hand from docs/nomad-api.md §1.8 rather than by llmgw's
 renderer: these tests pin the fake, not the renderer.
 """
 

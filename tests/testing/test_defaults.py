@@ -1,4 +1,7 @@
-"""Defaults Nomad fills in (§1.2, §1.3) and the register semantics around versions (§1.1)."""
+"""Defaults Nomad fills in (§1.2, §1.3) and the register semantics around versions (§1.1).
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""HTTP conventions: headers, blocking queries, error texts, ACLs, outages, faults (§4.3, §7)."""
+"""HTTP conventions: headers, blocking queries, error texts, ACLs, outages, faults (§4.3, §7).
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 
@@ -209,7 +212,7 @@ def test_allocation_list_filters_and_resources(http: httpx.Client, nomad: FakeNo
 
 
 def test_python_nomad_talks_to_the_fake(nomad: FakeNomad) -> None:
-    """python-nomad's wrapped calls work against the fake, so the backend can use both."""
+    """Python-nomad's wrapped calls work against the fake, so the backend can use both."""
     import nomad as python_nomad
 
     client = python_nomad.Nomad(address=nomad.address, timeout=30)

@@ -1,4 +1,7 @@
-"""Allocation lifecycle the tests drive: services, checks, deployments, failures (§4.4, §5)."""
+"""Allocation lifecycle the tests drive: services, checks, deployments, failures (§4.4, §5).
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 
@@ -126,7 +129,7 @@ def test_failed_alloc_fails_deployment_then_later_failures_reschedule(
 
 
 def test_alloc_stats_report_memory(http: httpx.Client, nomad: FakeNomad) -> None:
-    """set_alloc_memory shows up as RSS and Usage in the client stats (N9)."""
+    """set_alloc_memory shows up as RSS and Usage in the client stats."""
     register(http, cpu_job())
     nomad.settle()
     [alloc] = nomad.allocations("llmgw-tiny")

@@ -1,4 +1,7 @@
-"""The fake's building blocks on their own: fixtures, schema, attributes, Go formatting."""
+"""The fake's building blocks on their own: fixtures, schema, attributes, Go formatting.
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from llmgw.testing.fake_nomad.attributes import (
 from llmgw.testing.fake_nomad.gotext import duration, multi
 from llmgw.testing.fake_nomad.schema import REFERENCE, strip_annotation
 
-REFERENCE_FILE = Path(__file__).resolve().parents[3] / "shared/reference/nomad-api-fields.json"
+REFERENCE_FILE = Path(__file__).resolve().parents[3] / "docs/nomad-api-fields.json"
 
 
 def test_h100_fixture_matches_the_reference_shapes() -> None:

@@ -1,4 +1,7 @@
-"""Placement by devices, cores and memory, and the metrics that explain a miss (§2, §3.3, §5.2)."""
+"""Placement by devices, cores and memory, and the metrics that explain a miss (§2, §3.3, §5.2).
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Request-shape strictness and Nomad's own validation, over real HTTP (nomad-api.md §1, §7)."""
+"""Request-shape strictness and Nomad's own validation, over real HTTP (docs/nomad-api.md §1, §7).
+
+Sections marked § are those of docs/nomad-api.md.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The embedded scheduler: llmgw running the catalog on this machine (SPEC L).
+"""The embedded scheduler: llmgw running the catalog on this machine.
 
 ``backend.LocalBackend`` is the entry point. The other modules are its parts:
 ``resources`` (placement arithmetic), ``planner`` (which replicas to start and

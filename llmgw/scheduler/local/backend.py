@@ -1,4 +1,4 @@
-"""The embedded scheduler: the catalog run as child processes on this machine (L1).
+"""The embedded scheduler: the catalog run as child processes on this machine.
 
 ``LocalBackend`` implements the same ``Backend`` Protocol as Nomad, so the
 reconciler, the API and the gateway cannot tell which one runs. Where Nomad
@@ -395,7 +395,7 @@ class LocalBackend:
         self._never.pop(name, None)
 
     def _choose(self, m: Model, catalog: Catalog) -> tuple[Profile, Demand] | _Wait | _Never:
-        """The first profile that fits now (C2); else why it must wait, or can never run."""
+        """The first profile that fits now; else why it must wait, or can never run."""
         refusal = (engine_refusal(m, bool(self.machine.gpus))
                    or local_source_refusal(m.source))
         if refusal:

@@ -8,7 +8,7 @@ for llama.cpp, each because the default does something an operator would not
 expect:
 
 * ``--n_threads`` and ``--n_threads_batch`` are the profile's ``cpu_cores``:
-  the reservation is the thread count (C3), and the defaults use every CPU.
+  the reservation is the thread count, and the defaults use every CPU.
 * ``--interrupt_requests false``: by default the server ends a running stream
   (with a normal ``[DONE]``, so it looks complete) as soon as another request
   arrives; behind a gateway that balances several clients onto one replica

@@ -1,4 +1,4 @@
-"""The Nomad backend (N1–N10): catalog entries become Nomad service jobs, and Nomad's
+"""The Nomad backend: catalog entries become Nomad service jobs, and Nomad's
 allocations, services and nodes come back as replicas, endpoints and a fleet.
 
 Pure modules decide; the others talk to Nomad:

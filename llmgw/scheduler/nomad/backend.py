@@ -10,7 +10,7 @@ wakes it, so an add, scale or remove answers without waiting on Nomad, and
 ``reconciled()`` waits for the pass that follows. It acts only while this
 process holds the store's ``reconciler`` lease, so several API instances
 behind one load balancer never register the same job twice or fight over a
-count (N7). A pass can take long (serial Nomad calls, each with its own
+count. A pass can take long (serial Nomad calls, each with its own
 timeout) while the lease lasts ``lease_ttl``, so the lease is renewed right
 before every register, scale and deregister, and the pass stops acting the
 moment it is lost; the acting part of a pass is also cut off after half the
@@ -28,7 +28,7 @@ request each, and waiting for the leader would only add latency.
 When Nomad cannot be reached the reconciler retries with exponential
 back-off (1 s doubling to ``backoff_max``), ``health()`` reports the outage
 with the time it began, and discovery keeps the endpoints it last knew
-healthy (D3). Other failures are per model: a job Nomad refuses, or a
+healthy. Other failures are per model: a job Nomad refuses, or a
 profile no node can run, is recorded on that model (``status().last_error``)
 and logged, and the pass goes on with the next model.
 """
@@ -458,7 +458,7 @@ class NomadBackend:
                                     f"llmgw: {m.name} to {count} replicas")
         except ScaleBlockedError:
             # /scale is refused while a deployment runs, which for a model load
-            # can be an hour (§5.3). Re-registering with the new count does the
+            # can be an hour (docs/nomad-api.md §5.3). Re-registering with the new count does the
             # same thing — but only when the spec is the one registered, or it
             # would replace every replica.
             p = m.profile(st.profile)

@@ -1,4 +1,4 @@
-"""Nomad's HTTP API, through python-nomad, in typed calls with llmgw's errors (N10).
+"""Nomad's HTTP API, through python-nomad, in typed calls with llmgw's errors.
 
 python-nomad supplies the connection: address, ACL token (``X-Nomad-Token``),
 namespace and region parameters, TLS (CA via ``verify=path``, a client
@@ -7,7 +7,7 @@ through its endpoint objects' public ``request()`` rather than the
 convenience methods, for two reasons: the convenience methods return
 ``.json()`` and so lose ``X-Nomad-Index``, which blocking queries need; and
 half of what llmgw calls has no method at all (services, allocation checks,
-job scale — nomad-api.md §6). One path for all calls means one place that
+job scale — docs/nomad-api.md §6). One path for all calls means one place that
 decodes into typed structs and one place that turns failures into errors.
 
 Two python-nomad defaults are overridden on purpose: TLS verification is on
@@ -24,6 +24,8 @@ request, what Nomad said, and what to check:
   ``ScaleBlockedError``; a job Nomad refuses to register → ``NomadRejectedError``.
 
 All methods block; the backend calls them on its own threads.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ _JSON = {"Content-Type": "application/json"}
 
 
 class ScaleBlockedError(RefusedError):
-    """``/scale`` refused because a deployment is running (nomad-api.md §5.3)."""
+    """``/scale`` refused because a deployment is running (§5.3)."""
 
     kind = "scale_blocked"
 

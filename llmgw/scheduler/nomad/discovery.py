@@ -1,6 +1,6 @@
-"""Where each model's healthy replicas are, from Nomad's service discovery (G2, D3).
+"""Where each model's healthy replicas are, from Nomad's service discovery.
 
-Nomad's catalog does not filter by health (nomad-api.md §4.4): a group
+Nomad's catalog does not filter by health (docs/nomad-api.md §4.4): a group
 service is registered before its task starts, so a replica that is still
 loading 140 GB of weights is listed next to one that is serving. Routing to
 the list as given is the classic failure of LLM gateways. So two loops
@@ -16,7 +16,7 @@ cooperate here:
 
 A replica is an endpoint only when every check of its allocation has run and
 passed. When Nomad cannot be reached, neither loop overwrites what it knew:
-the gateway keeps routing to the replicas last known healthy (D3), and the
+the gateway keeps routing to the replicas last known healthy, and the
 loops retry with back-off.
 """
 
@@ -173,7 +173,7 @@ class Discovery:
                 continue
             failures = 0
             # An index that goes backwards means the servers' state was reset;
-            # start over rather than block until it catches up (§4.3).
+            # start over rather than block until it catches up (docs/nomad-api.md §4.3).
             unchanged = new_index == index
             index = new_index if new_index >= index else 0
             if unchanged and time.monotonic() - started < 1.0:

@@ -1,8 +1,8 @@
-"""The fleet as Nomad's scheduler sees it: nodes and allocations → free capacity (N8).
+"""The fleet as Nomad's scheduler sees it: nodes and allocations → free capacity.
 
 Pure: it takes the decoded ``/v1/node/:id`` and ``/v1/allocations?resources=true``
 answers and computes, per node, what ``AllocsFit`` would compute
-(nomad-api.md §3.3), so "free" here means "placeable now" and never "looks
+(docs/nomad-api.md §3.3), so "free" here means "placeable now" and never "looks
 idle". The parts that are easy to get plausibly wrong:
 
 * an allocation counts until its *client* status is terminal (complete,

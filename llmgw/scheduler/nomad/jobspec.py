@@ -1,6 +1,6 @@
 """The Nomad job payload llmgw sends, as typed structs with Nomad's own field names.
 
-Field names are the Go field names of ``api.Job`` and friends (nomad-api.md,
+Field names are the Go field names of ``api.Job`` and friends (docs/nomad-api.md,
 "General wire conventions"), so the encoded JSON is exactly what
 ``PUT /v1/jobs`` decodes. Only the fields llmgw sets exist here. That is a
 guard as much as a convenience: Nomad silently drops a key it does not know
@@ -15,6 +15,8 @@ Nomad fill is ``CPU``: it adds ``CPU: 100`` only when neither ``CPU`` nor
 refuses to hold both.
 
 Durations are ``int`` nanoseconds (§"General wire conventions"); use ``ns()``.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations

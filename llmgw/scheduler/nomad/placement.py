@@ -1,4 +1,4 @@
-"""Why a profile cannot be placed, in one sentence, and whether waiting would help (N6).
+"""Why a profile cannot be placed, in one sentence, and whether waiting would help.
 
 Pure: it reads the plan's failed-allocation metric for the group and the
 fleet view, and returns a ``Verdict``. The two kinds of failure are kept

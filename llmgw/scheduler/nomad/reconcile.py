@@ -1,4 +1,4 @@
-"""What the reconciler should do to make Nomad match the catalog (N7), decided without I/O.
+"""What the reconciler should do to make Nomad match the catalog, decided without I/O.
 
 The backend reads the jobs llmgw owns (``llmgw-*`` with ``llmgw_managed``
 meta), hands them here with the catalog, and carries out the actions. The
@@ -13,7 +13,7 @@ rules, and what each one protects:
   a moment ago.
 * A job whose rendered spec differs from the registered one is left alone
   and reported **stale**. Re-registering would replace every running replica
-  (a meta change is destructive, nomad-api.md §9.8), and a replica that is
+  (a meta change is destructive, docs/nomad-api.md §9, item 8), and a replica that is
   serving is worth more than the imperfection; ``rollout`` applies the new
   spec when an operator chooses to.
 * A job llmgw owns whose model left the catalog is **deregistered**. Jobs

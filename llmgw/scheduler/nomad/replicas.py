@@ -1,8 +1,8 @@
-"""Replicas as Nomad's allocations (N9): where each runs, whether it serves, what it was
+"""Replicas as Nomad's allocations: where each runs, whether it serves, what it was
 started with, and what memory it reserved against what it uses.
 
 The allocation list has neither the job's meta nor the reservation
-(nomad-api.md §5.1), so each allocation is read once in full
+(docs/nomad-api.md §5.1), so each allocation is read once in full
 (``/v1/allocation/:id``) for the fingerprint and profile its job version
 carried and its reserved memory. Both are fixed for an allocation's life,
 so they are cached by allocation ID. Measured memory comes from the node's

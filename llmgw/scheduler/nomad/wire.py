@@ -2,11 +2,13 @@
 
 Unlike the request structs in ``jobspec``, these are lenient on purpose.
 Nomad encodes responses from its server structs with go-codec, which omits
-zero-valued fields of allocations, evaluations and ports (nomad-api.md,
+zero-valued fields of allocations, evaluations and ports (docs/nomad-api.md,
 "General wire conventions"), and adds fields between versions; so every field
 has a default and unknown keys are ignored. A response that is not JSON of
 the expected shape at all still fails to decode, and the client turns that
 into an error naming the Nomad address.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ by devices, cores and memory and explains failures with Nomad's own metric keys
 (``scheduler``, ``devices``, ``attributes``, ``reconcile``), a raft-like index with
 blocking queries (``state``, ``cluster``), and clients that tests drive (``commit``,
 ``lifecycle``), all behind ``FakeNomad`` (``fake``). Behaviour is taken from
-nomad-api.md and cited by section where it is subtle.
+docs/nomad-api.md and cited by section where it is subtle.
 
 The dangerous direction is the obvious one: making the fake agree with llmgw. When the
 two disagree, the reference decides.

@@ -9,7 +9,7 @@ Two comparison worlds exist and the fake keeps them apart as Nomad does:
   with units. A literal right-hand side such as ``"40 GiB"`` is parsed into ``Int 40,
   Unit GiB`` and compared after converting both sides to the base unit, so
   ``81559 MiB >= 40 GiB`` holds while ``81559 MiB >= 80 GiB`` does not — the trap
-  nomad-api.md §2 describes for "80GB" cards (plugins/shared/structs/attribute.go).
+  docs/nomad-api.md §2 describes for "80GB" cards (plugins/shared/structs/attribute.go).
 
 ``version``/``semver`` use one small parser (leading ``v`` allowed, pre-releases sort
 before releases); enough for the implied ``${attr.nomad.version} semver >= 1.4.0``
@@ -107,7 +107,7 @@ def compare(a: Attr, b: Attr) -> int | None:
 
 
 def check_attribute(op: str, left: Attr | None, right: Attr | None) -> bool:
-    """checkAttributeConstraint (scheduler/feasible/feasible.go) for device targets."""
+    """CheckAttributeConstraint (scheduler/feasible/feasible.go) for device targets."""
     if op in ("distinct_hosts", "distinct_property"):
         return True
     if op in ("!=", "not"):
@@ -133,7 +133,7 @@ def check_attribute(op: str, left: Attr | None, right: Attr | None) -> bool:
 
 
 def check_strings(op: str, left: str | None, right: str | None) -> bool:
-    """checkConstraint for node targets; ``None`` means the target did not resolve."""
+    """CheckConstraint for node targets; ``None`` means the target did not resolve."""
     lfound, rfound = left is not None, right is not None
     lv, rv = left or "", right or ""
     if op in ("distinct_hosts", "distinct_property"):
@@ -167,7 +167,7 @@ def check_strings(op: str, left: str | None, right: str | None) -> bool:
 
 
 def _order(op: str, left: str, right: str) -> bool:
-    """checkOrder: as integers if both parse, else as floats, else lexically."""
+    """CheckOrder: as integers if both parse, else as floats, else lexically."""
     c: int
     if _INT_RE.match(left) and _INT_RE.match(right):
         c = (int(left) > int(right)) - (int(left) < int(right))

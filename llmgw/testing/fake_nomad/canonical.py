@@ -1,6 +1,6 @@
 """The defaults Nomad fills in, and the constraints it adds behind your back.
 
-Two layers run on every submitted job (nomad-api.md §1.2): the agent's
+Two layers run on every submitted job (docs/nomad-api.md §1.2): the agent's
 ``api.Job.Canonicalize()`` (api/jobs.go, api/tasks.go, api/resources.go,
 api/services.go) and the server's admission mutators. Reproduced here:
 
@@ -17,6 +17,8 @@ api/services.go) and the server's admission mutators. Reproduced here:
   placed. Nomad-provider services get ``${attr.nomad.service_discovery} = true`` and,
   with checks, ``${attr.nomad.version} semver >= 1.4.0``; bridge networking gets the
   CNI plugin constraints. The added constraints are stored in the job, as in Nomad.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def _service(svc: Json, job: Json, tg: Json, task: Json | None) -> None:
 
 
 def _add(target: Json, constraint: Json, *, full: bool) -> None:
-    """mutateConstraint: ``full`` matches the whole constraint, otherwise only LTarget."""
+    """MutateConstraint: ``full`` matches the whole constraint, otherwise only LTarget."""
     existing = target.setdefault("Constraints", [])
     for c in existing:
         if c.get("LTarget") == constraint["LTarget"] and (not full or c == constraint):
@@ -189,7 +191,7 @@ def _add(target: Json, constraint: Json, *, full: bool) -> None:
 
 
 def _implied_constraints(job: Json) -> None:
-    """jobImpliedConstraints.Mutate (nomad/job_endpoint_hooks.go), the parts llmgw meets."""
+    """JobImpliedConstraints.Mutate (nomad/job_endpoint_hooks.go), the parts llmgw meets."""
     for tg in job.get("TaskGroups", []):
         services = list(tg.get("Services", []))
         for task in tg.get("Tasks", []):

@@ -8,10 +8,12 @@ against a real cluster. ``settle()`` waits until the worker is idle, so tests ne
 sleeps; an exception inside the worker is kept and re-raised by ``settle()``, so a bug
 in the fake cannot pass as a quiet success.
 
-Register follows nomad/job_endpoint.go ``Register`` (nomad-api.md §1.1): the
+Register follows nomad/job_endpoint.go ``Register`` (docs/nomad-api.md §1.1): the
 check-and-set (``EnforceIndex``) runs before the spec comparison; an unchanged spec
 keeps its Version but still gets a new evaluation, and ``JobModifyIndex`` answers the
 job's existing ModifyIndex; a changed spec becomes Version+1.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 ``commit`` is the plan applier: one write creates the allocations (``pending``), marks
 stops, updates in place, opens or cancels deployments, and completes the evaluation —
-blocking a follow-up evaluation when allocations could not be placed (§5.2 item 2).
+blocking a follow-up evaluation when allocations could not be placed
+(docs/nomad-api.md §5.2 item 2).
 
 Group services (Nomad provider only) are registered in that same write, before the
 task has started and long before any check passes: the client's group-service hook
-runs in ``Prerun`` (nomad-api.md §4.4), so service discovery returns replicas that are
+runs in ``Prerun`` (§4.4), so service discovery returns replicas that are
 still loading. Task-level services follow when the task runs (``Poststart``).
 
 ``client_step`` plays the client: stopped allocations become ``complete`` and leave

@@ -1,7 +1,7 @@
 """Decoding request bodies the way Nomad's agent does — and, in strict mode, stricter.
 
 Nomad decodes bodies with Go's ``encoding/json`` into ``api.*`` structs (``decodeBody``,
-command/agent/http.go), so (nomad-api.md, "General wire conventions"):
+command/agent/http.go), so (docs/nomad-api.md, "General wire conventions"):
 
 * a wrongly typed value is a **400** whose body is the decoder's message, e.g.
   ``json: cannot unmarshal number into Go struct field Job.Job.Meta of type string``

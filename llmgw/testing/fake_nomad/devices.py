@@ -1,10 +1,12 @@
 """GPUs: matching a device request to a node's device groups, and picking instances.
 
-Names match exactly and case-sensitively on vendor/type/model (nomad-api.md §2,
+Names match exactly and case-sensitively on vendor/type/model (docs/nomad-api.md §2,
 ``RequestedDevice.ID().Matches``); device constraints and affinities compare typed
 attributes with units (``attributes.check_attribute``). Feasibility counts healthy
 instances and ignores usage ("missing devices"); the offer at ranking time takes only
 free instances ("devices: no devices match request" when there are not enough).
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def has_devices(node: Node, tasks: list[Json]) -> bool:
 
 
 def offer(node: Node, req: Json, taken: set[str]) -> AllocDevice | None:
-    """deviceAllocator.createOffer: one matching group with Count free healthy instances."""
+    """DeviceAllocator.createOffer: one matching group with Count free healthy instances."""
     best: tuple[float, AllocDevice] | None = None
     for g in node.devices:
         if not device_matches(g, req):

@@ -1,6 +1,6 @@
 """Client nodes shaped like real machines, as a Nomad server would report them.
 
-Every figure is one a real fingerprint produces (nomad-api.md §3.2, §2): the NVIDIA
+Every figure is one a real fingerprint produces (docs/nomad-api.md §3.2, §2): the NVIDIA
 device plugin groups GPUs by their NVML name ("NVIDIA H100 80GB HBM3", "NVIDIA L40S"),
 reports ``memory`` as an integer in MiB — 81559 for an "80GB" card, 46068 for a
 "48GB" one, which is why a constraint of ``>= 80 GiB`` matches no H100 — and names

@@ -6,7 +6,7 @@ formatting rules rather than approximating them:
 
 * ``multi`` is hashicorp/go-multierror's ``ListFormatFunc``: ``"1 error occurred:\\n\\t* …\\n\\n"``.
   Nested multierrors are embedded by ``%v``, which is how Nomad's nested
-  "Task group … validation failed: N errors occurred:" bodies arise (nomad-api.md §7).
+  "Task group … validation failed: N errors occurred:" bodies arise (docs/nomad-api.md §7).
 * ``duration`` is Go's ``time.Duration.String`` (``10ns``, ``1.5s``, ``30m0s``, ``1h0m0s``).
 * ``warnings`` is ``helper.MergeMultierrorWarnings`` (``"1 warning:\\n\\n* …"``).
 """
@@ -20,7 +20,7 @@ _SECOND = 1_000_000_000
 
 
 def multi(errors: Sequence[str]) -> str:
-    """go-multierror's default format; an empty list formats as ``""`` (ErrorOrNil is nil)."""
+    """Go-multierror's default format; an empty list formats as ``""`` (ErrorOrNil is nil)."""
     if not errors:
         return ""
     if len(errors) == 1:

@@ -10,7 +10,8 @@ the consequences to the same machinery a real server runs:
 * a node that goes ``down`` loses its allocations (``lost``, "alloc is lost since its
   node is down") and their replacements are placed elsewhere; a draining node has its
   allocations migrated; a node that becomes usable again unblocks waiting evaluations;
-* check results live only on the client (Nomad servers do not store them, §4.4), so
+* check results live only on the client (Nomad servers do not store them,
+  docs/nomad-api.md §4.4), so
   flipping one changes nothing in the catalog — it only feeds deployment health.
 """
 

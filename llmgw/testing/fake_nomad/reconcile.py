@@ -6,10 +6,10 @@ and the eval worker commits it with ``commit``. The rules are Nomad's
 (scheduler/reconciler), reduced to what a service job sees:
 
 * count: missing indexes ``job.group[i]`` are placed lowest first; a scale-down stops
-  the **highest** indexes (nomad-api.md §5.3);
+  the **highest** indexes (docs/nomad-api.md §5.3);
 * updates: an allocation of an older job version is updated *in place* unless the
   change is destructive — any task driver/config/env/resources/meta change, any group
-  or job ``Meta`` change (§1.7, ``tasksUpdated``), networks, volumes, or a new
+  or job ``Meta`` change (docs/nomad-api.md §1.7, ``tasksUpdated``), networks, volumes, or a new
   constraint its node no longer meets. Destructive updates roll ``Update.MaxParallel``
   at a time: the next batch waits until the previous one is healthy;
 * a replacement that cannot be placed leaves the old allocation running;

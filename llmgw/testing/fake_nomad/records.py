@@ -126,7 +126,7 @@ class Node(msgspec.Struct, kw_only=True):
 
     @property
     def schedulable(self) -> bool:
-        """§3.3 item 6: ready, eligible and not draining."""
+        """docs/nomad-api.md §3.3 item 6: ready, eligible and not draining."""
         return self.status == "ready" and self.eligibility == "eligible" and not self.drain
 
 
@@ -201,7 +201,7 @@ class Alloc(msgspec.Struct, kw_only=True):
 
     @property
     def client_terminal(self) -> bool:
-        """ClientTerminalStatus: what §3.3 excludes from used capacity."""
+        """ClientTerminalStatus: what docs/nomad-api.md §3.3 excludes from used capacity."""
         return self.client_status in CLIENT_TERMINAL
 
     @property

@@ -1,11 +1,13 @@
 """Allocations, evaluations, deployments, nodes, services, status and agent endpoints.
 
-The allocation-check endpoints answer from the *client* (nomad-api.md §4.4): a map keyed
+The allocation-check endpoints answer from the *client* (docs/nomad-api.md §4.4): a map keyed
 by check ID, ``null`` for an allocation without checks, 404 ``Unknown allocation "id"``
 for an unknown one and 404 ``No path to node`` when its node is down. Service reads
 (§4.1) return every registration — healthy or not — and ``[]`` for an unknown name.
 ``filter=`` accepts the go-bexpr subset clients use for these lists:
 ``Field == "value"`` / ``!=`` clauses joined by ``and``.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations

@@ -4,10 +4,12 @@ Bodies go through ``decode`` (Go's decoder, strict or not), then the agent's che
 (command/agent/job_endpoint.go ``jobUpdate``/``jobPlan``: ``Job must be specified``,
 ``Job ID hasn't been provided``, ``Job ID does not match name``), then canonicalisation
 and validation, as in Nomad. The unknown-job answers differ per endpoint on purpose
-(nomad-api.md §7, §9.11): ``GET /v1/job/:id``, ``/summary``, ``/scale``, ``/services``
+(docs/nomad-api.md §7, §9.11): ``GET /v1/job/:id``, ``/summary``, ``/scale``, ``/services``
 are 404 ``job not found``; ``/allocations``, ``/evaluations``, ``/deployments`` are
 ``[]``; ``/deployment`` is ``null``; ``/versions`` is 404 ``job versions not found``;
 ``POST /scale`` is 404 ``job "x" not found``; ``DELETE`` is a 200 with an empty EvalID.
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _decode(api: Api, req: Request, root: str) -> Json:
 
 
 def _prepare(api: Api, req: Request, body: Json, job: Json) -> Json:
-    """apiJobAndRequestToStructs: region and namespace precedence, then canonicalize."""
+    """ApiJobAndRequestToStructs: region and namespace precedence, then canonicalize."""
     region = req.query.get("region") or body.get("Region") or job.get("Region") or ""
     if region in ("", "global"):
         region = api.region

@@ -3,7 +3,7 @@
 A pure function over nodes and the allocations already on them; no I/O, no clock.
 It walks the same stages as scheduler/feasible's GenericStack, in the same order,
 because the *first* stage that rejects a node is the one recorded in the
-``AllocationMetric`` a client reads back (nomad-api.md §5.2):
+``AllocationMetric`` a client reads back (docs/nomad-api.md §5.2):
 
 feasibility (``ConstraintFiltered``, a node that could never run the group):
   job constraints → drivers ("missing drivers") → group and task constraints
@@ -23,6 +23,8 @@ counts). ``Cores`` take the lowest free usable core IDs and charge their MHz to
 ``CpuShares``. Nodes are tried in the order given — not randomised as Nomad does — so
 tests are deterministic; the best-scoring node wins (bin-packing, job anti-affinity,
 node affinities).
+
+Sections marked § are those of docs/nomad-api.md.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def stage(task: Json) -> str:
 
 
 def resolve(target: str, node: Node) -> str | None:
-    """resolveTarget (feasible.go l.1096); None when the attribute is not set."""
+    """ResolveTarget (feasible.go l.1096); None when the attribute is not set."""
     if not target.startswith("${"):
         return target
     exact = {"${node.unique.id}": node.id, "${node.datacenter}": node.datacenter,

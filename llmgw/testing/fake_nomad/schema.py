@@ -1,6 +1,6 @@
 """The request shapes Nomad's HTTP agent decodes, as Go field names and Go types.
 
-``REFERENCE`` is copied field for field from ``shared/reference/nomad-api-fields.json``
+``REFERENCE`` is copied field for field from ``docs/nomad-api-fields.json``
 (the ``api/*.go`` structs of hashicorp/nomad @ aa026cc9), with the json-tag renames
 already applied; a test compares the two whenever the reference file is present, so
 the fake cannot drift from the contract the Nomad client is written against.

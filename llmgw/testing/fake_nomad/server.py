@@ -1,6 +1,6 @@
 """The HTTP face of the fake: a real server on loopback, speaking Nomad's conventions.
 
-Conventions shared by every endpoint (nomad-api.md "General wire conventions", §4.3, §7):
+Conventions shared by every endpoint (docs/nomad-api.md "General wire conventions", §4.3, §7):
 
 * errors are **plain text** (``Content-Type: text/plain``) with Nomad's exact wording;
   a wrong method is ``405 Invalid method``; an unknown ``/v1`` path is a bare 404;

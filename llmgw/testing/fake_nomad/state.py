@@ -4,7 +4,7 @@ Every write takes the next index (Nomad's raft index) and stamps the tables it t
 the way memdb tracks a per-table index. Reads report the index of the table(s) they
 read, floored at 1 (nomad/server.go ``blockingRPC``), and a blocking query
 (``?index=N&wait=…``) sleeps until that index exceeds N or the wait runs out
-(nomad-api.md §4.3): a change anywhere in a table wakes every watcher of that table,
+(docs/nomad-api.md §4.3): a change anywhere in a table wakes every watcher of that table,
 and returning does not guarantee the part you care about changed.
 
 One condition variable guards everything. Handlers hold it only to read or write; a
@@ -102,7 +102,7 @@ class Store:
         raise KeyError(f"no node named {name!r} in the fake cluster; nodes are: {known}")
 
     def job_status(self, rec: JobRecord) -> str:
-        """getJobStatus (nomad/state): running while an alloc is live, pending while an
+        """GetJobStatus (nomad/state): running while an alloc is live, pending while an
         eval is unfinished (blocked included), dead once everything is terminal."""
         allocs = self.job_allocs(rec.namespace, rec.id)
         if any(not a.terminal for a in allocs):

@@ -3,7 +3,7 @@
 A job that decodes but is invalid is refused by the server's ``jobValidate`` admission
 hook with a go-multierror (nomad/job_endpoint_hooks.go l.211-227). On
 ``PUT /v1/jobs`` that error has no RPC code and arrives as **HTTP 500** with the
-multierror text (nomad-api.md §7); on ``/v1/validate/job`` the same errors come back
+multierror text (docs/nomad-api.md §7); on ``/v1/validate/job`` the same errors come back
 one per line in ``ValidationErrors`` with a 200.
 
 The checks and their wording follow nomad/structs (Job/TaskGroup/Task/Resources/
@@ -225,7 +225,7 @@ def _task(task: Json, tg: Json, job: Json) -> list[str]:
 
 
 def _task_services(task: Json, tg: Json) -> list[str]:
-    """validateServices (structs.go l.8440): each service, then every port label it uses."""
+    """ValidateServices (structs.go l.8440): each service, then every port label it uses."""
     errs = []
     used: dict[str, set[str]] = {}
     for i, svc in enumerate(task.get("Services", [])):
@@ -283,7 +283,7 @@ def _resources(r: Json) -> list[str]:
 
 
 def job_warnings(job: Json) -> list[str]:
-    """memoryOversubscriptionValidate: MemoryMaxMB is ignored unless the scheduler allows it."""
+    """MemoryOversubscriptionValidate: MemoryMaxMB is ignored unless the scheduler allows it."""
     return [f"Memory oversubscription is not enabled; Task "
             f"\"{tg.get('Name', '')}.{t.get('Name', '')}\" memory_max value will be ignored. "
             "Update the Scheduler Configuration to allow oversubscription."

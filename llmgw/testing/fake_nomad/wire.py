@@ -1,6 +1,6 @@
 """Records rendered as Nomad puts them on the wire (server structs, go-codec JSON).
 
-Responses are encoded from ``nomad/structs``, not from ``api.*`` (nomad-api.md,
+Responses are encoded from ``nomad/structs``, not from ``api.*`` (docs/nomad-api.md,
 "General wire conventions"), which shows in details a client must cope with:
 
 * ``Allocation`` and ``Evaluation`` carry ``_struct codec:",omitempty"``: zero-valued

@@ -11,7 +11,7 @@ by rules rather than by care:
   ``<name>/<version>/<file>`` with a ``.sha256`` beside each file, and a
   version is never replaced.
 - ``usage`` answers what the catalog still uses, and refuses to answer — or
-  to delete — when the catalog cannot be read (M3, M4).
+  to delete — when the catalog cannot be read.
 
 ``answer`` (Range and precondition decisions) and ``layout`` (paths, names,
 checksum files) are pure; ``hub`` adapts the Hugging Face Hub for ``add`` and

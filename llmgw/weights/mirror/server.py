@@ -305,7 +305,7 @@ def _check_read_only(methods: Mapping[str, Handler]) -> None:
     unsafe = set(methods) - SAFE_METHODS
     if unsafe:
         raise RuntimeError(
-            f"the mirror server must stay read-only (M1, M6) but answers {sorted(unsafe)}; "
+            f"the mirror server must stay read-only but answers {sorted(unsafe)}; "
             "writes to the mirror belong to `llmgw mirror add`, run by a person on the host"
         )
 
