@@ -9,22 +9,21 @@ given (``--params``). On the Hub, config.json comes through
 (``HfApi.model_info(expand=["safetensors"])``), the same total the Hub shows
 as "Model size".
 
-The Hub sits behind ``HubClient`` so that tests, and users planning against a
-mirror, can substitute their own; ``HfHub`` is the real adapter and honours
-``HF_ENDPOINT`` and ``HF_TOKEN`` at call time.
+The Hub is the one adapter the mirror and the source check use too
+(``llmgw.weights.hub``); its errors become the planner's: a gated or
+unauthorised repository a 403, a missing one a 404, an unreachable Hub a 503.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import struct
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
+from llmgw.catalog.source import HF_SCHEME, HfSource, parse_source
 from llmgw.errors import (
     DefinitionError,
     ForbiddenError,
@@ -33,8 +32,8 @@ from llmgw.errors import (
     UnavailableError,
 )
 from llmgw.planner.plan import ParameterCount
+from llmgw.weights.hub import HfHub, Hub, HubError
 
-_REPO_RE = re.compile(r"^(?:hf://)?(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 _MAX_HEADER = 100 * 1024 * 1024  # a safetensors header larger than this is not one
 
@@ -47,74 +46,35 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
     parameters: ParameterCount | None
 
 
-class HubClient(Protocol):
-    def config(self, repo: str, revision: str | None) -> bytes:
-        """The repository's config.json; llmgw errors for missing, gated or unreachable."""
+_HUB_ERRORS: dict[str, type[LlmgwError]] = {
+    "repository": NotFoundError, "revision": NotFoundError, "gated": ForbiddenError,
+    "unauthorised": ForbiddenError, "unreachable": UnavailableError,
+    "failing": UnavailableError,
+}
 
-    def parameters(self, repo: str, revision: str | None) -> ParameterCount | None:
-        """The safetensors parameter total, or None when the Hub has none for the repo."""
 
-
-def _hub_error(exc: Exception, repo: str) -> LlmgwError:
-    from huggingface_hub import errors as hf
-
-    if isinstance(exc, hf.GatedRepoError):
-        return ForbiddenError(
-            f"{repo} is gated on the Hub: accept its license on the model page with your "
-            "account, then set HF_TOKEN to a token of that account")
-    if isinstance(exc, hf.RevisionNotFoundError):
-        return NotFoundError(f"{repo}: that revision does not exist on the Hub; check @REVISION")
-    if isinstance(exc, hf.RepositoryNotFoundError):
-        return NotFoundError(
-            f"{repo} was not found on the Hub; check the spelling, or set HF_TOKEN if it is "
-            "private")
-    if isinstance(exc, hf.RemoteEntryNotFoundError):
+def _hub_error(exc: HubError, repo: str) -> LlmgwError:
+    if exc.kind == "file":
         return DefinitionError(
             f"{repo} has no config.json; the planner needs a Hugging Face checkpoint "
             "(a GGUF-only repository has none: plan the repository it was converted from)")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    return UnavailableError(f"cannot read {repo} from the Hub at {endpoint}: {exc}; check "
-                            "the network, HF_ENDPOINT and HF_TOKEN")
+    return _HUB_ERRORS[exc.kind](exc.reason)
 
 
-class HfHub:
-    """The Hugging Face Hub through huggingface-hub (blocking; call off the event loop)."""
-
-    def __init__(self, *, endpoint: str | None = None, token: str | None = None,
-                 cache_dir: str | None = None) -> None:
-        self._endpoint = endpoint
-        self._token = token
-        self._cache_dir = cache_dir
-
-    def _settings(self) -> tuple[str | None, str | None]:
-        return (self._endpoint or os.environ.get("HF_ENDPOINT"),
-                self._token or os.environ.get("HF_TOKEN"))
-
-    def config(self, repo: str, revision: str | None) -> bytes:
-        from huggingface_hub import hf_hub_download
-
-        endpoint, token = self._settings()
-        try:
-            path = hf_hub_download(repo, "config.json", revision=revision, endpoint=endpoint,
-                                   token=token, cache_dir=self._cache_dir)
-        except Exception as exc:  # every failure becomes an llmgw error saying what to check
-            raise _hub_error(exc, repo) from None
-        return Path(path).read_bytes()
-
-    def parameters(self, repo: str, revision: str | None) -> ParameterCount | None:
-        from huggingface_hub import HfApi
-
-        endpoint, token = self._settings()
-        try:
-            info = HfApi(endpoint=endpoint, token=token).model_info(
-                repo, revision=revision, expand=["safetensors"])
-        except Exception as exc:
-            raise _hub_error(exc, repo) from None
-        st = info.safetensors
-        if st is None or not st.total:
-            return None
-        return ParameterCount(total=int(st.total), source="hub",
-                              by_dtype={k: int(v) for k, v in st.parameters.items()})
+def hub_source(text: str) -> HfSource:
+    """``org/repo[@rev]`` or ``hf://org/repo[@rev]`` as the repository it names."""
+    try:
+        src = parse_source(text if text.startswith(HF_SCHEME) else f"{HF_SCHEME}{text}")
+    except ValueError as exc:
+        raise DefinitionError(
+            f"{text!r} is neither a directory nor a Hub repository id ({exc}); give the path "
+            "of a checkpoint directory or e.g. Qwen/Qwen2.5-14B-Instruct",
+            field="source") from None
+    if not isinstance(src, HfSource) or src.filename is not None:
+        raise DefinitionError(
+            f"{text!r} is neither a directory nor a Hub repository id (org/name); give the "
+            "path of a checkpoint directory or e.g. Qwen/Qwen2.5-14B-Instruct", field="source")
+    return src
 
 
 def _decode_config(data: bytes, where: str) -> dict[str, Any]:
@@ -179,7 +139,7 @@ def local_parameters(directory: Path, config: dict[str, Any]) -> ParameterCount 
 
 
 def resolve_model(source: str, *, params: int | None = None, revision: str | None = None,
-                  hub: HubClient | None = None) -> ModelInput:
+                  hub: Hub | None = None) -> ModelInput:
     """Read ``source`` (a directory, ``org/repo[@rev]`` or ``hf://org/repo``) into a ModelInput."""
     given = ParameterCount(total=params, source="--params") if params is not None else None
     if params is not None and params <= 0:
@@ -199,18 +159,24 @@ def resolve_model(source: str, *, params: int | None = None, revision: str | Non
                 f"{path}: no parameter count: neither model.safetensors.index.json nor any "
                 "*.safetensors file is there; pass --params N", field="params")
         return ModelInput(name=str(path), config=config, parameters=count)
-    match = _REPO_RE.match(source)
-    if match is None or source.startswith((".", "/", "~")):
+    if source.startswith((".", "/", "~")):
         raise DefinitionError(
-            f"{source!r} is neither a directory nor a Hub repository id (org/name); give the "
-            "path of a checkpoint directory or e.g. Qwen/Qwen2.5-14B-Instruct", field="source")
-    repo, rev = match["repo"], match["rev"] or revision
-    client: HubClient = hub or HfHub()
-    # The repository's metadata first: it answers at once when the repo is
-    # missing, gated or the Hub unreachable, where the file download would
-    # first retry for half a minute.
-    hub_count = client.parameters(repo, rev)
-    config = _decode_config(client.config(repo, rev), f"{repo}: config.json")
+            f"{source!r} is neither a directory nor a Hub repository id (org/name): no "
+            "directory is there; give the path of a checkpoint directory or e.g. "
+            "Qwen/Qwen2.5-14B-Instruct", field="source")
+    src = hub_source(source)
+    repo, rev = src.repo_id, src.revision or revision
+    client = hub or HfHub()
+    try:
+        # The repository's metadata first: it answers at once when the repo is
+        # missing or the Hub unreachable, where the file download would first
+        # retry for half a minute.
+        info = client.repo_info(repo, rev, parameters=True)
+        config = _decode_config(client.read(repo, "config.json", rev), f"{repo}: config.json")
+    except HubError as exc:
+        raise _hub_error(exc, repo) from None
+    hub_count = (ParameterCount(total=sum(info.parameters.values()), source="hub",
+                                by_dtype=info.parameters) if info.parameters else None)
     count = given or hub_count
     return ModelInput(name=repo if rev is None else f"{repo}@{rev}", config=config,
                       parameters=count)

@@ -40,7 +40,7 @@ import msgspec
 
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, Source, UrlSource
 from llmgw.errors import DefinitionError
-from llmgw.weights import hub
+from llmgw.weights.hub import HfHub, Hub, HubError
 
 if TYPE_CHECKING:
     from llmgw.catalog.model import Model
@@ -54,37 +54,28 @@ def _fail(source: Source, reason: str) -> DefinitionError:
 
 # -- Hugging Face -------------------------------------------------------------------------
 
-def _check_hf(src: HfSource, token: str | None, timeout: float, where: str) -> None:
-    """Blocking: run in a thread. Raises what huggingface-hub raises."""
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
-
-    api = HfApi(endpoint=where, token=token)
-    info = api.model_info(src.repo_id, revision=src.revision, timeout=timeout)
+def _check_hf(src: HfSource, hub: Hub) -> None:
+    """Blocking: run in a thread. Raises HubError."""
+    info = hub.repo_info(src.repo_id, src.revision)
     filename = src.filename
     if filename is None:
-        names = [s.rfilename for s in info.siblings or []]
+        names = [f.path for f in info.files]
         filename = "config.json" if "config.json" in names else next(iter(names), None)
     if filename is None:
         return  # an empty repository exists; nothing further to reach
-    url = hf_hub_url(src.repo_id, filename, revision=info.sha or src.revision, endpoint=where)
-    get_hf_file_metadata(url, token=token, timeout=timeout, endpoint=where)
+    hub.file_size(src.repo_id, filename, info.sha or src.revision)
 
 
-async def _hf(src: HfSource, token: str | None, seconds: float) -> None:
-    where = hub.endpoint()
+async def _hf(src: HfSource, hub: Hub, seconds: float) -> None:
     try:
-        # Two requests at most, each bounded by `seconds`; the thread cannot be
-        # cancelled, so the overall bound only stops the wait for it.
-        await asyncio.wait_for(asyncio.to_thread(_check_hf, src, token, seconds, where),
-                               seconds * 2 + 1)
+        # Two requests at most, each bounded by the hub's timeout; the thread cannot
+        # be cancelled, so the overall bound only stops the wait for it.
+        await asyncio.wait_for(asyncio.to_thread(_check_hf, src, hub), seconds * 2 + 1)
     except TimeoutError:
-        raise _fail(src, f"the Hugging Face Hub at {where} did not answer within "
+        raise _fail(src, f"the Hugging Face Hub at {hub.endpoint} did not answer within "
                          f"{seconds:g}s; unreachable") from None
-    except Exception as exc:
-        reason = hub.describe(exc, src, where)
-        if reason is None:
-            raise
-        raise _fail(src, reason) from None
+    except HubError as exc:
+        raise _fail(src, exc.reason) from None
 
 
 # -- HTTP (the mirror, or any server) -----------------------------------------------------
@@ -168,16 +159,17 @@ async def _local(source: PathSource) -> None:
 # `timeout` bounds each request made (and is handed to the HTTP clients), which
 # asyncio.timeout around the call could not do for the Hub's blocking client.
 async def check_source(source: Source, *, mirror: str | None = None,
-                       hf_token: str | None = None,
+                       hf_token: str | None = None, hub: Hub | None = None,
                        timeout: float = 10) -> None:  # noqa: ASYNC109
     """Raise DefinitionError(field="source") unless ``source`` exists and is reachable.
 
     ``mirror`` is the configured mirror's base URL (errors then speak of the
-    mirror); ``hf_token`` defaults to huggingface-hub's own (HF_TOKEN).
+    mirror); ``hub`` defaults to the Hugging Face Hub at ``HF_ENDPOINT`` with
+    ``hf_token`` (or HF_TOKEN).
     """
     match source:
         case HfSource():
-            await _hf(source, hf_token, timeout)
+            await _hf(source, hub or HfHub(token=hf_token, timeout=timeout), timeout)
         case UrlSource():
             await _http(source, mirror, timeout)
         case PkgSource():

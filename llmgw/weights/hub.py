@@ -1,27 +1,82 @@
-"""The Hugging Face Hub, as the mirror and the source check see it.
+"""The Hugging Face Hub: one Protocol, one adapter, errors an operator can act on.
 
-``hf://org/repo[@revision][/file]`` is parsed once, by the catalog's decoder
-(``llmgw.catalog.source.HfSource``); this module only talks to the Hub.
+The source check, ``llmgw mirror add`` and the planner all read from the Hub;
+they do it through ``Hub`` — repository facts, one file's size, one file's
+bytes, a download — so each asks for what it needs and none knows which HTTP
+client huggingface-hub uses this year. ``HfHub`` is the adapter over
+huggingface-hub; tests and users point it at ``llmgw.testing.fake_hub`` (or any
+mirror of the Hub's API) through its endpoint.
 
-huggingface-hub is blocking; callers in the server run these functions in a
-thread. Its errors are translated in ``describe`` into what an operator can
-act on: not found (check the spelling), gated or unauthorised (a token, or
+Every failure leaves the adapter as a ``HubError`` with a ``kind`` and a
+sentence: not found (check the spelling), gated or unauthorised (a token, or
 access to request), unreachable (the network, a proxy, ``HF_ENDPOINT``). The
 Hub answers 401 both for a private repository and for one that does not
-exist, so that message names both possibilities rather than guessing.
+exist, so that message names both possibilities rather than guessing. Each
+caller turns the kind into its own error class (a definition error at add
+time, a 403 from the planner); the sentence is the same everywhere.
 
-The endpoint is read from ``HF_ENDPOINT`` at call time, not at import time as
-huggingface-hub itself does, so a process (or a test) that sets it later is
-honoured.
+huggingface-hub is blocking; callers in the server run these methods in a
+thread. The endpoint and token are read from ``HF_ENDPOINT`` and ``HF_TOKEN``
+at call time unless given, not at import time as huggingface-hub itself
+does, so a process (or a test) that sets them later is honoured.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Literal, Protocol
 
-from llmgw.catalog.source import HfSource
+import msgspec
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+
+HubErrorKind = Literal["repository", "revision", "file", "gated", "unauthorised",
+                       "unreachable", "failing"]
+
+
+class HubError(Exception):
+    """The Hub could not answer; ``kind`` says why and ``reason`` says it to a person."""
+
+    def __init__(self, kind: HubErrorKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class RepoFile(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    size: int | None = None
+    lfs_sha256: str | None = None   # the sum the Hub records for an LFS file
+
+
+class RepoInfo(msgspec.Struct, frozen=True, kw_only=True):
+    repo_id: str
+    sha: str | None                       # the commit the revision resolved to
+    files: list[RepoFile] = []
+    parameters: dict[str, int] | None = None  # safetensors elements by dtype, when asked
+
+
+class Hub(Protocol):
+    """What llmgw reads from the Hub. Blocking; every failure is a HubError."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def repo_info(self, repo_id: str, revision: str | None, *, files: bool = False,
+                  parameters: bool = False) -> RepoInfo:
+        """The repository at ``revision``: its commit, its files (with sizes and LFS
+        sums when ``files``), its safetensors parameter counts when ``parameters``."""
+
+    def file_size(self, repo_id: str, filename: str, revision: str | None) -> int | None:
+        """Reach one file as a download would (where a gated repository refuses)."""
+
+    def read(self, repo_id: str, filename: str, revision: str | None) -> bytes:
+        """One small file's bytes (a config.json)."""
+
+    def download(self, repo_id: str, filename: str, revision: str | None,
+                 directory: Path) -> Path:
+        """``filename`` into ``directory`` (its path inside the repository kept)."""
 
 
 def endpoint() -> str:
@@ -50,32 +105,121 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 TRANSPORT_ERRORS = _transport_errors()
 
 
-def describe(exc: BaseException, src: HfSource, where: str) -> str | None:
-    """What went wrong talking to the Hub at ``where``, for a person; None if ``exc``
-    is not a Hub or network error (a bug, which the caller lets propagate)."""
+def translate(exc: BaseException, repo: str, revision: str | None, filename: str | None,
+              where: str) -> HubError | None:
+    """``exc`` from huggingface-hub as a HubError; None if it is not a Hub or network error
+    (a bug, which the caller lets propagate)."""
     from huggingface_hub import errors as hf
 
-    repo = src.repo_id
-    rev = src.revision or "main"
+    rev = revision or "main"
     if isinstance(exc, hf.GatedRepoError):
-        return (f"repository {repo} is gated and this server may not download it: request "
-                f"access on {where}/{repo} for the account whose token the server uses "
-                "(HF_TOKEN), then check again")
+        return HubError("gated", (
+            f"repository {repo} is gated and this server may not download it: request access "
+            f"on {where}/{repo} for the account whose token the server uses (HF_TOKEN), "
+            "then try again"))
     if isinstance(exc, hf.RepositoryNotFoundError):
-        return (f"repository {repo} was not found on {where}, or it is private and the "
-                "server's token (HF_TOKEN) cannot see it; check the spelling of ORG/REPO")
+        return HubError("repository", (
+            f"repository {repo} was not found on {where}, or it is private and the server's "
+            "token (HF_TOKEN) cannot see it; check the spelling of ORG/REPO"))
     if isinstance(exc, hf.RevisionNotFoundError):
-        return f"revision {rev!r} was not found in {repo}; check the branch, tag or commit"
+        return HubError("revision", (
+            f"revision {rev!r} was not found in {repo}; check the branch, tag or commit"))
     if isinstance(exc, hf.EntryNotFoundError):
-        return (f"file {src.filename!r} was not found in {repo} at revision {rev!r}; check "
-                "the file name against the repository's files")
+        return HubError("file", (
+            f"file {filename!r} was not found in {repo} at revision {rev!r}; check the file "
+            "name against the repository's files"))
     if isinstance(exc, hf.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
         if status in (401, 403):
-            return (f"{where} refused access to {repo} (HTTP {status}): unauthorised; give the "
-                    "server a token with read access (HF_TOKEN)")
-        return f"{where} answered HTTP {status} for {repo}; the Hub is unreachable or failing"
+            return HubError("unauthorised", (
+                f"{where} refused access to {repo} (HTTP {status}): unauthorised; give the "
+                "server a token with read access (HF_TOKEN)"))
+        return HubError("failing", (
+            f"{where} answered HTTP {status} for {repo}; the Hub is unreachable or failing"))
     if isinstance(exc, TRANSPORT_ERRORS):
-        return (f"cannot reach the Hugging Face Hub at {where}: {exc or type(exc).__name__}; "
-                "check the network, a proxy, or HF_ENDPOINT")
+        return HubError("unreachable", (
+            f"cannot reach the Hugging Face Hub at {where}: {exc or type(exc).__name__}; "
+            "check the network, a proxy, or HF_ENDPOINT"))
     return None
+
+
+class HfHub:
+    """``Hub`` through huggingface-hub."""
+
+    def __init__(self, *, endpoint: str | None = None, token: str | None = None,
+                 timeout: float = 10.0, cache_dir: str | None = None) -> None:
+        self._endpoint = endpoint
+        self._token = token
+        self._timeout = timeout
+        self._cache_dir = cache_dir
+
+    @property
+    def endpoint(self) -> str:
+        return (self._endpoint or endpoint()).rstrip("/")
+
+    def _token_now(self) -> str | None:
+        return self._token or os.environ.get("HF_TOKEN") or None
+
+    def _fail(self, exc: BaseException, repo: str, revision: str | None,
+              filename: str | None = None) -> HubError:
+        found = translate(exc, repo, revision, filename, self.endpoint)
+        if found is None:
+            raise exc
+        return found
+
+    def repo_info(self, repo_id: str, revision: str | None, *, files: bool = False,
+                  parameters: bool = False) -> RepoInfo:
+        from huggingface_hub import HfApi
+
+        api = HfApi(endpoint=self.endpoint, token=self._token_now())
+        try:
+            if parameters:
+                info = api.model_info(repo_id, revision=revision, timeout=self._timeout,
+                                      expand=["sha", "siblings", "safetensors"])
+            else:
+                info = api.model_info(repo_id, revision=revision, timeout=self._timeout,
+                                      files_metadata=files)
+        except Exception as exc:  # every failure becomes a HubError saying what to check
+            raise self._fail(exc, repo_id, revision) from None
+        listed = [RepoFile(path=s.rfilename, size=s.size,
+                           lfs_sha256=s.lfs.sha256 if s.lfs else None)
+                  for s in info.siblings or []]
+        counts = None
+        st = getattr(info, "safetensors", None)
+        if parameters and st is not None and st.total:
+            counts = {k: int(v) for k, v in st.parameters.items()}
+        return RepoInfo(repo_id=repo_id, sha=info.sha, files=listed, parameters=counts)
+
+    def file_size(self, repo_id: str, filename: str, revision: str | None) -> int | None:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        url = hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
+        try:
+            meta = get_hf_file_metadata(url, token=self._token_now(), timeout=self._timeout,
+                                        endpoint=self.endpoint)
+        except Exception as exc:
+            raise self._fail(exc, repo_id, revision, filename) from None
+        return meta.size
+
+    def read(self, repo_id: str, filename: str, revision: str | None) -> bytes:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(repo_id, filename, revision=revision,
+                                   endpoint=self.endpoint, token=self._token_now(),
+                                   cache_dir=self._cache_dir, etag_timeout=self._timeout)
+        except Exception as exc:
+            raise self._fail(exc, repo_id, revision, filename) from None
+        return Path(path).read_bytes()
+
+    def download(self, repo_id: str, filename: str, revision: str | None,
+                 directory: Path) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(repo_id, filename, revision=revision, local_dir=directory,
+                                   endpoint=self.endpoint, token=self._token_now(),
+                                   etag_timeout=self._timeout)
+        except Exception as exc:
+            raise self._fail(exc, repo_id, revision, filename) from None
+        return Path(path)

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.errors import LlmgwError
+from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.mirror.add import add
 
 from .conftest import wait_for
-from .fakehub import FakeHub, FakeRepo
 from .servers import FileServer, ThreadedMirror, running, sha
 
 WEIGHTS = os.urandom(400_000)

@@ -20,10 +20,10 @@ from llmgw.catalog.source import Source
 from llmgw.config import ServerConfig
 from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError
+from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.check import check_source, model_source_checker
 from llmgw.weights.mirror.server import MirrorServer
 
-from .fakehub import FakeHub, FakeRepo
 from .servers import FileServer, ThreadedMirror, closed_port_url, running
 
 REPOS = {

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli import main
+from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from tests.planner.apps import FleetBackend, plan_app, serving, two_fabric_fleet
-from tests.planner.fakehub import FakeHub, HubRepo, running_hub
 from tests.planner.fixtures import load_config
 
 P4_FIELDS = {"quantization", "gpus", "pool", "weights_bytes_per_gpu", "weights_bytes_total",
@@ -131,13 +131,13 @@ def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHu
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    hub = FakeHub(repos={
-        "Qwen/Qwen2.5-14B-Instruct": HubRepo(
-            config=json.dumps(load_config("qwen2.5-14b-instruct")).encode(),
-            safetensors={"parameters": {"BF16": 14_770_033_664}, "total": 14_770_033_664}),
-        "meta-llama/Llama-3.3-70B-Instruct": HubRepo(config=b"{}", gated=True),
-    })
-    with running_hub(hub):
+    config = json.dumps(load_config("qwen2.5-14b-instruct")).encode()
+    with FakeHub({
+        "Qwen/Qwen2.5-14B-Instruct": FakeRepo(files={"config.json": config},
+                                              safetensors={"BF16": 14_770_033_664}),
+        "meta-llama/Llama-3.3-70B-Instruct": FakeRepo(files={"config.json": b"{}"},
+                                                      gated=True),
+    }) as hub:
         yield hub
 
 

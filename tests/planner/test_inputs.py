@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.errors import DefinitionError, ForbiddenError, NotFoundError, UnavailableError
-from llmgw.planner.inputs import HfHub, resolve_model
-from tests.planner.fakehub import FakeHub, HubRepo, running_hub
+from llmgw.planner.inputs import resolve_model
+from llmgw.testing.fake_hub import FakeHub, FakeRepo
+from llmgw.weights.hub import HfHub
 from tests.planner.fixtures import load_config
 
 QWEN = load_config("qwen2.5-14b-instruct")
@@ -29,15 +30,15 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> 
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[tuple[FakeHub, HfHub]]:
-    fake = FakeHub(repos={
-        "Qwen/Qwen2.5-14B-Instruct": HubRepo(
-            config=json.dumps(QWEN).encode(),
-            safetensors={"parameters": {"BF16": 14_770_033_664}, "total": 14_770_033_664}),
-        "meta-llama/Llama-3.3-70B-Instruct": HubRepo(config=b"{}", gated=True),
-        "acme/private-model": HubRepo(config=b"{}", private=True),
-        "bartowski/only-gguf": HubRepo(config=None, safetensors=None),
-    })
-    with running_hub(fake):
+    with FakeHub({
+        "Qwen/Qwen2.5-14B-Instruct": FakeRepo(files={"config.json": json.dumps(QWEN).encode()},
+                                              branches=("main", "v1"),
+                                              safetensors={"BF16": 14_770_033_664}),
+        "meta-llama/Llama-3.3-70B-Instruct": FakeRepo(files={"config.json": b"{}"},
+                                                      gated=True),
+        "acme/private-model": FakeRepo(files={"config.json": b"{}"}, private=True),
+        "bartowski/only-gguf": FakeRepo(files={"model.gguf": b"GGUF"}),
+    }) as fake:
         yield fake, HfHub(endpoint=fake.url, cache_dir=str(tmp_path / "hf"))
 
 
@@ -48,8 +49,8 @@ def test_hub_config_and_parameter_count(hub: tuple[FakeHub, HfHub]) -> None:
     assert found.config["num_key_value_heads"] == 8
     assert found.parameters is not None
     assert (found.parameters.total, found.parameters.source) == (14_770_033_664, "hub")
-    assert any("/api/models/Qwen/Qwen2.5-14B-Instruct" in r for r in fake.requests)
-    assert any("/resolve/main/config.json" in r for r in fake.requests)
+    assert any("/api/models/Qwen/Qwen2.5-14B-Instruct" in p for p in fake.paths())
+    assert any("/resolve/main/config.json" in p for p in fake.paths())
 
 
 def test_hub_revision_and_params_override(hub: tuple[FakeHub, HfHub]) -> None:
@@ -59,11 +60,12 @@ def test_hub_revision_and_params_override(hub: tuple[FakeHub, HfHub]) -> None:
     assert found.name == "Qwen/Qwen2.5-14B-Instruct@v1"
     assert found.parameters is not None
     assert found.parameters.source == "--params"
-    assert any("/resolve/v1/config.json" in r for r in fake.requests)
+    assert any("/resolve/v1/config.json" in p for p in fake.paths())
 
 
 def test_gated_repo_says_how_to_get_access(hub: tuple[FakeHub, HfHub]) -> None:
-    """A gated repo (403 GatedRepo) is a ForbiddenError naming the license and HF_TOKEN."""
+    """A gated repo (GatedRepo on its files) is a ForbiddenError saying to request access
+    and naming HF_TOKEN."""
     _, client = hub
     with pytest.raises(ForbiddenError, match="gated.*HF_TOKEN"):
         resolve_model("meta-llama/Llama-3.3-70B-Instruct", hub=client)
@@ -73,7 +75,7 @@ def test_gated_repo_says_how_to_get_access(hub: tuple[FakeHub, HfHub]) -> None:
 def test_missing_or_private_repo_is_not_found(hub: tuple[FakeHub, HfHub], repo: str) -> None:
     """404 and unauthenticated 401 are both 'not found', with the hint about HF_TOKEN."""
     _, client = hub
-    with pytest.raises(NotFoundError, match=f"{repo} was not found on the Hub"):
+    with pytest.raises(NotFoundError, match=f"{repo} was not found on http"):
         resolve_model(repo, hub=client)
 
 

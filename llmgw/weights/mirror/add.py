@@ -41,8 +41,9 @@ import msgspec
 from llmgw.catalog.decode import decode_value
 from llmgw.catalog.source import HfSource, Source, UrlSource
 from llmgw.errors import DefinitionError, LlmgwError, RefusedError
-from llmgw.weights import hub, layout
+from llmgw.weights import layout
 from llmgw.weights.fetch import fetch_file, head_length
+from llmgw.weights.hub import HfHub, Hub, HubError
 
 
 class AddedFile(msgspec.Struct, kw_only=True):
@@ -142,21 +143,14 @@ def _hub_bars(show: bool) -> Iterator[None]:
 
 
 def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
-            progress: bool, token: str | None, timeout: float) -> AddResult:
-    from huggingface_hub import HfApi, hf_hub_download
-
+            progress: bool, hub: Hub) -> AddResult:
     source = src.text
-    where = hub.endpoint()
     try:
-        info = HfApi(endpoint=where, token=token).model_info(
-            src.repo_id, revision=src.revision, files_metadata=True, timeout=timeout)
-    except Exception as exc:
-        reason = hub.describe(exc, src, where)
-        if reason is None:
-            raise
-        raise LlmgwError(f"{source}: {reason}") from None
+        info = hub.repo_info(src.repo_id, src.revision, files=True)
+    except HubError as exc:
+        raise LlmgwError(f"{source}: {exc.reason}") from None
     commit = info.sha or src.revision or "main"
-    siblings = {s.rfilename: s for s in info.siblings or []}
+    siblings = {f.path: f for f in info.files}
     if src.filename is not None:
         if src.filename not in siblings:
             raise LlmgwError(f"{source}: file {src.filename!r} is not in {src.repo_id} at "
@@ -176,16 +170,11 @@ def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
         files: list[AddedFile] = []
         for rel in wanted:
             try:
-                hf_hub_download(src.repo_id, rel, revision=commit, local_dir=tmp,
-                                endpoint=where, token=token, etag_timeout=timeout)
-            except Exception as exc:
-                reason = hub.describe(exc, HfSource.of(src.repo_id, commit, rel), where)
-                if reason is None:
-                    raise
-                raise LlmgwError(f"{source}: {reason}; nothing was added") from None
+                hub.download(src.repo_id, rel, commit, tmp)
+            except HubError as exc:
+                raise LlmgwError(f"{source}: {exc.reason}; nothing was added") from None
             sib = siblings[rel]
-            files.append(_finish_file(tmp, rel, sib.size, sib.lfs.sha256 if sib.lfs else None,
-                                      source))
+            files.append(_finish_file(tmp, rel, sib.size, sib.lfs_sha256, source))
         shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface-hub's bookkeeping
         _publish(tmp, final, name, version)
     return AddResult(name=name, version=version, directory=f"{name}/{version}/",
@@ -259,7 +248,7 @@ def _add_http(src: UrlSource, root: Path, name: str | None, version: str | None,
 
 def add(source: str, root: str | Path, *, name: str | None = None, version: str | None = None,
         sha256: str | None = None, progress: bool = False, hf_token: str | None = None,
-        timeout: float = 60.0) -> AddResult:
+        hub: Hub | None = None, timeout: float = 60.0) -> AddResult:
     """Add ``source`` (``hf://org/repo[@rev][/file]`` or an http(s) URL) to the mirror at
     ``root`` as ``<name>/<version>/``. Raises RefusedError if that version exists."""
     base = Path(root)
@@ -279,7 +268,8 @@ def add(source: str, root: str | Path, *, name: str | None = None, version: str 
             if sha256:
                 raise DefinitionError("--sha256 is for an http(s) source; the Hub's own sums "
                                       "are checked for hf:// sources", field="sha256")
-            return _add_hf(src, base, name, version, progress, hf_token, timeout)
+            return _add_hf(src, base, name, version, progress,
+                           hub or HfHub(token=hf_token, timeout=timeout))
         case UrlSource():
             return _add_http(src, base, name, version, sha256, progress, timeout)
     raise DefinitionError(f"{src.shown!r}: mirror add takes "
