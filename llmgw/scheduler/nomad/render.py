@@ -26,8 +26,9 @@ Weights reach the node through a prestart task running ``llmgw fetch`` into a
 host volume (``cache_volume``) shared by every replica on the node. The cache
 path mirrors the URL (``/llmgw-cache/<host>/<path>``) so two models using one
 file share it and two versions never collide. A model whose source is on the
-Hugging Face Hub is fetched from the mirror at ``<mirror>/<model>/<revision>/``
-(the layout ``llmgw mirror add`` writes); with no mirror configured, vLLM
+Hugging Face Hub is fetched from the mirror at the path
+``llmgw.weights.layout.mirror_path`` gives it — the one ``llmgw mirror add``
+writes and ``mirror remove`` protects; with no mirror configured, vLLM
 downloads it itself into the same cache.
 """
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -47,6 +48,7 @@ from llmgw.catalog.source import HfSource, UrlSource
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.jobspec import ns
+from llmgw.weights import layout
 
 JOB_PREFIX = "llmgw-"
 GROUP = "serve"
@@ -142,10 +144,9 @@ def _source(model: Model, mirror: str | None) -> _Source:
     mirror (``llmgw.catalog.build.Runtime``), so every source here is one a node can
     fetch: a URL, or a Hub repository through the mirror or vLLM's own download."""
     match model.source:
-        case HfSource(repo_id, revision, file):
+        case HfSource(repo_id, revision):
             if mirror:
-                version = quote(revision, safe="") if revision else "main"
-                url = f"{mirror.rstrip('/')}/{model.name}/{version}/{file or ''}"
+                url = f"{mirror.rstrip('/')}/{layout.mirror_path(model.source)}"
                 return _Source(fetch_url=url, model_arg=cache_path(url))
             return _Source(fetch_url=None, model_arg=repo_id, revision=revision)
         case UrlSource(url):
