@@ -121,3 +121,20 @@ def test_production_clients_carry_the_plugin_volume_and_meta_llmgw_needs():
     for capability in ("submit-job", "read-job", "scale-job"):
         assert capability in policy
     assert not any(p.suffix == ".py" for p in (ROOT / "nomad").iterdir())
+
+
+def test_production_clients_enable_acls_and_load_the_shipped_tls_block():
+    """Each client config turns ACLs on; nomad/tls.hcl (loaded beside it) turns TLS on for
+    HTTP and RPC, verifies the servers' hostname, and trusts the servers' CA."""
+    server = (ROOT / "nomad" / "server.hcl").read_text()
+    tls = (ROOT / "nomad" / "tls.hcl").read_text()
+    for name in ("client-gpu.hcl", "client-cpu.hcl"):
+        hcl = (ROOT / "nomad" / name).read_text()
+        assert re.search(r"\bacl\s*\{\s*enabled\s*=\s*true\s*\}", hcl), name
+        assert "tls.hcl" in hcl, f"{name} should say where its TLS block is"
+    block = re.search(r"\btls\s*\{([^}]*)\}", tls).group(1)
+    settings = dict(re.findall(r"^\s*(\w+)\s*=\s*(\S+)", block, re.M))
+    assert settings["http"] == settings["rpc"] == "true"
+    assert settings["verify_server_hostname"] == "true"
+    server_ca = re.search(r'ca_file\s*=\s*("[^"]+")', server).group(1)
+    assert settings["ca_file"] == server_ca

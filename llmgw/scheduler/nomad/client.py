@@ -131,8 +131,8 @@ class NomadClient:
         if status in (401, 403):
             return BackendUnavailableError(
                 f"{said}; check the ACL token (scheduler.nomad.token or NOMAD_TOKEN): it needs "
-                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r} and "
-                "node:read"
+                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r}, "
+                "node:read, and the Variables at nomad/jobs/llmgw-* (nomad/llmgw-policy.hcl)"
             )
         if status == 404:
             return NotFoundError(said)
