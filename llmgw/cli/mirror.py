@@ -197,9 +197,16 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
 
     A URL ending in '/' is a mirror directory: every file below it is fetched into
     DEST. Two fetches of one file on one node download it once; the second waits.
+    Credentials come from LLMGW_FETCH_USERINFO (user:password, percent-encoded as in
+    a URL), which a Nomad job sets from its Variable, so none is on the command line.
     """
+    import os
+
     from llmgw.weights.fetch import fetch as fetch_url
+    from llmgw.weights.fetch import with_userinfo
     from llmgw.weights.mirror.add import ProgressBar
+
+    url = with_userinfo(url, os.environ.get("LLMGW_FETCH_USERINFO"))
 
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
     with failures():
