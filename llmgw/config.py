@@ -12,7 +12,7 @@ built from is already valid, so their constructors check nothing.
 Environment variables override connection settings only (``LLMGW_DATABASE_URL``,
 ``LLMGW_LISTEN``, ``LLMGW_ADMIN_TOKENS``, ``NOMAD_ADDR``, ``NOMAD_TOKEN``,
 ``NOMAD_NAMESPACE``, ``NOMAD_REGION``, ``NOMAD_CACERT``, ``NOMAD_CLIENT_CERT``,
-``NOMAD_CLIENT_KEY``), so that secrets need not live in the file.
+``NOMAD_CLIENT_KEY``, ``LLMGW_HF_TOKEN``), so that secrets need not live in the file.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class NomadConfig(_Conf, frozen=True):
     fetcher_image: str = "ghcr.io/llmgw/llmgw:0.1.0"
     cache_volume: str = "llmgw-model-cache"
     fabric_meta_key: str = "llmgw_fabric"
+    # The Hugging Face token vLLM downloads gated hf:// models with when there is no
+    # mirror; handed to jobs through Nomad Variables, never in the job itself.
+    hf_token: str | None = None
     timeout: float = 10.0
     # Reserved by a GPU profile that leaves cpu_cores or memory out, per GPU:
     # Nomad's own defaults (100 MHz, 300 MB) get an engine killed as it loads.
@@ -176,6 +179,7 @@ def _env_overrides(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
         "NOMAD_ADDR": "address", "NOMAD_TOKEN": "token", "NOMAD_NAMESPACE": "namespace",
         "NOMAD_REGION": "region", "NOMAD_CACERT": "ca_cert",
         "NOMAD_CLIENT_CERT": "client_cert", "NOMAD_CLIENT_KEY": "client_key",
+        "LLMGW_HF_TOKEN": "hf_token",
     }
     changes = {attr: env[var] for var, attr in mapping.items() if env.get(var)}
     if changes:

@@ -1,8 +1,15 @@
 # A CPU-only client (llama.cpp models such as embeddings). Same cache volume
-# as the GPU clients; no device plugin.
+# as the GPU clients; no device plugin. Its TLS is in tls.hcl (put both in
+# /etc/nomad.d/ and run `nomad agent -config=/etc/nomad.d/`).
 
 datacenter = "dc1"
 data_dir   = "/opt/nomad/data"
+
+# Clients enforce ACLs too: the allocation file system, logs and exec go
+# through the client's own HTTP API, which checks tokens only when this is on.
+acl {
+  enabled = true
+}
 
 client {
   enabled    = true

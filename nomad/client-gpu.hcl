@@ -1,11 +1,18 @@
 # A GPU client of a production cluster (one per GPU machine), e.g. an HGX
-# H100 box. Servers, ACLs and TLS are in server.hcl and tls.hcl.
+# H100 box. Its TLS is in tls.hcl (put both in /etc/nomad.d/); the servers'
+# configuration is server.hcl.
 #
-#   nomad agent -config=/etc/nomad.d/   (this file, tls.hcl, and the plugin dir)
+#   nomad agent -config=/etc/nomad.d/   (this file, tls.hcl; plugins in plugin_dir)
 
 datacenter = "dc1"
 data_dir   = "/opt/nomad/data"
 plugin_dir = "/opt/nomad/plugins"   # holds the nomad-device-nvidia binary
+
+# Clients enforce ACLs too: the allocation file system, logs and exec go
+# through the client's own HTTP API, which checks tokens only when this is on.
+acl {
+  enabled = true
+}
 
 client {
   enabled    = true

@@ -1,12 +1,13 @@
-# A one-machine Nomad for trying llmgw's Nomad mode (used by docker-compose.yml):
+# A one-machine Nomad for trying llmgw's Nomad mode (beside docker-compose.yml):
 # server and client in one agent, the docker driver, the host volume the
 # prestart fetcher fills, and the node meta llmgw's jobs are constrained on.
+# Run it on the host, not in a container (docker-compose.yml says why):
 #
-#   nomad agent -dev -config=nomad/dev.hcl
+#   sudo mkdir -p /var/lib/llmgw/model-cache
+#   sudo nomad agent -dev -config nomad/dev.hcl
 #
-# Paths are identical inside and outside the compose container on purpose:
-# the agent asks the host's Docker daemon to bind-mount allocation directories
-# and the cache, and the daemon resolves them on the host.
+# bind_addr 0.0.0.0: -dev alone binds 127.0.0.1, and replicas would then be
+# registered at an address only this machine's loopback reaches.
 
 datacenter = "dc1"
 data_dir   = "/tmp/nomad/data"

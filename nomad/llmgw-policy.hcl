@@ -1,20 +1,49 @@
-# The ACL policy llmgw's token needs (scheduler.nomad.token / NOMAD_TOKEN):
+# The ACL policy of llmgw's own token (scheduler.nomad.token / NOMAD_TOKEN).
+# Replace "llm" with scheduler.nomad.namespace. Apply it as a plain policy and
+# hand it to one token:
 #
-#   nomad acl policy apply -namespace llm llmgw nomad/llmgw-policy.hcl
+#   nomad acl policy apply -description "llmgw control plane" llmgw nomad/llmgw-policy.hcl
 #   nomad acl token create -name llmgw -policy llmgw
 #
-# register, plan, validate and deregister jobs; scale them; read allocations,
-# their checks and statistics, evaluations and services; read nodes for the
-# fleet view.
+# Never add -namespace, -job, -group or -task to the apply: those attach the
+# policy to *workloads* (command/acl_policy_apply.go, Run, sets the policy's
+# JobACL; nomad/auth/auth.go, ResolvePoliciesForClaims). With -namespace alone
+# the JobACL has no job, and every task running in that namespace -- every
+# model replica, and whatever else runs there -- would be able to register,
+# scale and stop jobs and read the credentials llmgw keeps in Nomad Variables.
+# A token's policies are found by name whatever their JobACL; the flags only
+# ever add holders.
 
 namespace "llm" {
+  # register, plan, validate and deregister jobs; scale them and read their
+  # scale status; read jobs, allocations, their checks and statistics,
+  # evaluations, deployments and services.
   capabilities = ["list-jobs", "read-job", "submit-job", "scale-job", "read-job-scaling"]
+
+  # The credentials each model's fetch task reads (a mirror or source password,
+  # HF_TOKEN), kept at nomad/jobs/llmgw-<model>: llmgw writes them there, and a
+  # task reads only its own job's path (its workload identity's implicit
+  # access, acl/acl.go matchingVariablesCapabilitySet). "*" matches "/" too.
+  variables {
+    path "nomad/jobs/llmgw-*" {
+      capabilities = ["write", "read", "destroy"]
+    }
+  }
 }
 
-# The fleet view counts every allocation on a node, whatever its namespace;
-# without read access to the others, their capacity would look free.
+# What this grants, and why it is here: read-job in every namespace lets the
+# token read every job's full specification (environment, task config and
+# inline templates included, so any secret another team wrote into a job spec),
+# every allocation with its node, address and ports, evaluations, deployments
+# and service registrations -- everywhere. llmgw needs it for one thing: the
+# fleet view counts what every allocation on a node holds, and Nomad silently
+# leaves out allocations of namespaces the token cannot read
+# (nomad/node_endpoint.go, GetAllocs; nomad/alloc_endpoint.go, List), so their
+# GPUs would look free. Remove this block if that exposure is not acceptable:
+# Nomad's own placement is unaffected; only llmgw's fleet view and its
+# "waiting for capacity" reasons then miss what other namespaces use.
 namespace "*" {
-  capabilities = ["list-jobs", "read-job"]
+  capabilities = ["read-job"]
 }
 
 node {

@@ -11,16 +11,21 @@ tries to use it:
   path; ``revision`` holds it decoded. A file path may not step out of the
   repository (``..``).
 * ``UrlSource`` — ``http(s)://…``, a file or a directory (trailing '/') on
-  the mirror or any HTTP server. The URL may carry ``user:password@``; the
-  ``shown`` form masks the password for every message and view.
+  the mirror or any HTTP server. The URL may carry ``user:password@``: the
+  password stays in ``url``, in memory, for the one place that hands it on
+  (the Nomad backend writes it to a Nomad Variable the job reads), while
+  ``text`` — what is stored, shown and hashed — holds ``user:***@``. So no
+  store, page, API answer or fingerprint ever holds it, and changing it
+  changes no fingerprint. ``user:***@`` written back (a definition copied
+  from the API) means "the password Nomad already holds".
 * ``PkgSource`` — ``pkg:DISTRIBUTION``, a Python package installed beside
   llmgw that ships a model (its module's ``assemble()`` returns the file).
 * ``PathSource`` — a path on the machine that runs the engine (absolute,
   relative, ``~/…`` or ``file:///…``), for the embedded mode.
 
-Every value keeps ``text``, the source exactly as written: it is what is
-stored, shown and hashed into the profile fingerprint, so a source reads
-back the way its author wrote it. Parsing is pure; whether a source can be
+Every value keeps ``text``, the source as written (a URL's password masked):
+it is what is stored, shown and hashed into the profile fingerprint, so a
+source reads back the way its author wrote it. Parsing is pure; whether a source can be
 *used* — a Nomad node cannot read a local path, the embedded mode does not
 download from the Hub — depends on the scheduler and is checked when the
 catalog is built (``llmgw.catalog.build``).
@@ -32,7 +37,7 @@ import re
 from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
-from llmgw.redact import redact_url
+from llmgw.redact import MASK, redact_url
 
 HF_SCHEME = "hf://"
 PKG_PREFIX = "pkg:"
@@ -125,6 +130,24 @@ class UrlSource(Source):
     def shown(self) -> str:
         return redact_url(self.url)
 
+    @property
+    def location(self) -> str:
+        """The URL with no ``user:password@``: what may appear in a job, a path or a
+        command line."""
+        return strip_userinfo(self.url)
+
+    @property
+    def userinfo(self) -> str | None:
+        """``user:password`` as written in the URL (percent-encoded), None without one."""
+        return userinfo_of(self.url)
+
+    @property
+    def password_known(self) -> bool:
+        """The URL carries its password itself, not the ``***`` standing for one kept
+        elsewhere."""
+        info = self.userinfo
+        return info is not None and info.partition(":")[2] not in ("", MASK)
+
 
 class PkgSource(Source):
     __slots__ = ("distribution",)
@@ -146,6 +169,20 @@ class PathSource(Source):
     def __init__(self, text: str, path: str) -> None:
         super().__init__(text)
         self.path = path
+
+
+def userinfo_of(url: str) -> str | None:
+    """The ``user:password`` of a URL as written (percent-encoded), or None."""
+    netloc = urlsplit(url).netloc
+    return netloc.rpartition("@")[0] if "@" in netloc else None
+
+
+def strip_userinfo(url: str) -> str:
+    """``url`` without its ``user:password@``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def _hf(text: str, stripped: str) -> HfSource:
@@ -197,7 +234,8 @@ def parse_source(value: object) -> Source:
         except ValueError:
             raise ValueError(f"{redact_url(stripped)!r} has a port that is not a number"
                              ) from None
-        return UrlSource(value, stripped)
+        # The text keeps everything but the password (redact_url masks exactly that).
+        return UrlSource(redact_url(stripped) if parts.password else value, stripped)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"{value!r}: a file:// URL names a path on this machine; "

@@ -76,7 +76,9 @@ def serve(directory: str, listen: str) -> None:
         pass
 
 
-def _source_hint(mirror_url: str | None, result: AddResult) -> str | None:
+def _source_hint(source: str, mirror_url: str | None, result: AddResult) -> str | None:
+    if source.strip().startswith("hf://"):
+        return source.strip()   # jobs fetch it from the mirror at the path it was put at
     if not mirror_url:
         return None
     base = mirror_url.rstrip("/")
@@ -88,9 +90,11 @@ def _source_hint(mirror_url: str | None, result: AddResult) -> str | None:
 @mirror.command("add")
 @click.argument("source")
 @click.option("--name", default=None,
-              help="Directory name on the mirror (default: from the repository or file).")
+              help="Directory name on the mirror for an http(s) source (default: from the "
+                   "file name). An hf:// source always goes where Nomad jobs fetch it.")
 @click.option("--version", default=None,
-              help="Version directory (default for hf://: the commit; required for a URL).")
+              help="Version directory for an http(s) source (required there). An hf:// "
+                   "source's version is its revision, or main.")
 @click.option("--sha256", default=None, help="The expected sum of an http(s) download.")
 @_dir_option
 @_mirror_url_option
@@ -100,22 +104,25 @@ def add(source: str, name: str | None, version: str | None, sha256: str | None,
     """Download SOURCE onto the mirror as NAME/VERSION/FILE, checked.
 
     SOURCE is hf://ORG/REPO[@REVISION] (the whole snapshot), hf://ORG/REPO[@REVISION]/FILE
-    or an http(s) URL. The download lands under a hidden name and is renamed into
-    place when complete; its length is checked against what the source promised and
-    a sha256 is written beside each file. An existing version is never replaced.
+    or an http(s) URL. A Hub source lands in ORG--REPO/REVISION/ (lower-cased; main
+    when no revision is given), which is where Nomad jobs fetch it. The download
+    lands under a hidden name and is renamed into place when complete; its length is
+    checked against what the source promised and a sha256 is written beside each file.
+    An existing version is never replaced.
     """
     from llmgw.weights.mirror.add import add as add_source
 
     with failures():
         result = add_source(source, mirror_dir, name=name, version=version, sha256=sha256,
                             progress=sys.stderr.isatty())
-    hint = _source_hint(mirror_url, result)
+    hint = _source_hint(source, mirror_url, result)
     if output == "json":
         print_json({**msgspec.to_builtins(result), "source": hint})
         return
     for f in result.files:
         click.echo(f"{f.sha256}  {f.path}  ({format_size(f.size)})")
-    click.echo(f"added {result.directory}")
+    click.echo(f"added {result.directory}"
+               + (f" (commit {result.commit})" if result.commit else ""))
     if hint:
         click.echo(f"source for the catalog: {hint}")
 
@@ -190,9 +197,16 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
 
     A URL ending in '/' is a mirror directory: every file below it is fetched into
     DEST. Two fetches of one file on one node download it once; the second waits.
+    Credentials come from LLMGW_FETCH_USERINFO (user:password, percent-encoded as in
+    a URL), which a Nomad job sets from its Variable, so none is on the command line.
     """
+    import os
+
     from llmgw.weights.fetch import fetch as fetch_url
+    from llmgw.weights.fetch import with_userinfo
     from llmgw.weights.mirror.add import ProgressBar
+
+    url = with_userinfo(url, os.environ.get("LLMGW_FETCH_USERINFO"))
 
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
     with failures():

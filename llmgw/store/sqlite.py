@@ -34,7 +34,9 @@ statement, converted to Unix seconds (millisecond resolution).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -153,6 +155,14 @@ def _model(row: tuple[Any, ...]) -> StoredModel:
         updated_by=updated_by,
         updated_at=_parse_time(updated_at),
     )
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file readable by its owner only, before SQLite creates it
+    with the umask's mode: it holds who changed what, and the catalog. SQLite gives
+    the -wal and -shm files the database file's mode."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600))
 
 
 class _Connection:
@@ -359,6 +369,7 @@ class SqliteStore:
             raise RuntimeError(f"SqliteStore({self.path}) is already open")
         try:
             await asyncio.to_thread(self.path.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(_create_private, self.path)
         except OSError as exc:
             raise StoreUnavailableError(
                 f"SQLite database {self.path}: cannot create its directory {self.path.parent} "

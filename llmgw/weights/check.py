@@ -11,7 +11,10 @@ gateway nor the API ever writes to the mirror.
 
 What is checked, by the source's form:
 
-- ``hf://org/repo[@revision][/file]``: the repository and revision exist; the
+- ``hf://org/repo[@revision][/file]`` with a mirror configured: the mirror
+  holds it at ``llmgw.weights.layout.mirror_path``, where the Nomad job
+  fetches it (the Hub itself is not asked: no node reads from it).
+- ``hf://org/repo[@revision][/file]`` without a mirror: the repository and revision exist; the
   named file (or, for a whole repository, ``config.json`` or its first file)
   answers a metadata request — which is where a gated repository refuses a
   server without access, so that is caught now rather than on the node.
@@ -40,6 +43,7 @@ import msgspec
 
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, Source, UrlSource
 from llmgw.errors import DefinitionError
+from llmgw.weights import layout
 from llmgw.weights.hub import HfHub, Hub, HubError
 
 if TYPE_CHECKING:
@@ -92,16 +96,21 @@ def _on_mirror(url: str, mirror: str | None) -> bool:
         (a.port or 0) == (b.port or 0)
 
 
-async def _http(source: UrlSource, mirror: str | None, seconds: float) -> None:
-    label = "the mirror" if _on_mirror(source.url, mirror) else "the server"
+async def _http(source: Source, url: str, mirror: str | None, seconds: float) -> None:
+    label = "the mirror" if _on_mirror(url, mirror) else "the server"
     hint = "; is `llmgw mirror serve` running there?" if label == "the mirror" else ""
+    if isinstance(source, HfSource):
+        missing = (f"not on the mirror at {layout.mirror_path(source)}, where Nomad jobs "
+                   f"fetch it: add it there with `llmgw mirror add {source.text}`")
+    else:
+        missing = f"not found: {label} answered HTTP 404; check the path"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as http:
-            async with http.head(source.url, allow_redirects=True) as resp:
+            async with http.head(url, allow_redirects=True) as resp:
                 final, status = str(resp.url), resp.status
                 length = resp.headers.get("Content-Length")
             if status == 404:
-                raise _fail(source, f"not found: {label} answered HTTP 404; check the path")
+                raise _fail(source, missing)
             if status in (401, 403):
                 raise _fail(source, f"unauthorised: {label} answered HTTP {status}")
             if status >= 400:
@@ -168,10 +177,15 @@ async def check_source(source: Source, *, mirror: str | None = None,
     ``hf_token`` (or HF_TOKEN).
     """
     match source:
+        case HfSource() if mirror:
+            # A node reads a Hub model from the mirror, never from the Hub: the mirror
+            # is what must hold it (``layout.mirror_path``, the path the job fetches).
+            await _http(source, f"{mirror.rstrip('/')}/{layout.mirror_path(source)}", mirror,
+                        timeout)
         case HfSource():
             await _hf(source, hub or HfHub(token=hf_token, timeout=timeout), timeout)
         case UrlSource():
-            await _http(source, mirror, timeout)
+            await _http(source, source.url, mirror, timeout)
         case PkgSource():
             await _pkg(source)
         case PathSource():

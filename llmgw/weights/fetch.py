@@ -16,7 +16,10 @@ model, and a file present under its final name needs no second look.
   announced is still checked, and a server whose answers disagree about the
   length, or that keeps ending transfers before the length it promised, is
   reported rather than retried forever.
-- **Credentials.** ``http.client`` ignores ``user:pass@`` in a URL, so a
+- **Credentials.** A Nomad job never carries them: its fetch task gets
+  ``user:password`` in ``LLMGW_FETCH_USERINFO`` from the job's Nomad Variable
+  (``llmgw.scheduler.nomad.credentials``), and ``with_userinfo`` puts it back
+  into the URL in memory. ``http.client`` ignores ``user:pass@`` in a URL, so a
   mirror behind Basic auth would answer 401 with no hint why. The userinfo is
   sent as an ``Authorization: Basic`` header instead, kept on redirects within
   the same origin and dropped on redirects elsewhere. The password appears in
@@ -80,6 +83,15 @@ def _noop(_: str) -> None:
 
 
 # -- HTTP -----------------------------------------------------------------------------------
+
+def with_userinfo(url: str, userinfo: str | None) -> str:
+    """``url`` carrying ``userinfo`` (``user:password``, percent-encoded), unless it has
+    its own or there is none; only its own origin ever sees it (``_follow``)."""
+    parts = urlsplit(url)
+    if not userinfo or "@" in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+
 
 def _authorization(url: str) -> dict[str, str]:
     """The Basic ``Authorization`` header for the userinfo in ``url`` (RFC 7617), if any."""

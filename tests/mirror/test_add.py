@@ -53,37 +53,61 @@ def hidden_entries(root: Path) -> list[str]:
     return [str(p.relative_to(root)) for p in root.rglob(".*")]
 
 
+HUB_DIR = "qwen--qwen2.5-0.5b-instruct"
+
+
 def test_a_hub_snapshot_lands_as_one_checked_version(hub: FakeHub, root: Path) -> None:
-    """hf://org/repo is downloaded pinned to one commit into <name>/<commit12>/, each
-    file with a .sha256 beside it; repository dot-files and download bookkeeping are
-    not left on the mirror."""
+    """hf://org/repo is downloaded pinned to one commit into <org>--<repo>/main/ (where
+    the Nomad job fetches it), each file with a .sha256 beside it; repository dot-files
+    and download bookkeeping are not left on the mirror."""
     result = CliRunner().invoke(main, ["mirror", "add", "hf://Qwen/Qwen2.5-0.5B-Instruct",
                                        "--dir", str(root), "--mirror-url", "http://m:8070"])
     assert result.exit_code == 0, result.output
-    version = root / "qwen2-5-0-5b-instruct" / COMMIT[:12]
+    version = root / HUB_DIR / "main"
     assert sorted(str(p.relative_to(version)) for p in version.rglob("*") if p.is_file()) == [
         "config.json", "config.json.sha256", "model.safetensors", "model.safetensors.sha256",
         "tokenizer/tokenizer.json", "tokenizer/tokenizer.json.sha256"]
     assert (version / "model.safetensors").read_bytes() == WEIGHTS
     assert (version / "model.safetensors.sha256").read_text() == \
         f"{sha(WEIGHTS)}  model.safetensors\n"
-    assert f"{sha(WEIGHTS)}  qwen2-5-0-5b-instruct/{COMMIT[:12]}/model.safetensors" in \
-        result.output
-    assert f"source for the catalog: http://m:8070/qwen2-5-0-5b-instruct/{COMMIT[:12]}/" in \
-        result.output
+    assert f"{sha(WEIGHTS)}  {HUB_DIR}/main/model.safetensors" in result.output
+    assert f"added {HUB_DIR}/main/ (commit {COMMIT})" in result.output
+    assert "source for the catalog: hf://Qwen/Qwen2.5-0.5B-Instruct" in result.output
     assert hidden_entries(root) == []
     resolved = [s.path for s in hub.seen if "/resolve/" in s.path]
     assert resolved
     assert all(f"/resolve/{COMMIT}/" in p for p in resolved)
 
 
-def test_one_hub_file_with_a_chosen_name_and_version(hub: FakeHub, root: Path) -> None:
-    """hf://org/repo/file adds just that file under --name/--version."""
-    result = add("hf://Qwen/Qwen2.5-0.5B-Instruct/model.safetensors", root, name="qwen-small",
-                 version="2025-01")
-    assert [f.path for f in result.files] == ["qwen-small/2025-01/model.safetensors"]
-    assert sorted(p.name for p in (root / "qwen-small/2025-01").iterdir()) == [
+def test_one_hub_file_lands_under_its_revision(hub: FakeHub, root: Path) -> None:
+    """hf://org/repo@rev/file adds just that file under <org>--<repo>/<rev>/."""
+    result = add(f"hf://Qwen/Qwen2.5-0.5B-Instruct@{COMMIT}/model.safetensors", root)
+    assert [f.path for f in result.files] == [f"{HUB_DIR}/{COMMIT}/model.safetensors"]
+    assert sorted(p.name for p in (root / HUB_DIR / COMMIT).iterdir()) == [
         "model.safetensors", "model.safetensors.sha256"]
+
+
+def test_another_file_of_a_hub_revision_joins_its_version(hub: FakeHub, root: Path) -> None:
+    """A second file of a revision already on the mirror is linked into that version,
+    beside the first, and the same file again is refused untouched."""
+    add(f"hf://Qwen/Qwen2.5-0.5B-Instruct@{COMMIT}/model.safetensors", root)
+    add(f"hf://Qwen/Qwen2.5-0.5B-Instruct@{COMMIT}/config.json", root)
+    version = root / HUB_DIR / COMMIT
+    assert sorted(p.name for p in version.iterdir()) == [
+        "config.json", "config.json.sha256", "model.safetensors", "model.safetensors.sha256"]
+    assert (version / "model.safetensors").read_bytes() == WEIGHTS
+    with pytest.raises(LlmgwError, match="never replaced"):
+        add(f"hf://Qwen/Qwen2.5-0.5B-Instruct@{COMMIT}/config.json", root)
+    assert hidden_entries(root) == []
+
+
+@pytest.mark.parametrize("option", [{"name": "qwen-small"}, {"version": "2025-01"}])
+def test_a_hub_source_cannot_be_put_where_jobs_would_not_look(
+        hub: FakeHub, root: Path, option: dict[str, str]) -> None:
+    """--name and --version are refused for hf://, naming the path jobs fetch."""
+    with pytest.raises(LlmgwError, match=f"{HUB_DIR}/main/"):
+        add("hf://Qwen/Qwen2.5-0.5B-Instruct", root, **option)
+    assert list(root.iterdir()) == []
 
 
 def test_a_sum_differing_from_the_hubs_adds_nothing(hub: FakeHub, root: Path) -> None:
@@ -100,14 +124,14 @@ def test_a_sum_differing_from_the_hubs_adds_nothing(hub: FakeHub, root: Path) ->
 def test_an_existing_version_is_never_replaced(hub: FakeHub, root: Path) -> None:
     """Adding a version that exists is refused before anything is downloaded, and the
     version on the mirror is untouched."""
-    version = root / "qwen2-5-0-5b-instruct" / COMMIT[:12]
+    version = root / HUB_DIR / "main"
     version.mkdir(parents=True)
     (version / "model.safetensors").write_bytes(b"what the nodes already have")
     result = CliRunner().invoke(main, ["mirror", "add", "hf://Qwen/Qwen2.5-0.5B-Instruct",
                                        "--dir", str(root)])
     assert result.exit_code == 1
     assert "never replaced" in result.output
-    assert "--version" in result.output
+    assert "hf://ORG/REPO@REVISION" in result.output
     assert (version / "model.safetensors").read_bytes() == b"what the nodes already have"
     assert not [s for s in hub.seen if "/resolve/" in s.path]
     assert hidden_entries(root) == []

@@ -44,7 +44,8 @@ def root(tmp_path: Path) -> Path:
     r = tmp_path / "mirror"
     for rel in ("qwen/2024-11/model.gguf", "qwen/2024-11/config.json", "llama/v1/model.gguf",
                 "llama/v0/model.gguf", "nomic/q8_0/nomic.gguf", "old/x.bin",
-                "qwen/.2025-01.adding-1-ab/model.gguf"):
+                "qwen/.2025-01.adding-1-ab/model.gguf",
+                "qwen--qwen2.5-14b-instruct/main/model.safetensors"):
         p = r / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"w" * 1000)
@@ -132,7 +133,7 @@ def test_an_empty_catalog_that_answers_lists_everything(root: Path) -> None:
     finally:
         server.stop()
     assert result.exit_code == 0
-    assert len(json.loads(result.stdout)) == 6
+    assert len(json.loads(result.stdout)) == 7
 
 
 def test_stale_replicas_are_warned_about(root: Path) -> None:
@@ -206,7 +207,7 @@ def test_remove_refuses_paths_outside_the_mirror(root: Path, api: JsonServer, pa
     ("http://10.0.0.5/a/./c/../b/", "a/b"),
     ("http://m/a%2Fb", "a/b"),
     ("http://m/", ""),
-    ("hf://org/repo", None),
+    ("hf://org/repo", "org--repo/main"),
     ("pkg:something", None),
     ("relative/path.gguf", None),
 ])
@@ -222,6 +223,18 @@ def test_source_path_maps_local_paths_inside_the_mirror(tmp_path: Path) -> None:
     assert source_path(str(tmp_path / "a" / "m.gguf"), tmp_path) == "a/m.gguf"
     assert source_path(f"file://{tmp_path}/a/m.gguf", tmp_path) == "a/m.gguf"
     assert source_path("/elsewhere/m.gguf", tmp_path) is None
+
+
+def test_remove_refuses_the_directory_a_hub_model_is_fetched_from(
+        root: Path, api: JsonServer) -> None:
+    """An hf:// entry uses the directory its Nomad job fetches, so removing it is refused
+    and unused does not list it."""
+    result = run("remove", "qwen--qwen2.5-14b-instruct", "--dir", str(root), "--url", api.url)
+    assert result.exit_code == 1
+    assert "hub-model" in result.output
+    assert (root / "qwen--qwen2.5-14b-instruct/main/model.safetensors").exists()
+    listed = run("unused", "--dir", str(root), "--url", api.url)
+    assert "qwen--qwen2.5-14b-instruct" not in listed.output
 
 
 def test_remove_refuses_the_sum_beside_a_file_in_use(root: Path, api: JsonServer) -> None:

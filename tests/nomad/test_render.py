@@ -150,11 +150,12 @@ def test_a_prestart_task_fetches_the_weights_into_the_host_volume_cache():
 
 
 def test_a_hub_source_is_fetched_from_the_mirror_layout():
-    """hf://org/repo@rev is read from <mirror>/<model>/<rev>/, the layout `mirror add` writes."""
+    """hf://org/repo@rev is read from <mirror>/<org>--<repo>/<rev>/, the layout `mirror add`
+    writes (tests/mirror/test_mirror_path.py holds the whole mapping)."""
     m = msgspec.structs.replace(LLAMA, source=Source.parse("hf://Qwen/Qwen2.5-14B-Instruct@cf98f3b"))
     job = _json(render_job(m, m.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
     assert _task(job, "fetch")["Config"]["args"][1] == \
-        f"{MIRROR}/llama-3-3-70b-instruct/cf98f3b/"
+        f"{MIRROR}/qwen--qwen2.5-14b-instruct/cf98f3b/"
 
 
 def test_without_a_mirror_vllm_downloads_from_the_hub_into_the_cache():

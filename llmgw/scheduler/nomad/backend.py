@@ -56,8 +56,8 @@ from llmgw.errors import (
     PlacementError,
 )
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Replica
+from llmgw.scheduler.nomad import credentials, render, wire
 from llmgw.scheduler.nomad import jobspec as js
-from llmgw.scheduler.nomad import render, wire
 from llmgw.scheduler.nomad.client import NomadClient, ScaleBlockedError
 from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
@@ -113,6 +113,7 @@ class NomadBackend:
             self._watch_client, self._offload, wait=watch_wait, check_interval=check_interval,
             backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
         self._replicas = ReplicaReader(self._client)
+        self._keeper = credentials.Keeper(self._client, self._cfg, config.mirror)
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
@@ -352,6 +353,12 @@ class NomadBackend:
         bound = asyncio.timeout(self._lease_ttl / 2)
         try:
             async with bound:
+                for m in catalog:
+                    # A rotated credential reaches the Variable, and only it: the job,
+                    # whose spec names the Variable and not its content, stays as it is.
+                    if not m.external:
+                        await self._guard(m.name, self._offload.run(
+                            self._keeper.ensure, m, render.job_id(m.name)))
                 for name in actions.register:
                     m = catalog.models[name]
                     await self._guard(name, self._register(m, _initial_count(m), leased=True))
@@ -439,6 +446,8 @@ class NomadBackend:
         await self._validate(m, choice.job)
         if leased:
             await self._hold()
+        # Before the job: a template reading a Variable that is not there waits forever.
+        await self._offload.run(self._keeper.ensure, m, choice.job.ID)
         await self._offload.run(self._client.register, choice.job)
         log.info("registered %s (profile %s, %d replicas)", choice.job.ID,
                  choice.job.Meta[render.META_PROFILE], count)
@@ -489,6 +498,9 @@ class NomadBackend:
             raise PlacementError(
                 f"model {model.name!r} cannot run on this fleet: {choice.verdict.reason}",
                 field="profiles")
+        # The last check before a runtime model is stored, and the one moment its source's
+        # password is in hand: the store keeps only user:***@ (llmgw.scheduler.nomad.credentials).
+        await self._offload.run(self._keeper.ensure, model, render.job_id(model.name))
 
     async def set_demand(self, model: str, replicas: int) -> None:
         m = self._model(model)

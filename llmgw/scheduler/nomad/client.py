@@ -40,8 +40,8 @@ from nomad.api.base import Requester
 
 from llmgw.config import NomadConfig
 from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError, RefusedError
+from llmgw.scheduler.nomad import credentials, wire
 from llmgw.scheduler.nomad import jobspec as js
-from llmgw.scheduler.nomad import wire
 
 T = TypeVar("T")
 _JSON = {"Content-Type": "application/json"}
@@ -57,6 +57,10 @@ class NomadRejectedError(LlmgwError):
     """Nomad refused a job llmgw rendered; the text is Nomad's."""
 
     kind = "nomad_rejected"
+
+
+class _VariableConflictError(LlmgwError):
+    """A check-and-set write of a Variable lost to another write."""
 
 
 def _short(exc: object) -> str:
@@ -131,11 +135,13 @@ class NomadClient:
         if status in (401, 403):
             return BackendUnavailableError(
                 f"{said}; check the ACL token (scheduler.nomad.token or NOMAD_TOKEN): it needs "
-                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r} and "
-                "node:read"
+                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r}, "
+                "node:read, and the Variables at nomad/jobs/llmgw-* (nomad/llmgw-policy.hcl)"
             )
         if status == 404:
             return NotFoundError(said)
+        if status == 409 and where.startswith("PUT /v1/var/"):
+            return _VariableConflictError(said)
         if status == 400 and "scaling blocked due to active deployment" in text:
             return ScaleBlockedError(said)
         if status >= 500 and job_write and "No cluster leader" not in text:
@@ -260,6 +266,27 @@ class NomadClient:
             for gone in set(self._node_cache) - live:
                 del self._node_cache[gone]
         return out
+
+    # ---- variables ----------------------------------------------------------
+
+    def read_variable(self, path: str) -> credentials.Variable | None:
+        """The Variable at ``path`` in llmgw's namespace; None when there is none (404
+        ``variable not found``, command/agent/variable_endpoint.go ``variableQuery``)."""
+        try:
+            return self._get(credentials.Variable, "var", *path.split("/"), params=self._ns)
+        except NotFoundError:
+            return None
+
+    def write_variable(self, path: str, items: dict[str, str], cas: int) -> bool:
+        """Set the Variable only if its ModifyIndex is still ``cas`` (0: only if absent);
+        False when another write won (409)."""
+        body = msgspec.json.encode({"Items": items})
+        try:
+            self._send("put", "var", *path.split("/"), params={**self._ns, "cas": cas},
+                       body=body)
+        except _VariableConflictError:
+            return False
+        return True
 
     # ---- services -----------------------------------------------------------
 

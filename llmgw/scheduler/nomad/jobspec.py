@@ -153,11 +153,19 @@ class TaskLifecycle(_Wire, frozen=True):
     Sidecar: bool
 
 
+class Template(_Wire, frozen=True):
+    EmbeddedTmpl: str
+    DestPath: str
+    ChangeMode: str | None = None
+    Envvars: bool = False
+
+
 class Task(_Wire, frozen=True):
     Name: str
     Driver: str
     Config: dict[str, Any]
     Env: dict[str, str] = {}
+    Templates: list[Template] = []
     Resources: Resources | None = None
     Lifecycle: TaskLifecycle | None = None
     VolumeMounts: list[VolumeMount] = []

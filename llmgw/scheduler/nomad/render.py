@@ -26,9 +26,14 @@ Weights reach the node through a prestart task running ``llmgw fetch`` into a
 host volume (``cache_volume``) shared by every replica on the node. The cache
 path mirrors the URL (``/llmgw-cache/<host>/<path>``) so two models using one
 file share it and two versions never collide. A model whose source is on the
-Hugging Face Hub is fetched from the mirror at ``<mirror>/<model>/<revision>/``
-(the layout ``llmgw mirror add`` writes); with no mirror configured, vLLM
+Hugging Face Hub is fetched from the mirror at the path
+``llmgw.weights.layout.mirror_path`` gives it — the one ``llmgw mirror add``
+writes and ``mirror remove`` protects; with no mirror configured, vLLM
 downloads it itself into the same cache.
+
+No credential is ever in the job: URLs lose their ``user:password@``, and a
+task that needs one reads it from the job's Nomad Variable through a
+template (``llmgw.scheduler.nomad.credentials``).
 """
 
 from __future__ import annotations
@@ -36,17 +41,19 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import msgspec
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
-from llmgw.catalog.source import HfSource, UrlSource
+from llmgw.catalog.source import HfSource, UrlSource, strip_userinfo
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
+from llmgw.scheduler.nomad import credentials
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.jobspec import ns
+from llmgw.weights import layout
 
 JOB_PREFIX = "llmgw-"
 GROUP = "serve"
@@ -129,10 +136,12 @@ def cache_path(url: str) -> str:
     """Where ``llmgw fetch`` puts ``url`` inside the task: the URL's host and path under the cache.
 
     A trailing slash (a directory on the mirror) is kept, so the engine is
-    pointed at a directory rather than a file of that name.
+    pointed at a directory rather than a file of that name. The host is the
+    host and port only: ``user:password@`` is neither part of where a file
+    lives nor something a path (and so the engine's ``--model``) may show.
     """
     parts = urlsplit(url)
-    host = parts.netloc.replace(":", "_")
+    host = f"{parts.hostname}_{parts.port}" if parts.port else str(parts.hostname)
     path = parts.path.lstrip("/")
     return f"{CACHE_DIR}/{host}/{path}" if path else f"{CACHE_DIR}/{host}/"
 
@@ -142,20 +151,31 @@ def _source(model: Model, mirror: str | None) -> _Source:
     mirror (``llmgw.catalog.build.Runtime``), so every source here is one a node can
     fetch: a URL, or a Hub repository through the mirror or vLLM's own download."""
     match model.source:
-        case HfSource(repo_id, revision, file):
+        case HfSource(repo_id, revision):
             if mirror:
-                version = quote(revision, safe="") if revision else "main"
-                url = f"{mirror.rstrip('/')}/{model.name}/{version}/{file or ''}"
+                base = strip_userinfo(mirror).rstrip("/")
+                url = f"{base}/{layout.mirror_path(model.source)}"
                 return _Source(fetch_url=url, model_arg=cache_path(url))
             return _Source(fetch_url=None, model_arg=repo_id, revision=revision)
-        case UrlSource(url):
-            return _Source(fetch_url=url, model_arg=cache_path(url))
+        case UrlSource() as src:
+            # The password travels through the job's Variable (``credentials``).
+            return _Source(fetch_url=src.location, model_arg=cache_path(src.location))
     raise AssertionError(f"model {model.name!r}: source {model.source!r} was not checked "
                          "for Nomad when the catalog was built")
 
 
+def _secrets(job: str, keys: tuple[str, ...], name: str) -> list[js.Template]:
+    """The template giving a task its credentials from the job's Variable. ``noop`` on
+    change: a rotated password is for the next download, and must not restart a
+    serving engine or rerun a finished fetch."""
+    if not keys:
+        return []
+    return [js.Template(EmbeddedTmpl=credentials.template(job, keys),
+                        DestPath=f"secrets/{name}.env", ChangeMode="noop", Envvars=True)]
+
+
 def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
-                 src: _Source) -> js.Task:
+                 src: _Source, keys: tuple[str, ...] = ()) -> js.Task:
     port = _ENGINE_PORT[model.engine or "vllm"]
     served = model.engine_model_name
     config: dict[str, object]
@@ -201,18 +221,21 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         Devices=devices,
     )
     return js.Task(
-        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env, Resources=resources,
+        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env,
+        Templates=_secrets(job_id(model.name), keys, "llmgw-engine"), Resources=resources,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,
                                      ReadOnly=src.fetch_url is not None)],
         KillTimeout=ns(30),
     )
 
 
-def _fetch_task(cfg: NomadConfig, url: str, dest: str) -> js.Task:
+def _fetch_task(cfg: NomadConfig, url: str, dest: str, job: str,
+                keys: tuple[str, ...] = ()) -> js.Task:
     return js.Task(
         Name=FETCH_TASK, Driver="docker",
         Config={"image": cfg.fetcher_image, "command": "llmgw",
                 "args": ["fetch", url, dest]},
+        Templates=_secrets(job, keys, "llmgw-fetch"),
         # A short I/O-bound task: a CPU share, not whole cores. Nomad combines
         # an ephemeral prestart task's reservation with the engine's by max(),
         # so this costs the node nothing extra (docs/nomad-api.md §3.3).
@@ -253,9 +276,11 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
                                          Operand="=", RTarget=profile.fabric))
-    tasks = [_engine_task(model, profile, need, cfg, src)]
+    wants = credentials.needs(model, cfg, mirror)
+    tasks = [_engine_task(model, profile, need, cfg, src, wants.engine)]
     if src.fetch_url is not None:
-        tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg))
+        tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg, job_id(model.name),
+                                    wants.fetch))
     group = js.TaskGroup(
         Name=GROUP, Count=count, Constraints=constraints,
         Networks=[js.NetworkResource(Mode="host", DynamicPorts=[

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from llmgw.testing.fake_nomad import lifecycle, routes_cluster, routes_jobs
+from llmgw.testing.fake_nomad import acl, lifecycle, routes_cluster, routes_jobs, variables
 from llmgw.testing.fake_nomad.cluster import Cluster
 from llmgw.testing.fake_nomad.fixtures import default_fleet
 from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
@@ -38,13 +38,16 @@ from llmgw.testing.fake_nomad.server import Api, HttpApp, Injection, RecordedReq
 
 class FakeNomad:
     def __init__(self, nodes: Sequence[Node] | None = None, *, acl_token: str | None = None,
-                 strict: bool = True, auto_run: bool = True,
+                 acls: bool = False, strict: bool = True, auto_run: bool = True,
                  namespaces: Iterable[str] = ("default",), region: str = "global",
                  host: str = "127.0.0.1", port: int = 0) -> None:
         fleet = list(nodes) if nodes is not None else default_fleet()
         self._cluster = Cluster(fleet, namespaces=set(namespaces), auto_run=auto_run)
-        self._api = Api(self._cluster, strict=strict, region=region, acl_token=acl_token)
-        self._http = HttpApp(self._api, routes_jobs.ROUTES + routes_cluster.ROUTES)
+        self._acls = acl.Registry(management={acl_token} if acl_token else set()) \
+            if acl_token is not None or acls else None
+        self._api = Api(self._cluster, strict=strict, region=region, acls=self._acls)
+        self._http = HttpApp(self._api, routes_jobs.ROUTES + routes_cluster.ROUTES
+                             + variables.ROUTES)
         self._host, self._port = host, port
         self._closed = False
 
@@ -110,6 +113,49 @@ class FakeNomad:
     def clear_injections(self) -> None:
         with self._http.lock:
             self._http.injections.clear()
+
+    # -- ACLs (``acl_token`` is a management token; ``acls=True`` enables them without one) --
+    def _registry(self) -> acl.Registry:
+        if self._acls is None:
+            raise RuntimeError("ACLs are off in this FakeNomad; pass acl_token= or acls=True")
+        return self._acls
+
+    def apply_policy(self, name: str, rules: str, *, namespace: str = "", job: str = "",
+                     group: str = "", task: str = "") -> None:
+        """``nomad acl policy apply [-namespace … [-job … [-group … [-task …]]]] NAME FILE``;
+        the rules are parsed as Nomad parses them (NomadError for what it refuses)."""
+        self._registry().apply(name, rules, namespace=namespace, job=job, group=group,
+                               task=task)
+
+    def create_token(self, policies: Sequence[str]) -> str:
+        """``nomad acl token create -policy …``: the new token's secret."""
+        return self._registry().token(list(policies))
+
+    def workload_token(self, alloc_id: str, task: str) -> str:
+        """The workload identity a task of a running allocation calls Nomad with."""
+        with self._cluster.store.cond:
+            a = self._cluster.store.allocs[alloc_id]
+            claim = acl.Claim(namespace=a.namespace, job=a.job_id, group=a.task_group,
+                              task=task)
+        return self._registry().identity(claim)
+
+    def task_env(self, alloc_id: str, task: str) -> dict[str, str]:
+        """The environment the task's ``env = true`` templates render for it, reading
+        Variables with its workload identity; ``variables.TemplateBlockedError`` when the
+        template cannot render (a variable it may not read, or one not there yet)."""
+        with self._cluster.store.cond:
+            a = self._cluster.store.allocs[alloc_id]
+            claim = acl.Claim(namespace=a.namespace, job=a.job_id, group=a.task_group,
+                              task=task)
+            group = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
+            spec = next(t for t in group["Tasks"] if t["Name"] == task)
+        return variables.render_env(self._api, self._acls, claim, spec)
+
+    def variable(self, path: str, namespace: str = "default") -> dict[str, str] | None:
+        """The items of a Nomad Variable, or None."""
+        with self._cluster.store.cond:
+            v = self._api.variables.get((namespace, path))
+            return dict(v.items) if v else None
 
     # -- reading the cluster ------------------------------------------------------------
     @property

@@ -263,7 +263,7 @@ def agent_self(api: Api, req: Request) -> Response:
                "VersionMetadata": "", "BuildDate": "2025-09-09T00:00:00Z"}
     return Response(body={
         "config": {"Region": api.region, "Datacenter": "dc1", "NodeName": "fake-nomad",
-                   "Version": version, "ACL": {"Enabled": api.acl_token is not None},
+                   "Version": version, "ACL": {"Enabled": api.acls is not None},
                    "Server": {"Enabled": True}, "Client": {"Enabled": False}},
         "member": {"Name": f"fake-nomad.{api.region}", "Addr": "127.0.0.1", "Port": 4648,
                    "Status": "alive", "Tags": {"region": api.region, "dc": "dc1",

@@ -9,11 +9,12 @@ Conventions shared by every endpoint (docs/nomad-api.md "General wire convention
 * blocking queries: ``?index=N&wait=D`` with Go duration syntax, default wait 5m,
   capped at 10m, plus up to wait/16 of jitter; a bad value is ``400 Invalid wait time``
   / ``400 Invalid index``; index 0 never blocks;
-* ACLs (when the fake has a token): no token → ``403 Permission denied``; a token it
-  does not know → ``403 ACL token not found``; ``/v1/status/*`` needs none. The token
-  comes from ``X-Nomad-Token`` or ``Authorization: Bearer``. (The check runs before
-  body decoding; Nomad decodes first, so a malformed body with a bad token is a 400
-  there and a 403 here.)
+* ACLs (when enabled): no token → ``403 Permission denied``; a token it does not know
+  → ``403 ACL token not found``; a token whose policies lack the endpoint's capability
+  → ``403 Permission denied`` (``acl``); ``/v1/status/*`` needs none. The token comes
+  from ``X-Nomad-Token`` or ``Authorization: Bearer``. (The check runs before body
+  decoding; Nomad decodes first, so a malformed body with a bad token is a 400 there
+  and a 403 here.)
 * a ``?region=`` other than the fake's region answers ``500 No path to region``.
 
 Each connection gets a thread (``ThreadingHTTPServer``), so a blocking query never
@@ -38,6 +39,7 @@ from urllib.parse import unquote, unquote_plus
 
 import msgspec
 
+from llmgw.testing.fake_nomad import acl
 from llmgw.testing.fake_nomad.cluster import Cluster, NomadError
 
 Json = dict[str, Any]
@@ -75,6 +77,7 @@ class Request:
     body: bytes
     token: str = ""
     params: dict[str, str] = field(default_factory=dict)
+    acl: acl.Acl | None = None
 
     @property
     def namespace(self) -> str:
@@ -112,12 +115,14 @@ class Api:
     """What route handlers need: the cluster, options, and the blocking-query helper."""
 
     def __init__(self, cluster: Cluster, *, strict: bool, region: str,
-                 acl_token: str | None) -> None:
+                 acls: acl.Registry | None) -> None:
         self.cluster = cluster
         self.store = cluster.store
         self.strict = strict
         self.region = region
-        self.acl_token = acl_token
+        self.acls = acls
+        # Nomad Variables by (namespace, path): ``variables.Variable`` records.
+        self.variables: dict[tuple[str, str], Any] = {}
         self.running = False
 
     def blocking(self, req: Request, index: Callable[[], int],
@@ -260,7 +265,11 @@ class HttpApp:
             if req.query.get("region") and req.query["region"] not in ("global",
                                                                         self.api.region):
                 return Response(500, text="No path to region")
-            return self._route(req)
+            resp = self._route(req)
+            if req.acl is not None:
+                resp.text = acl.filter_answer(req.acl, req, resp.text)
+                resp.body = acl.filter_answer(req.acl, req, resp.body)
+            return resp
         except NomadError as exc:
             return Response(exc.status, text=exc.body, headers=dict(exc.headers))
 
@@ -288,12 +297,9 @@ class HttpApp:
         return ""
 
     def _acl(self, req: Request) -> Response | None:
-        if self.api.acl_token is None or req.path.startswith("/v1/status/"):
+        if self.api.acls is None or req.path.startswith("/v1/status/"):
             return None
-        if not req.token:
-            return Response(403, text="Permission denied")
-        if req.token != self.api.acl_token:
-            return Response(403, text="ACL token not found")
+        req.acl = acl.authorize(self.api.acls, req)   # NomadError(403) when refused
         return None
 
     def _route(self, req: Request) -> Response:

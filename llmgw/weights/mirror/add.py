@@ -14,6 +14,11 @@ partial or corrupt file everywhere, caught (if at all) once per node. So:
 - A version that exists is never replaced — that is the point of the
   ``<name>/<version>/<file>`` layout: nodes that fetched it earlier and nodes
   fetching it now must hold the same bytes. Add under a new ``--version``.
+  One more file of a Hub revision (``hf://org/repo@rev/other.gguf``) joins
+  that version, linked into place; a file is never replaced either.
+- A Hub source goes where ``llmgw.weights.layout.mirror_path`` puts it, the
+  directory the Nomad job fetches; ``--name`` and ``--version`` are refused
+  for it, since a job could never find a copy put elsewhere.
 
 From the Hugging Face Hub the download itself is huggingface-hub's (it knows
 authentication, redirects to the CDN and the Xet store); the whole snapshot is
@@ -57,6 +62,7 @@ class AddResult(msgspec.Struct, kw_only=True):
     version: str
     directory: str  # relative to the mirror directory, ending in '/'
     files: list[AddedFile]
+    commit: str | None = None  # the Hub commit the files were downloaded at
 
 
 def _sha256(path: Path) -> str:
@@ -67,12 +73,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _refuse_existing(final: Path, name: str, version: str) -> None:
+_NEW_VERSION = "Add it under a new --version (and point the catalog entry at it)"
+_NEW_REVISION = ("Pin the revision to mirror in the source (hf://ORG/REPO@REVISION) and in the "
+                 "catalog entry")
+
+
+def _refuse_existing(final: Path, name: str, version: str, way_out: str = _NEW_VERSION) -> None:
     if final.exists():
         raise RefusedError(
             f"the mirror already holds {name}/{version}; a version is never replaced, because "
-            "nodes that fetched it would then disagree with nodes fetching it now. Add it "
-            "under a new --version (and point the catalog entry at it)"
+            f"nodes that fetched it would then disagree with nodes fetching it now. {way_out}"
         )
 
 
@@ -142,14 +152,51 @@ def _hub_bars(show: bool) -> Iterator[None]:
         (disable_progress_bars if was_disabled else enable_progress_bars)()
 
 
-def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
-            progress: bool, hub: Hub) -> AddResult:
+def _refuse_existing_file(dest: Path, shown: str) -> None:
+    if dest.exists():
+        raise RefusedError(
+            f"the mirror already holds {shown}; a file is never replaced, because nodes "
+            "that fetched it would then disagree with nodes fetching it now")
+
+
+def _publish_file(tmp: Path, rel: str, final: Path, name: str, version: str) -> None:
+    """Put one more file into an existing version: its sum first, then the file, each
+    linked under its final name (a link fails where a name exists, so nothing is ever
+    replaced) and so visible at once and whole."""
+    dest = final / rel
+    _refuse_existing_file(dest, f"{name}/{version}/{rel}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    side = rel + layout.SIDECAR
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp / side, final / side)   # a sum left by an add cut at this very point
+    try:
+        os.link(tmp / rel, dest)
+    except FileExistsError:
+        raise RefusedError(f"{name}/{version}/{rel} was added meanwhile by another "
+                           "`mirror add`; nothing was replaced") from None
+    fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _add_hf(src: HfSource, root: Path, progress: bool, hub: Hub) -> AddResult:
     source = src.text
+    where = layout.mirror_path(src)
+    assert where is not None
+    name, version = where.split("/")[:2]
+    final = root / name / version
+    if src.filename is None:
+        # Refused before the Hub is asked: nothing has to be downloaded to know.
+        _refuse_existing(final, name, version, _NEW_REVISION)
+    else:
+        _refuse_existing_file(final / src.filename, f"{name}/{version}/{src.filename}")
     try:
         info = hub.repo_info(src.repo_id, src.revision, files=True)
     except HubError as exc:
         raise LlmgwError(f"{source}: {exc.reason}") from None
-    commit = info.sha or src.revision or "main"
+    commit = info.sha or src.revision or layout.UNPINNED
     siblings = {f.path: f for f in info.files}
     if src.filename is not None:
         if src.filename not in siblings:
@@ -162,10 +209,6 @@ def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
             layout.is_hidden(p) for p in n.split("/")))
     if not wanted:
         raise LlmgwError(f"{source}: the repository holds no files to add")
-    name = layout.check_segment(name or layout.slug(src.repo_id.split("/")[1]), "--name")
-    version = layout.check_segment(version or commit[:12], "--version")
-    final = root / name / version
-    _refuse_existing(final, name, version)
     with _staging(root, name, version) as tmp, _hub_bars(progress):
         files: list[AddedFile] = []
         for rel in wanted:
@@ -176,8 +219,12 @@ def _add_hf(src: HfSource, root: Path, name: str | None, version: str | None,
             sib = siblings[rel]
             files.append(_finish_file(tmp, rel, sib.size, sib.lfs_sha256, source))
         shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface-hub's bookkeeping
-        _publish(tmp, final, name, version)
+        if src.filename is not None and final.exists():
+            _publish_file(tmp, src.filename, final, name, version)
+        else:
+            _publish(tmp, final, name, version)
     return AddResult(name=name, version=version, directory=f"{name}/{version}/",
+                     commit=commit,
                      files=[msgspec.structs.replace(f, path=f"{name}/{version}/{f.path}")
                             for f in files])
 
@@ -268,8 +315,13 @@ def add(source: str, root: str | Path, *, name: str | None = None, version: str 
             if sha256:
                 raise DefinitionError("--sha256 is for an http(s) source; the Hub's own sums "
                                       "are checked for hf:// sources", field="sha256")
-            return _add_hf(src, base, name, version, progress,
-                           hub or HfHub(token=hf_token, timeout=timeout))
+            if name is not None or version is not None:
+                raise DefinitionError(
+                    f"{src.text}: --name and --version are for an http(s) source; an hf:// "
+                    f"source is put where the Nomad job fetches it from "
+                    f"({layout.mirror_path(src)}). To mirror another revision, name it in "
+                    "the source (hf://ORG/REPO@REVISION)", field="version" if version else "name")
+            return _add_hf(src, base, progress, hub or HfHub(token=hf_token, timeout=timeout))
         case UrlSource():
             return _add_http(src, base, name, version, sha256, progress, timeout)
     raise DefinitionError(f"{src.shown!r}: mirror add takes "

@@ -19,7 +19,9 @@ by several names (a DNS name, its address, a load balancer) and none is
 authoritative. The cost of that choice is a file kept that could have gone;
 the cost of the opposite is a file deleted that nodes still fetch. A base URL
 (``--mirror-url``) with a path prefix (a mirror behind a proxy at ``/models``)
-has that prefix stripped.
+has that prefix stripped. An ``hf://`` source names the directory the Nomad
+job fetches it from (``llmgw.weights.layout.mirror_path``), so a Hub model
+served through the mirror keeps its files too.
 
 The deciding functions (``source_path``, ``users_of``, ``find_unused``) are
 pure; the walk of the directory and the API call sit at the edges.
@@ -28,8 +30,6 @@ pure; the walk of the directory and the API call sit at the edges.
 from __future__ import annotations
 
 import os
-import posixpath
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
+from llmgw.catalog.source import HfSource, PathSource, UrlSource, parse_source
 from llmgw.errors import DefinitionError, LlmgwError, NotFoundError, RefusedError, UnavailableError
 from llmgw.weights import layout
 
@@ -70,23 +71,20 @@ class CatalogReader(Protocol):
 
 # -- pure decisions -------------------------------------------------------------------------
 
-def _clean(path: str) -> str:
-    collapsed = re.sub(r"/+", "/", "/" + unquote(path))
-    return posixpath.normpath(collapsed).strip("/")
-
-
 def source_path(source: str, root: str | Path, base_url: str | None = None) -> str | None:
-    """The mirror-relative path ``source`` names, or None when it names nothing on it."""
+    """The mirror-relative path ``source`` names (no trailing '/'), or None when it names
+    nothing on it: an http(s) or hf:// source through ``layout.mirror_path`` — the
+    mapping the Nomad job fetches by — and a local path inside ``root`` as itself."""
+    try:
+        parsed = parse_source(source)
+    except ValueError:
+        return None
+    if isinstance(parsed, HfSource | UrlSource):
+        path = layout.mirror_path(parsed, base_url)
+        return path.rstrip("/") if path is not None else None
     parts = urlsplit(source)
-    scheme = parts.scheme.lower()
-    if scheme in ("http", "https"):
-        path = _clean(parts.path)
-        prefix = _clean(urlsplit(base_url).path) if base_url else ""
-        if prefix and (path == prefix or path.startswith(prefix + "/")):
-            path = path[len(prefix):].strip("/")
-        return path
-    if scheme == "file" or (not scheme and source.startswith("/")):
-        local = os.path.realpath(unquote(parts.path) if scheme == "file" else source)
+    if isinstance(parsed, PathSource) and source.startswith(("/", "file:")):
+        local = os.path.realpath(unquote(parts.path) if parts.scheme == "file" else source)
         real_root = os.path.realpath(root)
         if local == real_root:
             return ""
@@ -189,7 +187,7 @@ def _target(root: Path, path: str, base_url: str | None) -> str:
         raise DefinitionError(f"{path}: give a path inside the mirror, without '..'",
                               field="path")
     else:
-        rel = _clean(path)
+        rel = layout.clean_path(path)
     if rel is None:
         raise DefinitionError(f"{path} is not inside the mirror directory {root}", field="path")
     if rel in ("", ".") or rel.startswith("../") or any(layout.is_hidden(p)
