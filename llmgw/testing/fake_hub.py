@@ -9,8 +9,8 @@ llmgw's Hub adapter asks for:
   ``model_info(files_metadata=True)`` does) and its safetensors parameter
   counts;
 * ``HEAD`` and ``GET /{repo}/resolve/{rev}/{file}`` — file metadata
-  (``X-Repo-Commit``, ``ETag``, ``Content-Length``) and downloads, with
-  ``Range``.
+  (``X-Repo-Commit``, ``ETag``, ``Content-Length``) and downloads, with one
+  ``Range`` (``bytes=FIRST-[LAST]``; 416 past the end of the file).
 
 Errors come the way the Hub sends them: the ``X-Error-Code`` header
 (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo``) is
@@ -206,11 +206,15 @@ class FakeHub:
         if name in repo.lfs:
             headers["X-Linked-Etag"] = etag
             headers["X-Linked-Size"] = str(len(data))
-        start = 0
         rng = h.headers.get("Range")
-        status = 200
         if rng and rng.startswith("bytes=") and body:
-            start = int(rng[6:].split("-")[0])
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(h, status, data[start:], headers)
+            first, _, last = rng[6:].partition("-")
+            start = int(first)
+            end = min(int(last), len(data) - 1) if last else len(data) - 1
+            if start >= len(data):
+                self._send(h, 416, b"", {**headers, "Content-Range": f"bytes */{len(data)}"})
+                return
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            self._send(h, 206, data[start:end + 1], headers)
+            return
+        self._send(h, 200, data, headers)

@@ -176,6 +176,30 @@ def head_length(url: str, timeout: float = 60.0) -> int | None:
     raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
 
 
+def read_range(url: str, start: int, length: int, timeout: float = 60.0) -> bytes:
+    """Up to ``length`` bytes of ``url`` from ``start``: fewer only at the end of the file.
+
+    The head of a GGUF file on the mirror, read at add time without moving its
+    weights. A server that ignores Range is read only from the start (and only
+    as far as asked); past the start it is refused, since reaching the range
+    would mean downloading everything before it.
+    """
+    last = start + length - 1
+    try:
+        with _request(url, {"Range": f"bytes={start}-{last}"}, timeout) as (final, resp):
+            if resp.status == 416:  # starts past the end of the file
+                return b""
+            if resp.status >= 400:
+                raise _status_error(final, resp.status, resp.reason)
+            if resp.status != 206 and start:
+                raise LlmgwError(f"{redact_url(final)}: the server ignores Range requests "
+                                 f"(HTTP {resp.status}), so part of the file cannot be read "
+                                 "without downloading all of it")
+            return resp.read(length)
+    except _TRANSPORT as exc:
+        raise UnavailableError(f"cannot reach {redact_url(url)}: {exc}") from None
+
+
 def _mirror_sum(url: str, timeout: float) -> str | None:
     """The digest in ``<url>.sha256``, None when the mirror has none."""
     with _request(url + layout.SIDECAR, {}, timeout) as (_, resp):
