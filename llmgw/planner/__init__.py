@@ -19,7 +19,9 @@ Layers, each importing only the ones above it and no I/O library except
     candidates  pools (never spanning fabrics or nodes) and the candidate list
     plan        the request/result structs, ``plan_model`` (the one entry point) and
                 ``host_breakdown`` (one replica's host memory, for checking a reservation)
-    inputs      reading config.json and the parameter count (local dir or Hub)
+    reserve     a catalog entry's memory reservations against that need (add-time warnings)
+    inputs      reading config.json and the parameter count (local dir or Hub), and a
+                source's GGUF header or checkpoint for ``reserve``
 
 The two errors this package exists to avoid, both in memory.py: the runtime's
 overhead is charged per rank from that rank's share, never from the whole
