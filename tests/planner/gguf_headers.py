@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.planner.arch import Architecture
+from llmgw.planner.arch import Architecture, architecture_from_config
 from llmgw.weights.gguf import GgufInfo, GgufTensor
+from tests.gguf_writer import gguf_bytes
+from tests.planner.fixtures import load_config
 
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2",
              "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
@@ -59,3 +61,15 @@ def header_of(a: Architecture, *, mla_per_head_keys: bool = True) -> GgufInfo:
         tensors["output.weight"] = GgufTensor(type=1, shape=(a.hidden_size, a.vocab_size))
     return GgufInfo(version=3, metadata=m, tensors=tensors,
                     array_lengths={"tokenizer.ggml.tokens": a.vocab_size})
+
+
+GEMMA = architecture_from_config(load_config("gemma-3-270m"))
+WEIGHTS = 24 << 20  # bytes of "weights" after each synthetic header
+
+
+def gemma_gguf(*, tail: int = WEIGHTS, tokens: int = GEMMA.vocab_size) -> bytes:
+    """A Gemma 3 270M Q4_K_M header (262,144 tokens: 2.3 MB) and ``tail`` bytes after it."""
+    info = header_of(GEMMA)
+    kv = {**info.metadata, "tokenizer.ggml.tokens": ["t"] * tokens}
+    tensors = {n: (t.type, t.shape) for n, t in info.tensors.items()}
+    return gguf_bytes(kv, tensors=tensors) + bytes(tail)

@@ -14,22 +14,9 @@ from llmgw.planner.inputs import FactsUnavailableError, read_facts
 from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.gguf import FIRST_READ
 from llmgw.weights.hub import HfHub
-from tests.gguf_writer import gguf_bytes
 from tests.mirror.servers import FileServer, running
 from tests.planner.fixtures import load_config
-from tests.planner.gguf_headers import header_of
-
-GEMMA = architecture_from_config(load_config("gemma-3-270m"))
-WEIGHTS = 24 << 20  # bytes of "weights" after each synthetic header
-
-
-def gemma_gguf(*, tail: int = WEIGHTS, tokens: int = GEMMA.vocab_size) -> bytes:
-    """A Gemma 3 270M Q4_K_M header (262,144 tokens: 2.3 MB) and ``tail`` bytes after it."""
-    info = header_of(GEMMA)
-    kv = {**info.metadata, "tokenizer.ggml.tokens": ["t"] * tokens}
-    tensors = {n: (t.type, t.shape) for n, t in info.tensors.items()}
-    return gguf_bytes(kv, tensors=tensors) + bytes(tail)
-
+from tests.planner.gguf_headers import GEMMA, gemma_gguf
 
 GEMMA_FILE = gemma_gguf()
 
