@@ -72,6 +72,9 @@ class FakeHub:
     def __init__(self, repos: dict[str, FakeRepo]) -> None:
         self.repos = repos
         self.seen: list[Seen] = []
+        # ETags by file: hashing a 250 MB file on every ranged read would make the
+        # fake, not the client, the cost a test or a benchmark sees.
+        self._etags: dict[int, tuple[bytes, str]] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -185,6 +188,13 @@ class FakeHub:
                                   "total": sum(repo.safetensors.values())}
         self._send(h, 200, json.dumps(doc).encode(), {"Content-Type": "application/json"})
 
+    def _etag(self, data: bytes) -> str:
+        cached = self._etags.get(id(data))
+        if cached is None or cached[0] is not data:
+            cached = (data, f'"{hashlib.sha256(data).hexdigest()}"')
+            self._etags[id(data)] = cached
+        return cached[1]
+
     def _resolve(self, h: BaseHTTPRequestHandler, repo_id: str, rev: str, name: str, *,
                  body: bool) -> None:
         repo = self._visible(h, repo_id)
@@ -201,7 +211,7 @@ class FakeHub:
             self._error(h, 404, "EntryNotFound", repo.commit)
             return
         data = repo.files[name]
-        etag = f'"{hashlib.sha256(data).hexdigest()}"'
+        etag = self._etag(data)
         headers = {"X-Repo-Commit": repo.commit, "ETag": etag, "Accept-Ranges": "bytes"}
         if name in repo.lfs:
             headers["X-Linked-Etag"] = etag

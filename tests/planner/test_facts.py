@@ -44,7 +44,7 @@ def test_a_gguf_on_the_hub_is_read_a_range_at_a_time(hub: tuple[FakeHub, HfHub])
                        hub=client)
     assert (facts.gguf, facts.file_type, facts.quantization) == (True, "Q4_K_M", "q4_K_M")
     assert architecture_from_config(facts.config) == GEMMA
-    assert ranges(fake) == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{4 * FIRST_READ - 1}"]
+    assert ranges(fake) == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{2 * FIRST_READ - 1}"]
     assert len(GEMMA_FILE) > 4 * FIRST_READ
 
 
@@ -66,7 +66,7 @@ def test_a_gguf_on_the_mirror_is_read_with_range_requests() -> None:
         asked = [s.headers.get("Range") for s in srv.body_gets()]
     assert facts.quantization == "q4_K_M"
     assert architecture_from_config(facts.config) == GEMMA
-    assert asked == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{4 * FIRST_READ - 1}"]
+    assert asked == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{2 * FIRST_READ - 1}"]
 
 
 def test_a_local_gguf_and_a_checkpoint_directory(tmp_path: Path) -> None:
