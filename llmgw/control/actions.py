@@ -2,8 +2,8 @@
 
 The JSON API and the admin page call these, so a model added from the page is
 checked (and warned about) exactly as one added with ``llmgw ctl model add``,
-and a rollout reads the same in both. Every other change is a single call to the model service,
-which holds the rules.
+and a rollout reads the same in both. Every other change is a single call to
+the model service, which holds the rules.
 """
 
 from __future__ import annotations

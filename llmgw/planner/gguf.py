@@ -18,7 +18,8 @@ that will run it:
 * the vocabulary is ``<arch>.vocab_size`` or the length of
   ``tokenizer.ggml.tokens``;
 * the embedding is tied when the file has no ``output.weight`` tensor (the
-  loader then duplicates ``token_embd`` as the output layer);
+  loader then duplicates ``token_embd`` as the output layer), unless the file
+  is the first of a split model (``split.count``), which lists only its own;
 * which layers slide is not in the file: Gemma 2 and gpt-oss alternate
   starting with a sliding layer (``set_swa_pattern(2)``), Gemma 3 slides five
   layers in six (``set_swa_pattern(6)``), Gemma 2's window defaults to 4096;
@@ -137,8 +138,12 @@ def config_from_gguf(info: GgufInfo, *, where: str = "GGUF header") -> dict[str,
         "intermediate_size": h.get("feed_forward_length") or h.need("expert_feed_forward_length"),
         "vocab_size": vocab,
         "max_position_embeddings": h.need("context_length"),
-        "tie_word_embeddings": "output.weight" not in info.tensors,
     }
+    split = info.metadata.get("split.count")
+    if not (isinstance(split, int) and split > 1):
+        # The first file of a split model holds only its own share of the tensors, so
+        # a missing output.weight says nothing there; the family's default stands.
+        cfg["tie_word_embeddings"] = "output.weight" not in info.tensors
     if arch in _SWA_PATTERN:
         window = h.get("attention.sliding_window") or (4096 if arch == "gemma2" else None)
         if window is None:

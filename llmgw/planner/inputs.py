@@ -16,18 +16,21 @@ unauthorised repository a 403, a missing one a 404, an unreachable Hub a 503.
 ``read_facts`` reads what a catalog entry's source says about its weights,
 for the memory check made when a model is added: a GGUF file's header (on
 this machine, on the Hub or on the mirror, a remote one a range at a time
-and never more than ``HEADER_LIMIT``), or a checkpoint's config.json and
-parameter count. It refuses with ``FactsUnavailableError`` and a sentence
-whenever it cannot: that check is advice, and a source it cannot read is
-the source check's business, not a reason to refuse a model.
+and never more than ``HEADER_LIMIT``), or a checkpoint's config.json (and,
+on the Hub or on this machine, its parameter count). It refuses with
+``FactsUnavailableError`` and a sentence whenever it cannot: that check is
+advice, and a source it cannot read is the source check's business, not a
+reason to refuse a model.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
@@ -50,7 +53,7 @@ from llmgw.errors import (
 from llmgw.planner.gguf import config_from_gguf, file_type_name, quantization_of
 from llmgw.planner.plan import ParameterCount
 from llmgw.planner.reserve import ModelFacts
-from llmgw.weights.fetch import read_range
+from llmgw.weights.fetch import listed_files, read_range
 from llmgw.weights.gguf import (
     HEADER_LIMIT,
     GgufInfo,
@@ -63,6 +66,7 @@ from llmgw.weights.hub import HfHub, Hub, HubError
 from llmgw.weights.local import SourceError, resolve_pkg
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+_MAX_CONFIG = 4 * 1024 * 1024  # a config.json larger than this is not one
 _MAX_HEADER = 100 * 1024 * 1024  # a safetensors header larger than this is not one
 
 
@@ -241,6 +245,24 @@ def _is_gguf(name: str) -> bool:
     return name.lower().endswith(".gguf")
 
 
+def _remote_gguf(read: Callable[[int, int], bytes], where: str, limit: int) -> ModelFacts:
+    return _gguf_facts(read_gguf_head(read, where, limit=limit), where)
+
+
+def _mirror_directory(url: str, where: str, timeout: float, limit: int) -> ModelFacts:
+    """A checkpoint's config.json, or the one GGUF file, in a mirror directory."""
+    names = listed_files(url, timeout)
+    if "config.json" in names:
+        data = read_range(url + "config.json", 0, _MAX_CONFIG, timeout)
+        return ModelFacts(where=where, config=_decode_config(data, f"{where}config.json"))
+    ggufs = [n for n in names if _is_gguf(n)]
+    if len(ggufs) != 1:
+        raise FactsUnavailableError(f"{where}: a mirror directory with neither config.json "
+                                    "nor exactly one .gguf file")
+    file_url = url + quote(ggufs[0])
+    return _remote_gguf(lambda start, n: read_range(file_url, start, n, timeout), where, limit)
+
+
 def read_facts(source: Source, *, hub: Hub | None = None, local: bool = True,
                timeout: float = 10.0, limit: int = HEADER_LIMIT) -> ModelFacts:
     """What ``source`` says about its weights (blocking I/O; FactsUnavailableError if nothing).
@@ -253,18 +275,18 @@ def read_facts(source: Source, *, hub: Hub | None = None, local: bool = True,
     try:
         match source:
             case HfSource(filename=None):
-                found = resolve_model(source.text, hub=hub)
+                found = resolve_model(source.text, hub=hub or HfHub(timeout=timeout))
                 return ModelFacts(where=where, config=found.config,
                                   parameters=found.parameters)
             case HfSource(repo_id=repo, revision=rev, filename=str(name)) if _is_gguf(name):
                 client = hub or HfHub(timeout=timeout)
-                return _gguf_facts(read_gguf_head(
-                    lambda start, n: client.read_range(repo, name, rev, start, n), where,
-                    limit=limit), where)
-            case UrlSource(url=url) if not source.is_directory and _is_gguf(url.split("?")[0]):
-                return _gguf_facts(read_gguf_head(
-                    lambda start, n: read_range(url, start, n, timeout), where, limit=limit),
-                    where)
+                return _remote_gguf(
+                    lambda start, n: client.read_range(repo, name, rev, start, n), where, limit)
+            case UrlSource(url=url) if source.is_directory:
+                return _mirror_directory(url, where, timeout, limit)
+            case UrlSource(url=url) if _is_gguf(url.split("?")[0]):
+                return _remote_gguf(lambda start, n: read_range(url, start, n, timeout), where,
+                                    limit)
             case PkgSource(distribution=dist) if local:
                 return _local_facts(resolve_pkg(dist), where)
             case PathSource(path=text) if local:

@@ -504,6 +504,29 @@ class _Listing(msgspec.Struct):
     entries: list[dict[str, object]]
 
 
+def _listing(url: str, timeout: float) -> _Listing:
+    """The JSON listing of the mirror directory ``url`` (ending in '/')."""
+    try:
+        with _request(url, {"Accept": "application/json"}, timeout) as (_, resp):
+            body = resp.read()
+            if resp.status != 200:
+                raise _status_error(url, resp.status, resp.reason)
+        return msgspec.json.decode(body, type=_Listing)
+    except _TRANSPORT as exc:
+        raise UnavailableError(f"{redact_url(url)}: cannot read the directory listing: "
+                               f"{exc}") from None
+    except msgspec.DecodeError:
+        raise LlmgwError(f"{redact_url(url)}: the answer is not a mirror directory listing; "
+                         "is this an "
+                         "`llmgw mirror serve` URL?") from None
+
+
+def listed_files(url: str, timeout: float = 60.0) -> list[str]:
+    """The names of the files directly in the mirror directory ``url`` (ending in '/')."""
+    return sorted(str(e.get("name")) for e in _listing(url, timeout).entries
+                  if e.get("type") == "file")
+
+
 def _safe_name(name: object, url: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
             or "\x00" in name or layout.is_hidden(name):
@@ -533,19 +556,7 @@ def fetch(url: str, dest: str | Path, *, sha256: str | None = None, retries: int
     if sha256:
         raise DefinitionError("--sha256 applies to one file; a directory's files are checked "
                               "against their .sha256 files on the mirror", field="sha256")
-    try:
-        with _request(url, {"Accept": "application/json"}, timeout) as (_, resp):
-            body = resp.read()
-            if resp.status != 200:
-                raise _status_error(url, resp.status, resp.reason)
-        listing = msgspec.json.decode(body, type=_Listing)
-    except _TRANSPORT as exc:
-        raise UnavailableError(f"{redact_url(url)}: cannot read the directory listing: "
-                               f"{exc}") from None
-    except msgspec.DecodeError:
-        raise LlmgwError(f"{redact_url(url)}: the answer is not a mirror directory listing; "
-                         "is this an "
-                         "`llmgw mirror serve` URL?") from None
+    listing = _listing(url, timeout)
     names = {str(e.get("name")) for e in listing.entries if e.get("type") == "file"}
     results: list[FetchResult] = []
     for entry in listing.entries:

