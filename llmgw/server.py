@@ -79,6 +79,7 @@ class Server:
         backend: Backend | None = None,
         on_event: Callable[[LocalEvent], None] | None = None,
         source_check: Callable[[Model], Awaitable[None]] | None = None,
+        reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None,
         watch_interval: float = 0.5,
     ) -> None:
         self.config = config
@@ -93,8 +94,14 @@ class Server:
             from llmgw.weights.check import model_source_checker
 
             source_check = model_source_checker(mirror=config.mirror)
+        if reservation_check is None:
+            from llmgw.control.reservation import reservation_checker
+
+            reservation_check = reservation_checker(
+                embedded=config.scheduler.kind == "local")
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
-                              store=self.store, source_check=source_check)
+                              store=self.store, source_check=source_check,
+                              reservation_check=reservation_check)
         self.api = control_app(self.ctx)
         self.api.on_startup.append(self.start)
         self.api.on_shutdown.append(self.close)

@@ -8,7 +8,9 @@ the page as the exception the CLI would have printed, with the same message.
 Adding runs the source check first, as ``llmgw ctl model add`` does: a typo
 or a mirror that is down is an error on this page naming the source, not a
 replica failing on a node minutes later. The page offers no way to skip it;
-the CLI's ``--skip-source-check`` is there for the rare deliberate case.
+the CLI's ``--skip-source-check`` is there for the rare deliberate case. A
+profile whose memory is below what a replica needs is added all the same,
+and the message after adding lists the warnings the CLI prints.
 
 The pasted YAML goes through ``decode_model_file``, the decoder behind
 ``ctl model add -f`` and server.yaml's ``models:``, so an entry that works in
@@ -43,9 +45,10 @@ Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED
 SOURCE = "pasted YAML"
 
 
-def done(request: Request[Any, Any, Any], to: str, text: str, kind: str = "ok") -> Redirect:
+def done(request: Request[Any, Any, Any], to: str, text: str, kind: str = "ok",
+         notes: list[str] | None = None) -> Redirect:
     return Redirect(to, status_code=303,
-                    cookies=[flash_cookie(request, signed_in(request), kind, text)])
+                    cookies=[flash_cookie(request, signed_in(request), kind, text, notes)])
 
 
 @post("/add")
@@ -55,15 +58,17 @@ async def add_model(request: Request[Any, Any, Any], ctx: Ctx,
     text = data.get("yaml", "")
     try:
         model: Model = decode_model_file(text, source=SOURCE)
-        final = await add(ctx, model, session.name)
+        added = await add(ctx, model, session.name)
     except LlmgwError as exc:
         line = line_of(text, exc.field)
         return page(request, "add.html", session=session, status=exc.status, yaml=text,
                     example=EXAMPLE, error=exc.message, field=exc.field, line=line,
                     lines=excerpt(text, line) if line else [],
                     checked=ctx.source_check is not None)
+    final = added.model
     return done(request, f"/admin/models/{final.name}",
-                f"added {final.name}; scaling {scaling_text(final.scaling)}")
+                f"added {final.name}; scaling {scaling_text(final.scaling)}",
+                kind="warn" if added.warnings else "ok", notes=added.warnings)
 
 
 def _count(data: dict[str, str], key: str, least: int) -> int | None:

@@ -63,6 +63,7 @@ class _Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _Flash(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: str
     text: str
+    notes: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,15 @@ class Session:
 class Flash:
     """A one-shot message shown on the page a successful action redirects to."""
 
-    kind: str   # "ok" or "error"
+    kind: str   # "ok", "warn" (done, with notes to read) or "error"
     text: str
+    notes: tuple[str, ...] = ()
+
+
+# The flash travels in a cookie, which a browser drops silently past 4 KB;
+# the notes beyond these bounds are summarised rather than sent.
+FLASH_NOTES = 4
+FLASH_NOTE_CHARS = 500
 
 
 def _key(token: str, label: bytes = _KEY_LABEL) -> bytes:
@@ -185,14 +193,24 @@ def _flash_key(session: Session) -> bytes:
     return hmac.new(session.key, _FLASH_LABEL, hashlib.sha256).digest()
 
 
-def seal_flash(session: Session, kind: str, text: str) -> str:
+def _bounded(notes: list[str]) -> list[str]:
+    kept = [n if len(n) <= FLASH_NOTE_CHARS else n[:FLASH_NOTE_CHARS - 1] + "…"
+            for n in notes[:FLASH_NOTES]]
+    if len(notes) > FLASH_NOTES:
+        kept.append(f"and {len(notes) - FLASH_NOTES} more; `llmgw ctl model add` prints them "
+                    "all, and the server logs them")
+    return kept
+
+
+def seal_flash(session: Session, kind: str, text: str, notes: list[str] | None = None) -> str:
     """A message for the next page; signed so no one else can put words on it."""
-    return _seal(_flash_key(session), msgspec.json.encode(_Flash(kind=kind, text=text)))
+    flash = _Flash(kind=kind, text=text, notes=_bounded(notes or []))
+    return _seal(_flash_key(session), msgspec.json.encode(flash))
 
 
 def flash_cookie(connection: ASGIConnection[Any, Any, Any, Any], session: Session,
-                 kind: str, text: str) -> Cookie:
-    return _cookie(connection, FLASH_COOKIE, seal_flash(session, kind, text), 60)
+                 kind: str, text: str, notes: list[str] | None = None) -> Cookie:
+    return _cookie(connection, FLASH_COOKIE, seal_flash(session, kind, text, notes), 60)
 
 
 def read_flash(session: Session, value: str | None) -> Flash | None:
@@ -205,4 +223,4 @@ def read_flash(session: Session, value: str | None) -> Flash | None:
         f = msgspec.json.decode(raw, type=_Flash)
     except msgspec.DecodeError:
         return None
-    return Flash(kind=f.kind, text=f.text)
+    return Flash(kind=f.kind, text=f.text, notes=tuple(f.notes))

@@ -17,6 +17,7 @@ from llmgw.control.actions import RolloutAnswer, roll_out
 from llmgw.control.actions import add_model as add
 from llmgw.control.context import Ctx
 from llmgw.control.views import (
+    AddedView,
     ModelView,
     ReplicaView,
     ScalingInForce,
@@ -73,10 +74,11 @@ async def show_model(ctx: Ctx, name: FromPath[str]) -> ModelView:
 async def add_model(
     ctx: Ctx, request: Request[Any, Any, Any], data: JSONBody[Model],
     skip_source_check: FromQuery[bool] = False,
-) -> ModelView:
+) -> AddedView:
     data = await strict_body(request, Model)
-    in_force = await add(ctx, data, actor(request), check_source=not skip_source_check)
-    return model_view(ctx, in_force, await replicas_of(ctx, in_force.name))
+    added = await add(ctx, data, actor(request), check_source=not skip_source_check)
+    view = model_view(ctx, added.model, await replicas_of(ctx, added.model.name))
+    return AddedView.of(view, added.warnings)
 
 
 @delete("/models/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Remove a runtime model")

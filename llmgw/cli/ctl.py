@@ -111,7 +111,8 @@ def model_add(client: ApiClient, path: str, skip_source_check: bool, output: str
 
     The file is read by the same decoder as server.yaml's models: list, so an
     entry moves between the two by copy and paste. Declared models cannot be
-    added again; edit server.yaml instead.
+    added again; edit server.yaml instead. A profile whose memory is below
+    what one replica needs is added, with a warning on stderr.
     """
     with failures():
         try:
@@ -126,6 +127,8 @@ def model_add(client: ApiClient, path: str, skip_source_check: bool, output: str
         print_json(added)
     else:
         click.echo(f"added {added['name']}; scaling {_scaling_text(added['scaling'])}")
+    for warning in added.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @model.command("remove")

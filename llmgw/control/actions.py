@@ -1,14 +1,15 @@
 """What both faces of the control plane change the same way: adding a model, a rollout.
 
 The JSON API and the admin page call these, so a model added from the page is
-checked exactly as one added with ``llmgw ctl model add``, and a rollout reads
-the same in both. Every other change is a single call to the model service,
-which holds the rules.
+checked (and warned about) exactly as one added with ``llmgw ctl model add``,
+and a rollout reads the same in both. Every other change is a single call to
+the model service, which holds the rules.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import msgspec
 
@@ -54,10 +55,28 @@ async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
                                  f"{chosen.name} ({fp})")
 
 
+@dataclass(frozen=True)
+class Added:
+    """A model as it is now in force, and what the operator should hear about it."""
+
+    model: Model
+    warnings: list[str]
+
+
 async def add_model(ctx: AppContext, model: Model, by: str, *,
-                    check_source: bool = True) -> Model:
-    """Check the source (unless told not to), then add; the model as it is now in force."""
+                    check_source: bool = True) -> Added:
+    """Check the source (unless told not to), then add, checking the memory reservations
+    meanwhile; the model in force and the warnings about it."""
     if check_source and ctx.source_check is not None:
         await ctx.source_check(model)
-    final = await ctx.models.add(model, by)
-    return ctx.models.catalog.get(final.name) or final
+    check: asyncio.Future[list[str]] | None = (
+        asyncio.ensure_future(ctx.reservation_check(model))
+        if ctx.reservation_check is not None else None)
+    try:
+        final = await ctx.models.add(model, by)
+    except BaseException:
+        if check is not None:
+            check.cancel()
+        raise
+    warnings = await check if check is not None else []
+    return Added(model=ctx.models.catalog.get(final.name) or final, warnings=warnings)

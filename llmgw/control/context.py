@@ -31,6 +31,9 @@ class AppContext:
     store: Store
     # Checks a model's source before it is added; None skips the check.
     source_check: Callable[[Model], Awaitable[None]] | None = None
+    # Warnings about a model being added (memory reservations below what a
+    # replica needs); never refuses. None: no warnings.
+    reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None
 
 
 # How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.

@@ -65,6 +65,17 @@ class ModelView(msgspec.Struct, kw_only=True):
     definition: Model
 
 
+class AddedView(ModelView, kw_only=True):
+    """The answer to adding a model: its view, and warnings about the definition (a
+    profile's memory below what one replica needs), which never stop the add."""
+
+    warnings: list[str] = []
+
+    @classmethod
+    def of(cls, view: ModelView, warnings: list[str]) -> AddedView:
+        return cls(**msgspec.structs.asdict(view), warnings=warnings)
+
+
 class ReplicaView(msgspec.Struct, kw_only=True):
     id: str
     model: str

@@ -12,18 +12,37 @@ as "Model size".
 The Hub is the one adapter the mirror and the source check use too
 (``llmgw.weights.hub``); its errors become the planner's: a gated or
 unauthorised repository a 403, a missing one a 404, an unreachable Hub a 503.
+
+``read_facts`` reads what a catalog entry's source says about its weights,
+for the memory check made when a model is added: a GGUF file's header (on
+this machine, on the Hub or on the mirror, a remote one a range at a time
+and never more than ``HEADER_LIMIT``), or a checkpoint's config.json (and,
+on the Hub or on this machine, its parameter count). It refuses with
+``FactsUnavailableError`` and a sentence whenever it cannot: that check is
+advice, and a source it cannot read is the source check's business, not a
+reason to refuse a model.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
-from llmgw.catalog.source import HF_SCHEME, HfSource, parse_source
+from llmgw.catalog.source import (
+    HF_SCHEME,
+    HfSource,
+    PathSource,
+    PkgSource,
+    Source,
+    UrlSource,
+    parse_source,
+)
 from llmgw.errors import (
     DefinitionError,
     ForbiddenError,
@@ -31,10 +50,23 @@ from llmgw.errors import (
     NotFoundError,
     UnavailableError,
 )
+from llmgw.planner.gguf import config_from_gguf, file_type_name, quantization_of
 from llmgw.planner.plan import ParameterCount
+from llmgw.planner.reserve import ModelFacts
+from llmgw.weights.fetch import listed_files, read_range
+from llmgw.weights.gguf import (
+    HEADER_LIMIT,
+    GgufInfo,
+    HeaderTooLargeError,
+    NotGgufError,
+    read_gguf,
+    read_gguf_head,
+)
 from llmgw.weights.hub import HfHub, Hub, HubError
+from llmgw.weights.local import SourceError, resolve_pkg
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+_MAX_CONFIG = 4 * 1024 * 1024  # a config.json larger than this is not one
 _MAX_HEADER = 100 * 1024 * 1024  # a safetensors header larger than this is not one
 
 
@@ -180,3 +212,88 @@ def resolve_model(source: str, *, params: int | None = None, revision: str | Non
     count = given or hub_count
     return ModelInput(name=repo if rev is None else f"{repo}@{rev}", config=config,
                       parameters=count)
+
+
+class FactsUnavailableError(Exception):
+    """A source's weights cannot be read for planning; the message says why."""
+
+
+def _gguf_facts(info: GgufInfo | None, where: str) -> ModelFacts:
+    if info is None:
+        raise FactsUnavailableError(f"{where}: the GGUF header could not be walked (a damaged "
+                                    "or version-1 file)")
+    return ModelFacts(where=where, config=config_from_gguf(info, where=where), gguf=True,
+                      file_type=file_type_name(info), quantization=quantization_of(info))
+
+
+def _local_facts(path: Path, where: str) -> ModelFacts:
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if cfg_path.is_file():
+            config = _decode_config(cfg_path.read_bytes(), str(cfg_path))
+            return ModelFacts(where=where, config=config,
+                              parameters=local_parameters(path, config))
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise FactsUnavailableError(f"{where}: a directory with neither config.json nor "
+                                        "exactly one .gguf file")
+        path = ggufs[0]
+    return _gguf_facts(read_gguf(path), where)
+
+
+def _is_gguf(name: str) -> bool:
+    return name.lower().endswith(".gguf")
+
+
+def _remote_gguf(read: Callable[[int, int], bytes], where: str, limit: int) -> ModelFacts:
+    return _gguf_facts(read_gguf_head(read, where, limit=limit), where)
+
+
+def _mirror_directory(url: str, where: str, timeout: float, limit: int) -> ModelFacts:
+    """A checkpoint's config.json, or the one GGUF file, in a mirror directory."""
+    names = listed_files(url, timeout)
+    if "config.json" in names:
+        data = read_range(url + "config.json", 0, _MAX_CONFIG, timeout)
+        return ModelFacts(where=where, config=_decode_config(data, f"{where}config.json"))
+    ggufs = [n for n in names if _is_gguf(n)]
+    if len(ggufs) != 1:
+        raise FactsUnavailableError(f"{where}: a mirror directory with neither config.json "
+                                    "nor exactly one .gguf file")
+    file_url = url + quote(ggufs[0])
+    return _remote_gguf(lambda start, n: read_range(file_url, start, n, timeout), where, limit)
+
+
+def read_facts(source: Source, *, hub: Hub | None = None, local: bool = True,
+               timeout: float = 10.0, limit: int = HEADER_LIMIT) -> ModelFacts:
+    """What ``source`` says about its weights (blocking I/O; FactsUnavailableError if nothing).
+
+    ``local``: a path or an installed package names a file on this machine (the
+    embedded mode; on Nomad it would name a node's). ``timeout`` bounds each
+    request, ``limit`` the bytes of a remote GGUF header.
+    """
+    where = source.shown
+    try:
+        match source:
+            case HfSource(filename=None):
+                found = resolve_model(source.text, hub=hub or HfHub(timeout=timeout))
+                return ModelFacts(where=where, config=found.config,
+                                  parameters=found.parameters)
+            case HfSource(repo_id=repo, revision=rev, filename=str(name)) if _is_gguf(name):
+                client = hub or HfHub(timeout=timeout)
+                return _remote_gguf(
+                    lambda start, n: client.read_range(repo, name, rev, start, n), where, limit)
+            case UrlSource(url=url) if source.is_directory:
+                return _mirror_directory(url, where, timeout, limit)
+            case UrlSource(url=url) if _is_gguf(url.split("?")[0]):
+                return _remote_gguf(lambda start, n: read_range(url, start, n, timeout), where,
+                                    limit)
+            case PkgSource(distribution=dist) if local:
+                return _local_facts(resolve_pkg(dist), where)
+            case PathSource(path=text) if local:
+                return _local_facts(Path(text).expanduser(), where)
+    except (LlmgwError, HubError, SourceError, NotGgufError, HeaderTooLargeError,
+            OSError) as exc:
+        raise FactsUnavailableError(str(exc)) from None
+    raise FactsUnavailableError(
+        f"{where}: the planner reads a GGUF file, a Hugging Face checkpoint (hf://ORG/REPO) "
+        "or, in the embedded mode, a local file or package; this source is none of those")

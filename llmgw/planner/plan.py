@@ -52,8 +52,8 @@ EngineName = Literal["vllm", "llama.cpp", "llama-cpp-python"]
 # safetensors dtypes that pack several weights into one element
 PACKED_DTYPES = frozenset({"I32", "U32", "U8", "I4", "U4"})
 
-__all__ = ["Candidate", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec", "host_need",
-           "plan_model"]
+__all__ = ["Candidate", "HostNeed", "PlanOptions", "PlanRequest", "PlanResult", "PoolSpec",
+           "host_breakdown", "host_need", "plan_model"]
 
 
 class PlanOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -289,10 +289,27 @@ def _replica(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, 
             math.ceil(host * scale))
 
 
-def host_need(config: dict[str, Any], *, engine: EngineName, quantization: str, gpus: int,
-              context: int, parameters: ParameterCount | None = None,
-              kv_dtype: KvDtype = "fp16", model: str = "model") -> int:
-    """Bytes of host memory one replica needs: what a memory reservation must cover.
+class HostNeed(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica's host memory, by what holds it (bytes).
+
+    ``weights``: what the engine keeps of the weights in host memory (all of
+    them on a CPU); ``kv_cache`` and ``runtime`` (activations and logits) are
+    counted only for a CPU replica, whose every byte is in host memory.
+    """
+
+    weights: int
+    kv_cache: int = 0
+    runtime: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.runtime
+
+
+def host_breakdown(config: dict[str, Any], *, engine: EngineName, quantization: str,
+                   gpus: int, context: int, parameters: ParameterCount | None = None,
+                   kv_dtype: KvDtype = "fp16", model: str = "model") -> HostNeed:
+    """Bytes of host memory one replica needs, by part: what a memory reservation must cover.
 
     ``config`` and ``parameters`` are what ``plan_model`` reads (a PlanRequest's,
     or ``resolve_model``'s ModelInput). On GPUs that is the weights the engine
@@ -330,6 +347,16 @@ def host_need(config: dict[str, Any], *, engine: EngineName, quantization: str, 
     loads, host = _replica(a, inv, sizes, engine, gpus, kv_dtype, 0, scale,
                            surplus if fmt != "gguf" else 0)
     if gpus:
-        return host
+        return HostNeed(weights=host)
     (node,) = loads
-    return host + node.overhead + kv_bytes(node, a, e, context, 0)
+    return HostNeed(weights=host, kv_cache=kv_bytes(node, a, e, context, 0),
+                    runtime=node.overhead)
+
+
+def host_need(config: dict[str, Any], *, engine: EngineName, quantization: str, gpus: int,
+              context: int, parameters: ParameterCount | None = None,
+              kv_dtype: KvDtype = "fp16", model: str = "model") -> int:
+    """``host_breakdown``'s total: bytes of host memory one replica needs."""
+    return host_breakdown(config, engine=engine, quantization=quantization, gpus=gpus,
+                          context=context, parameters=parameters, kv_dtype=kv_dtype,
+                          model=model).total

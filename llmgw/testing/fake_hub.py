@@ -9,8 +9,8 @@ llmgw's Hub adapter asks for:
   ``model_info(files_metadata=True)`` does) and its safetensors parameter
   counts;
 * ``HEAD`` and ``GET /{repo}/resolve/{rev}/{file}`` — file metadata
-  (``X-Repo-Commit``, ``ETag``, ``Content-Length``) and downloads, with
-  ``Range``.
+  (``X-Repo-Commit``, ``ETag``, ``Content-Length``) and downloads, with one
+  ``Range`` (``bytes=FIRST-[LAST]``; 416 past the end of the file).
 
 Errors come the way the Hub sends them: the ``X-Error-Code`` header
 (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo``) is
@@ -72,6 +72,9 @@ class FakeHub:
     def __init__(self, repos: dict[str, FakeRepo]) -> None:
         self.repos = repos
         self.seen: list[Seen] = []
+        # ETags by file: hashing a 250 MB file on every ranged read would make the
+        # fake, not the client, the cost a test or a benchmark sees.
+        self._etags: dict[int, tuple[bytes, str]] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -185,6 +188,13 @@ class FakeHub:
                                   "total": sum(repo.safetensors.values())}
         self._send(h, 200, json.dumps(doc).encode(), {"Content-Type": "application/json"})
 
+    def _etag(self, data: bytes) -> str:
+        cached = self._etags.get(id(data))
+        if cached is None or cached[0] is not data:
+            cached = (data, f'"{hashlib.sha256(data).hexdigest()}"')
+            self._etags[id(data)] = cached
+        return cached[1]
+
     def _resolve(self, h: BaseHTTPRequestHandler, repo_id: str, rev: str, name: str, *,
                  body: bool) -> None:
         repo = self._visible(h, repo_id)
@@ -201,16 +211,20 @@ class FakeHub:
             self._error(h, 404, "EntryNotFound", repo.commit)
             return
         data = repo.files[name]
-        etag = f'"{hashlib.sha256(data).hexdigest()}"'
+        etag = self._etag(data)
         headers = {"X-Repo-Commit": repo.commit, "ETag": etag, "Accept-Ranges": "bytes"}
         if name in repo.lfs:
             headers["X-Linked-Etag"] = etag
             headers["X-Linked-Size"] = str(len(data))
-        start = 0
         rng = h.headers.get("Range")
-        status = 200
         if rng and rng.startswith("bytes=") and body:
-            start = int(rng[6:].split("-")[0])
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        self._send(h, status, data[start:], headers)
+            first, _, last = rng[6:].partition("-")
+            start = int(first)
+            end = min(int(last), len(data) - 1) if last else len(data) - 1
+            if start >= len(data):
+                self._send(h, 416, b"", {**headers, "Content-Range": f"bytes */{len(data)}"})
+                return
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            self._send(h, 206, data[start:end + 1], headers)
+            return
+        self._send(h, 200, data, headers)

@@ -6,6 +6,8 @@ Everything that touches weights lives here, below the schedulers and the API:
   a path, or a model shipped in an installed package);
 * ``hub``    — the Hugging Face Hub, and its errors said the way an operator
   can act on them;
+* ``gguf``   — a GGUF file's header (the model's shape, its file type, its
+  chat template), from a local file or a remote one a range at a time;
 * ``check``  — the source check run before a model is added: the repository,
   file or mirror URL exists and answers;
 * ``layout`` — the mirror's ``<name>/<version>/<file>`` shape and the

@@ -188,6 +188,30 @@ def head_length(url: str, timeout: float = 60.0) -> int | None:
     raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
 
 
+def read_range(url: str, start: int, length: int, timeout: float = 60.0) -> bytes:
+    """Up to ``length`` bytes of ``url`` from ``start``: fewer only at the end of the file.
+
+    The head of a GGUF file on the mirror, read at add time without moving its
+    weights. A server that ignores Range is read only from the start (and only
+    as far as asked); past the start it is refused, since reaching the range
+    would mean downloading everything before it.
+    """
+    last = start + length - 1
+    try:
+        with _request(url, {"Range": f"bytes={start}-{last}"}, timeout) as (final, resp):
+            if resp.status == 416:  # starts past the end of the file
+                return b""
+            if resp.status >= 400:
+                raise _status_error(final, resp.status, resp.reason)
+            if resp.status != 206 and start:
+                raise LlmgwError(f"{redact_url(final)}: the server ignores Range requests "
+                                 f"(HTTP {resp.status}), so part of the file cannot be read "
+                                 "without downloading all of it")
+            return resp.read(length)
+    except _TRANSPORT as exc:
+        raise UnavailableError(f"cannot reach {redact_url(url)}: {exc}") from None
+
+
 def _mirror_sum(url: str, timeout: float) -> str | None:
     """The digest in ``<url>.sha256``, None when the mirror has none."""
     with _request(url + layout.SIDECAR, {}, timeout) as (_, resp):
@@ -492,6 +516,29 @@ class _Listing(msgspec.Struct):
     entries: list[dict[str, object]]
 
 
+def _listing(url: str, timeout: float) -> _Listing:
+    """The JSON listing of the mirror directory ``url`` (ending in '/')."""
+    try:
+        with _request(url, {"Accept": "application/json"}, timeout) as (_, resp):
+            body = resp.read()
+            if resp.status != 200:
+                raise _status_error(url, resp.status, resp.reason)
+        return msgspec.json.decode(body, type=_Listing)
+    except _TRANSPORT as exc:
+        raise UnavailableError(f"{redact_url(url)}: cannot read the directory listing: "
+                               f"{exc}") from None
+    except msgspec.DecodeError:
+        raise LlmgwError(f"{redact_url(url)}: the answer is not a mirror directory listing; "
+                         "is this an "
+                         "`llmgw mirror serve` URL?") from None
+
+
+def listed_files(url: str, timeout: float = 60.0) -> list[str]:
+    """The names of the files directly in the mirror directory ``url`` (ending in '/')."""
+    return sorted(str(e.get("name")) for e in _listing(url, timeout).entries
+                  if e.get("type") == "file")
+
+
 def _safe_name(name: object, url: str) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
             or "\x00" in name or layout.is_hidden(name):
@@ -521,19 +568,7 @@ def fetch(url: str, dest: str | Path, *, sha256: str | None = None, retries: int
     if sha256:
         raise DefinitionError("--sha256 applies to one file; a directory's files are checked "
                               "against their .sha256 files on the mirror", field="sha256")
-    try:
-        with _request(url, {"Accept": "application/json"}, timeout) as (_, resp):
-            body = resp.read()
-            if resp.status != 200:
-                raise _status_error(url, resp.status, resp.reason)
-        listing = msgspec.json.decode(body, type=_Listing)
-    except _TRANSPORT as exc:
-        raise UnavailableError(f"{redact_url(url)}: cannot read the directory listing: "
-                               f"{exc}") from None
-    except msgspec.DecodeError:
-        raise LlmgwError(f"{redact_url(url)}: the answer is not a mirror directory listing; "
-                         "is this an "
-                         "`llmgw mirror serve` URL?") from None
+    listing = _listing(url, timeout)
     names = {str(e.get("name")) for e in listing.entries if e.get("type") == "file"}
     results: list[FetchResult] = []
     for entry in listing.entries:

@@ -2,7 +2,7 @@
 
 The source check, ``llmgw mirror add`` and the planner all read from the Hub;
 they do it through ``Hub`` — repository facts, one file's size, one file's
-bytes, a download — so each asks for what it needs and none knows which HTTP
+bytes or the head of one, a download — so each asks for what it needs and none knows which HTTP
 client huggingface-hub uses this year. ``HfHub`` is the adapter over
 huggingface-hub; tests and users point it at ``llmgw.testing.fake_hub`` (or any
 mirror of the Hub's API) through its endpoint.
@@ -74,6 +74,11 @@ class Hub(Protocol):
     def read(self, repo_id: str, filename: str, revision: str | None) -> bytes:
         """One small file's bytes (a config.json)."""
 
+    def read_range(self, repo_id: str, filename: str, revision: str | None, start: int,
+                   length: int) -> bytes:
+        """Up to ``length`` bytes of a file from ``start`` (fewer only at its end): the
+        head of a GGUF file, without downloading its gigabytes of weights."""
+
     def download(self, repo_id: str, filename: str, revision: str | None,
                  directory: Path) -> Path:
         """``filename`` into ``directory`` (its path inside the repository kept)."""
@@ -105,42 +110,63 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 TRANSPORT_ERRORS = _transport_errors()
 
 
+def hub_error(kind: HubErrorKind, repo: str, revision: str | None, filename: str | None,
+              where: str, *, status: int | None = None, detail: str = "") -> HubError:
+    """The HubError of ``kind``, said the way an operator can act on it."""
+    rev = revision or "main"
+    reasons: dict[HubErrorKind, str] = {
+        "gated": (f"repository {repo} is gated and this server may not download it: request "
+                  f"access on {where}/{repo} for the account whose token the server uses "
+                  "(HF_TOKEN), then try again"),
+        "repository": (f"repository {repo} was not found on {where}, or it is private and the "
+                       "server's token (HF_TOKEN) cannot see it; check the spelling of "
+                       "ORG/REPO"),
+        "revision": (f"revision {rev!r} was not found in {repo}; check the branch, tag or "
+                     "commit"),
+        "file": (f"file {filename!r} was not found in {repo} at revision {rev!r}; check the "
+                 "file name against the repository's files"),
+        "unauthorised": (f"{where} refused access to {repo} (HTTP {status}): unauthorised; "
+                         "give the server a token with read access (HF_TOKEN)"),
+        "failing": (f"{where} answered HTTP {status} for {repo}; the Hub is unreachable or "
+                    "failing"),
+        "unreachable": (f"cannot reach the Hugging Face Hub at {where}: {detail}; check the "
+                        "network, a proxy, or HF_ENDPOINT"),
+    }
+    return HubError(kind, reasons[kind])
+
+
 def translate(exc: BaseException, repo: str, revision: str | None, filename: str | None,
               where: str) -> HubError | None:
     """``exc`` from huggingface-hub as a HubError; None if it is not a Hub or network error
     (a bug, which the caller lets propagate)."""
     from huggingface_hub import errors as hf
 
-    rev = revision or "main"
+    kind: HubErrorKind
+    status = None
     if isinstance(exc, hf.GatedRepoError):
-        return HubError("gated", (
-            f"repository {repo} is gated and this server may not download it: request access "
-            f"on {where}/{repo} for the account whose token the server uses (HF_TOKEN), "
-            "then try again"))
-    if isinstance(exc, hf.RepositoryNotFoundError):
-        return HubError("repository", (
-            f"repository {repo} was not found on {where}, or it is private and the server's "
-            "token (HF_TOKEN) cannot see it; check the spelling of ORG/REPO"))
-    if isinstance(exc, hf.RevisionNotFoundError):
-        return HubError("revision", (
-            f"revision {rev!r} was not found in {repo}; check the branch, tag or commit"))
-    if isinstance(exc, hf.EntryNotFoundError):
-        return HubError("file", (
-            f"file {filename!r} was not found in {repo} at revision {rev!r}; check the file "
-            "name against the repository's files"))
-    if isinstance(exc, hf.HfHubHTTPError):
+        kind = "gated"
+    elif isinstance(exc, hf.RepositoryNotFoundError):
+        kind = "repository"
+    elif isinstance(exc, hf.RevisionNotFoundError):
+        kind = "revision"
+    elif isinstance(exc, hf.EntryNotFoundError):
+        kind = "file"
+    elif isinstance(exc, hf.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            return HubError("unauthorised", (
-                f"{where} refused access to {repo} (HTTP {status}): unauthorised; give the "
-                "server a token with read access (HF_TOKEN)"))
-        return HubError("failing", (
-            f"{where} answered HTTP {status} for {repo}; the Hub is unreachable or failing"))
-    if isinstance(exc, TRANSPORT_ERRORS):
-        return HubError("unreachable", (
-            f"cannot reach the Hugging Face Hub at {where}: {exc or type(exc).__name__}; "
-            "check the network, a proxy, or HF_ENDPOINT"))
-    return None
+        kind = "unauthorised" if status in (401, 403) else "failing"
+    elif isinstance(exc, TRANSPORT_ERRORS):
+        kind = "unreachable"
+    else:
+        return None
+    return hub_error(kind, repo, revision, filename, where, status=status,
+                     detail=str(exc) or type(exc).__name__)
+
+
+# The Hub's X-Error-Code header, which huggingface-hub turns into its exception classes.
+_ERROR_CODES: dict[str, HubErrorKind] = {
+    "GatedRepo": "gated", "RepoNotFound": "repository", "RevisionNotFound": "revision",
+    "EntryNotFound": "file",
+}
 
 
 class HfHub:
@@ -211,6 +237,45 @@ class HfHub:
         except Exception as exc:
             raise self._fail(exc, repo_id, revision, filename) from None
         return Path(path).read_bytes()
+
+    def read_range(self, repo_id: str, filename: str, revision: str | None, start: int,
+                   length: int) -> bytes:
+        # huggingface-hub has no ranged read, so this is one GET with a Range header
+        # through httpx, to the URL huggingface-hub would use and with its token.
+        # httpx drops the token when the Hub redirects to its storage on another host.
+        import httpx
+        from huggingface_hub import hf_hub_url
+
+        url = hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        token = self._token_now()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        out = bytearray()
+        try:
+            with httpx.stream("GET", url, headers=headers, timeout=self._timeout,
+                              follow_redirects=True) as resp:
+                if resp.status_code == 416:  # starts past the end of the file
+                    return b""
+                if resp.status_code >= 400:
+                    code = resp.headers.get("X-Error-Code", "")
+                    kind: HubErrorKind = _ERROR_CODES.get(code) or (
+                        "unauthorised" if resp.status_code in (401, 403) else "failing")
+                    raise hub_error(kind, repo_id, revision, filename, self.endpoint,
+                                    status=resp.status_code)
+                if resp.status_code != 206 and start:
+                    raise HubError("failing", (
+                        f"{self.endpoint} ignored a Range request for {filename!r} in "
+                        f"{repo_id} (HTTP {resp.status_code}); a part of the file cannot "
+                        "be read without downloading all of it"))
+                for chunk in resp.iter_bytes():
+                    out += chunk
+                    if len(out) >= length:
+                        break
+        except httpx.TransportError as exc:
+            raise hub_error("unreachable", repo_id, revision, filename, self.endpoint,
+                            detail=str(exc) or type(exc).__name__) from None
+        return bytes(out[:length])
 
     def download(self, repo_id: str, filename: str, revision: str | None,
                  directory: Path) -> Path:

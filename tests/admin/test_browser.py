@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from llmgw.control.context import AppContext
+from llmgw.control.reservation import reservation_checker
+from tests.planner.gguf_headers import gemma_gguf
 
 from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, make_app
 from .live import LiveServer
@@ -204,6 +206,30 @@ def test_a_declared_model_refusal_reads_as_the_cli_says_it(
         "model 'prod-chat' is declared in server.yaml (models[0]); change its scaling there, "
         "or it reverts on the next restart")
     shot(page, "10-declared-refused")
+
+
+def test_a_reservation_below_the_need_is_warned_about_after_adding(
+        live: tuple[str, AppContext], page: Page, errors: list[str], tmp_path: Path) -> None:
+    """The model is added, and the message after adding shows the warning beneath it in
+    the warning style."""
+    base, ctx = live
+    gguf = tmp_path / "gemma.gguf"
+    gguf.write_bytes(gemma_gguf(tail=0))
+    ctx.reservation_check = reservation_checker(embedded=True)
+    sign_in(page, base)
+    page.goto(f"{base}/admin/add")
+    page.fill("#yaml", cpu_yaml("gemma", source=str(gguf)).replace("memory: 8GiB",
+                                                                    "memory: 256MiB"))
+    page.click("#add-form button[type=submit]")
+    expect(page).to_have_url(f"{base}/admin/models/gemma")
+    flash = page.locator(".flash.warn")
+    expect(flash.locator("p")).to_have_text("added gemma; scaling 1 (max 1)")
+    expect(flash.locator("li")).to_have_text([
+        "profile cpu reserves 256.0MiB but one replica needs 1008.7MiB of host memory "
+        "(weights 405.2MiB, KV cache for 4096 tokens 72.0MiB, runtime 531.5MiB); raise memory "
+        "to at least 1008.7MiB, or lower context"])
+    shot(page, "12-added-with-warning")
+    assert errors == []
 
 
 def test_markup_in_a_description_is_shown_as_text_and_never_runs(

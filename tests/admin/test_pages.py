@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +17,9 @@ from litestar.testing import AsyncTestClient
 
 from llmgw.admin import pages
 from llmgw.control.context import AppContext
+from llmgw.control.reservation import reservation_checker
 from llmgw.scheduler.base import Fleet
+from tests.planner.gguf_headers import gemma_gguf
 
 from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, csrf_of
 
@@ -47,6 +50,29 @@ async def test_adding_from_yaml_records_who_and_shows_the_scaling_in_force(
     stored = ctx.models.stored("trial")
     assert stored is not None
     assert stored.added_by == "alice"
+
+
+async def test_a_reservation_below_the_need_is_added_and_the_flash_says_so(
+        admin: AsyncTestClient, ctx: AppContext, tmp_path: Path) -> None:
+    """The model is added; the message after adding warns with both numbers, once."""
+    gguf = tmp_path / "gemma.gguf"
+    gguf.write_bytes(gemma_gguf(tail=0))
+    ctx.reservation_check = reservation_checker(embedded=True)
+    text = cpu_yaml("trial", source=str(gguf)).replace("memory: 8GiB", "memory: 256MiB")
+    r = await admin.post("/admin/add", follow_redirects=False, data={
+        "csrf": await form_token(admin), "yaml": text})
+    assert r.status_code == 303
+    page = (await admin.get("/admin/models/trial")).text
+    flash = re.search(r'<div class="flash warn" role="status">(.*?)</div>', page, re.S)
+    assert flash, "no warning flash on the page"
+    notes = [html.unescape(n) for n in re.findall(r"<li>(.*?)</li>", flash.group(1))]
+    assert "added trial; scaling 1 (max 1)" in flash.group(1)
+    assert notes == [
+        "profile cpu reserves 256.0MiB but one replica needs 1008.7MiB of host memory "
+        "(weights 405.2MiB, KV cache for 4096 tokens 72.0MiB, runtime 531.5MiB); raise memory "
+        "to at least 1008.7MiB, or lower context"]
+    assert "flash warn" not in (await admin.get("/admin/models/trial")).text  # once
+    assert ctx.models.stored("trial") is not None
 
 
 async def test_a_refused_source_is_shown_beside_its_line_and_nothing_is_added(

@@ -91,6 +91,21 @@ def test_flash_messages_are_bound_to_the_session() -> None:
     assert sessions.read_flash(mine, "nonsense") is None
 
 
+def test_a_flashs_notes_are_bounded_to_fit_a_cookie() -> None:
+    """Ten long warnings become four, cut to 500 characters, and a line saying where the
+    rest are: a cookie past 4 KB is dropped by the browser and the page would say nothing."""
+    _, mine = sessions.issue("tok-a", "alice")
+    notes = [f"profile p{i} " + "x" * 600 for i in range(10)]
+    sealed = sessions.seal_flash(mine, "warn", "added trial", notes)
+    assert len(sealed) < 4000
+    flash = sessions.read_flash(mine, sealed)
+    assert flash is not None
+    assert [len(n) for n in flash.notes[:4]] == [500] * 4
+    assert flash.notes[0].startswith("profile p0 ")
+    assert flash.notes[0].endswith("…")
+    assert flash.notes[4].startswith("and 6 more; `llmgw ctl model add` prints them all")
+
+
 @pytest.mark.parametrize(("given", "goes"), [
     ("/admin/models/trial", "/admin/models/trial"),
     ("//evil.example/admin/", "/admin/models"),

@@ -21,8 +21,10 @@ from llmgw.catalog.units import Size
 from llmgw.cli import main
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.control.context import AppContext
+from llmgw.control.reservation import reservation_checker
 from llmgw.modelsvc import ModelService
 from llmgw.store import open_store
+from tests.planner.gguf_headers import gemma_gguf
 
 from .conftest import GPU_CLASSES, RecordingBackend
 
@@ -46,7 +48,8 @@ def api_url(store_url: str) -> Iterator[str]:
     store = open_store(store_url)
     backend = RecordingBackend()
     svc = ModelService(config.models, GPU_CLASSES, store, placement_check=backend.check_placement)
-    app = create_app(AppContext(config=config, models=svc, backend=backend, store=store))
+    app = create_app(AppContext(config=config, models=svc, backend=backend, store=store,
+                                reservation_check=reservation_checker(embedded=True)))
 
     async def startup() -> None:
         await store.open()
@@ -113,6 +116,25 @@ def test_add_list_show_scale_remove_round_trip(api_url: str, tmp_path: Path) -> 
     assert "added by ops" in out
     code, out = ctl(api_url, "model", "remove", "trial")
     assert (code, out.strip()) == (0, "removed trial")
+
+
+def test_a_reservation_below_the_need_is_added_with_a_warning_on_stderr(
+        api_url: str, tmp_path: Path) -> None:
+    """After "added ...", each warning is printed on stderr; the exit code is 0."""
+    gguf = tmp_path / "gemma.gguf"
+    gguf.write_bytes(gemma_gguf(tail=0))
+    f = tmp_path / "gemma.yaml"
+    f.write_text(MODEL_FILE.replace("/models/trial.gguf", str(gguf))
+                 .replace("memory: 8GiB", "memory: 256MiB"))
+    env = {"LLMGW_URL": api_url, "LLMGW_ADMIN_TOKEN": TOKEN}
+    result = CliRunner().invoke(main, ["ctl", "model", "add", "-f", str(f)], env=env)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("added trial; scaling")
+    assert result.stderr == (
+        "warning: profile cpu reserves 256.0MiB but one replica needs 1008.7MiB of host "
+        "memory (weights 405.2MiB, KV cache for 4096 tokens 72.0MiB, runtime 531.5MiB); raise "
+        "memory to at least 1008.7MiB, or lower context\n")
+    assert result.output.index("added trial") < result.output.index("warning: profile cpu")
 
 
 def test_refusals_exit_1_with_the_servers_message(api_url: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -42,26 +41,6 @@ def workstation_16c_64g_2x_l40s() -> Machine:
     gpus = tuple(Gpu(index=i, device="NVIDIA L40S", memory=46068 * 1024**2) for i in range(2))
     return Machine(name="ws", cores=tuple(range(16)), memory=64 * GIB, gpus=gpus,
                    pinnable=False)
-
-
-def gguf_bytes(kv: dict[str, object], *, version: int = 3, tensors: int = 0) -> bytes:
-    """A GGUF header with ``kv`` metadata (str, int as u32, list[str] as a string array)."""
-    def string(s: str) -> bytes:
-        b = s.encode()
-        return struct.pack("<Q", len(b)) + b
-
-    out = b"GGUF" + struct.pack("<IQQ", version, tensors, len(kv))
-    for key, value in kv.items():
-        out += string(key)
-        if isinstance(value, str):
-            out += struct.pack("<I", 8) + string(value)
-        elif isinstance(value, int):
-            out += struct.pack("<II", 4, value)
-        elif isinstance(value, list):
-            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(string(v) for v in value)
-        else:
-            raise TypeError(value)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,9 @@
-"""Engine command lines and exit explanations (pure), and GGUF header reading."""
+"""Engine command lines and exit explanations (pure), and the chat format a GGUF gets."""
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
-
-import pytest
 
 from llmgw.catalog.model import Model, Profile
 from llmgw.catalog.source import Source
@@ -18,11 +16,11 @@ from llmgw.scheduler.local.engines import (
     output_summary,
     port_conflict,
 )
-from llmgw.scheduler.local.gguf import GgufInfo, NotGgufError, parse_header, read_gguf
+from llmgw.weights.gguf import GgufInfo, read_gguf
 
-from .conftest import cpu_model, gguf_bytes
+from .conftest import cpu_model
 
-GEMMA3_BASE = GgufInfo(version=3, architecture="gemma3", has_chat_template=False)
+GEMMA3_BASE = GgufInfo(version=3, metadata={"general.architecture": "gemma3"})
 
 
 def arg(argv: list[str], flag: str) -> str:
@@ -72,10 +70,11 @@ def test_a_gemma_gguf_without_a_template_gets_the_gemma_chat_format() -> None:
 
 def test_a_gguf_with_its_own_template_keeps_it() -> None:
     """No --chat_format is passed when the file carries a chat template."""
-    info = GgufInfo(version=3, architecture="gemma3", has_chat_template=True)
+    info = GgufInfo(version=3, metadata={"general.architecture": "gemma3"},
+                    has_chat_template=True)
     assert chat_format_for(info) is None
     assert chat_format_for(None) is None
-    assert chat_format_for(GgufInfo(version=3, architecture="exotic")) is None
+    assert chat_format_for(GgufInfo(version=3, metadata={"general.architecture": "exotic"})) is None
 
 
 def test_engine_args_from_the_profile_come_last_and_win() -> None:
@@ -152,37 +151,6 @@ def test_a_failed_engine_shows_its_error_lines_not_traceback_frames() -> None:
                      "llama_model_loader: - kv 29: filler", "Traceback (most recent call last):",
                      "ValueError: Failed to load model from file: /m.gguf"]
     assert output_summary(["a", "b"], limit=5) == ["a", "b"]
-
-
-def test_the_gguf_header_gives_architecture_and_template() -> None:
-    """parse_header finds the architecture and notices a chat template among other keys."""
-    plain = gguf_bytes({"general.architecture": "gemma3", "general.name": "G",
-                        "tokenizer.ggml.tokens": ["<pad>", "<eos>", "a"],
-                        "gemma3.context_length": 32768})
-    info = parse_header(plain)
-    assert info == GgufInfo(version=3, architecture="gemma3", name="G", has_chat_template=False)
-    templated = gguf_bytes({"general.architecture": "qwen2",
-                            "tokenizer.chat_template": "{{ messages }}"})
-    assert parse_header(templated) == GgufInfo(version=3, architecture="qwen2",
-                                               has_chat_template=True)
-
-
-def test_a_truncated_gguf_header_is_left_to_the_engine() -> None:
-    """A header that runs past the end reads as unknown (None), not as an error."""
-    data = gguf_bytes({"general.architecture": "gemma3", "general.name": "G"})
-    assert parse_header(data[:-3]) is None
-
-
-def test_a_file_that_is_not_gguf_is_refused_with_what_it_starts_with(tmp_path: Path) -> None:
-    """An HTML page saved as .gguf is named as such instead of failing inside llama.cpp."""
-    page = tmp_path / "model.gguf"
-    page.write_bytes(b"<!DOCTYPE html><html>not found</html>")
-    with pytest.raises(NotGgufError, match=r"is not a GGUF model file: it starts with b'<!DOCTYP'"):
-        read_gguf(page)
-    empty = tmp_path / "empty.gguf"
-    empty.write_bytes(b"")
-    with pytest.raises(NotGgufError, match="is empty"):
-        read_gguf(empty)
 
 
 def test_the_shipped_gemma_is_a_gemma3_base_model_without_a_template(gemma_path: Path) -> None:

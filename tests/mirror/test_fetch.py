@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.errors import LlmgwError, NotFoundError, UnavailableError
-from llmgw.weights.fetch import fetch, fetch_file
+from llmgw.weights.fetch import fetch, fetch_file, read_range
 
 from .conftest import LLMGW, wait_for
 from .servers import FileServer, ThreadedMirror, closed_port_url, running, sha
@@ -235,3 +235,26 @@ def test_the_password_in_the_url_is_never_shown(tmp_path: Path) -> None:
     for text in shown:
         assert "hunter2" not in text, text
         assert "reader:***@" in text, text
+
+
+def test_reading_a_range_of_a_file_on_the_mirror(threaded_mirror: ThreadedMirror,
+                                                 mirror_root: Path) -> None:
+    """read_range gets the bytes asked for from the real mirror, and none past the end."""
+    url = f"{threaded_mirror.url}/qwen/2024-11/model.gguf"
+    data = (mirror_root / "qwen/2024-11/model.gguf").read_bytes()
+    assert read_range(url, 2, 5) == data[2:7]
+    assert read_range(url, len(data) - 3, 64) == data[-3:]
+    assert read_range(url, len(data), 64) == b""
+    with pytest.raises(NotFoundError, match="not found on the mirror"):
+        read_range(f"{threaded_mirror.url}/qwen/2024-11/none.gguf", 0, 8)
+    with pytest.raises(UnavailableError, match="cannot reach"):
+        read_range(f"{closed_port_url()}/m.gguf", 0, 8)
+
+
+def test_a_range_from_a_server_that_ignores_ranges_is_read_from_the_start_only() -> None:
+    """Without Range support the head is still read, but only as far as asked; a range past
+    the start is refused rather than downloading everything before it."""
+    with running(lambda: FileServer(CONTENT, ignore_range=True)) as srv:
+        assert read_range(srv.url, 0, 100) == CONTENT[:100]
+        with pytest.raises(LlmgwError, match="ignores Range requests"):
+            read_range(srv.url, 100, 100)

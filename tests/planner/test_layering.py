@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-DECISIONS = ["arch", "tensors", "quant", "memory", "candidates", "plan"]
+DECISIONS = ["arch", "gguf", "tensors", "quant", "memory", "candidates", "plan", "reserve"]
 IO_LIBRARIES = ["huggingface_hub", "httpx", "litestar", "psycopg", "sqlite3", "nomad",
                 "aiohttp", "requests", "urllib3", "socket"]
 

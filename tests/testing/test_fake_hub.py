@@ -52,6 +52,18 @@ def test_reading_and_downloading_files(hub: FakeHub, tmp_path: Path) -> None:
     assert path.read_bytes() == WEIGHTS
 
 
+def test_reading_a_range_of_a_file(hub: FakeHub) -> None:
+    """read_range asks for the bytes it wants and gets them, and nothing past the end."""
+    client = HfHub(endpoint=hub.url)
+    assert client.read_range("org/open", "model.safetensors", None, 10, 20) == WEIGHTS[10:30]
+    assert hub.seen[-1].headers["Range"] == "bytes=10-29"
+    assert client.read_range("org/open", "model.safetensors", "v1", 990, 64) == WEIGHTS[990:]
+    assert client.read_range("org/open", "model.safetensors", None, 1000, 64) == b""
+    assert _kind(lambda: client.read_range("org/open", "nope.gguf", None, 0, 8)) == "file"
+    assert _kind(lambda: client.read_range("org/gated", "config.json", None, 0, 8)) == "gated"
+    assert _kind(lambda: client.read_range("org/none", "m.gguf", None, 0, 8)) == "repository"
+
+
 def test_each_refusal_has_its_kind(hub: FakeHub) -> None:
     """Missing repository, revision and file, gated and private are told apart."""
     client = HfHub(endpoint=hub.url, token=None)

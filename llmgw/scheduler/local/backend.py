@@ -44,7 +44,6 @@ from llmgw.config import ServerConfig
 from llmgw.errors import NotFoundError, PlacementError
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
 from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
-from llmgw.scheduler.local.gguf import NotGgufError, read_gguf
 from llmgw.scheduler.local.machine import detect_machine
 from llmgw.scheduler.local.planner import ReplicaView, desired_count, plan
 from llmgw.scheduler.local.resources import Demand, Grant, Ledger, Machine, demand_of
@@ -56,6 +55,7 @@ from llmgw.scheduler.local.supervisor import (
     kill_all_groups,
     rss_of,
 )
+from llmgw.weights.gguf import NotGgufError, read_gguf
 from llmgw.weights.local import SourceError, local_source_refusal, resolve_source
 
 log = logging.getLogger("llmgw.scheduler.local")

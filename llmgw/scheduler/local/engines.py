@@ -38,7 +38,7 @@ import signal
 import msgspec
 
 from llmgw.catalog.model import Model, Profile
-from llmgw.scheduler.local.gguf import GgufInfo
+from llmgw.weights.gguf import GgufInfo
 
 LLAMA_CPP_HEALTH = "/openapi.json"
 VLLM_HEALTH = "/health"
