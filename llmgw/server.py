@@ -98,7 +98,7 @@ class Server:
             from llmgw.control.reservation import reservation_checker
 
             reservation_check = reservation_checker(
-                embedded=config.scheduler.kind == "local")
+                embedded=config.scheduler.kind == "local", mirror=config.mirror)
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
                               store=self.store, source_check=source_check,
                               reservation_check=reservation_check)

@@ -27,13 +27,15 @@ from llmgw.weights.hub import Hub
 log = logging.getLogger("llmgw.control")
 
 
-def reservation_checker(*, embedded: bool, hub: Hub | None = None, timeout: float = 10.0,
+def reservation_checker(*, embedded: bool, hub: Hub | None = None, mirror: str | None = None,
+                        timeout: float = 10.0,
                         deadline: float = 30.0) -> Callable[[Model], Awaitable[list[str]]]:
     """What ``AppContext.reservation_check`` expects.
 
     ``embedded``: the embedded scheduler runs the catalog (llama-cpp-python, and
     local paths are files on this machine). ``timeout`` bounds each request,
-    ``deadline`` the whole read; ``hub`` defaults to the Hub at HF_ENDPOINT.
+    ``deadline`` the whole read; ``hub`` defaults to the Hub at HF_ENDPOINT. With a
+    ``mirror``, Hub sources are read from the mirror, as the nodes read them.
     """
 
     async def check(model: Model) -> list[str]:
@@ -44,7 +46,7 @@ def reservation_checker(*, embedded: bool, hub: Hub | None = None, timeout: floa
         try:
             async with asyncio.timeout(deadline):
                 facts = await asyncio.to_thread(read_facts, source, hub=hub, local=embedded,
-                                                timeout=timeout)
+                                                mirror=mirror, timeout=timeout)
         except FactsUnavailableError as exc:
             log.info("model %s: memory reservations not checked: %s", model.name, exc)
             return []

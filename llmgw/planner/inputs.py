@@ -63,6 +63,7 @@ from llmgw.weights.gguf import (
     read_gguf_head,
 )
 from llmgw.weights.hub import HfHub, Hub, HubError
+from llmgw.weights.layout import mirror_path
 from llmgw.weights.local import SourceError, resolve_pkg
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -264,14 +265,20 @@ def _mirror_directory(url: str, where: str, timeout: float, limit: int) -> Model
 
 
 def read_facts(source: Source, *, hub: Hub | None = None, local: bool = True,
-               timeout: float = 10.0, limit: int = HEADER_LIMIT) -> ModelFacts:
+               mirror: str | None = None, timeout: float = 10.0,
+               limit: int = HEADER_LIMIT) -> ModelFacts:
     """What ``source`` says about its weights (blocking I/O; FactsUnavailableError if nothing).
 
     ``local``: a path or an installed package names a file on this machine (the
-    embedded mode; on Nomad it would name a node's). ``timeout`` bounds each
-    request, ``limit`` the bytes of a remote GGUF header.
+    embedded mode; on Nomad it would name a node's). ``mirror``: a Hub source is
+    read where the nodes read it, at its place on the mirror
+    (``llmgw.weights.layout.mirror_path``), not on the Hub. ``timeout`` bounds
+    each request, ``limit`` the bytes of a remote GGUF header.
     """
     where = source.shown
+    if isinstance(source, HfSource) and mirror:
+        at = f"{mirror.rstrip('/')}/{mirror_path(source)}"
+        return read_facts(parse_source(at), local=local, timeout=timeout, limit=limit)
     try:
         match source:
             case HfSource(filename=None):

@@ -14,6 +14,7 @@ from llmgw.planner.inputs import FactsUnavailableError, read_facts
 from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.gguf import FIRST_READ
 from llmgw.weights.hub import HfHub
+from llmgw.weights.layout import mirror_path
 from tests.mirror.servers import FileServer, ThreadedMirror, running
 from tests.planner.fixtures import load_config
 from tests.planner.gguf_headers import GEMMA, gemma_gguf
@@ -86,6 +87,21 @@ def test_a_mirror_directory_gives_its_checkpoint_or_its_one_gguf(tmp_path: Path)
         mirror.stop()
     assert (gguf.gguf, gguf.quantization) == (True, "q4_K_M")
     assert (ckpt.gguf, ckpt.config) == (False, load_config("gemma-3-270m"))
+
+
+def test_with_a_mirror_a_hub_source_is_read_where_the_nodes_fetch_it(tmp_path: Path) -> None:
+    """hf:// sources are read at their mirror path, not on the Hub, when a mirror is set."""
+    source = Source.parse("hf://google/gemma-3-270m-GGUF@v1/gemma.gguf")
+    place = tmp_path / mirror_path(source)
+    place.parent.mkdir(parents=True)
+    place.write_bytes(GEMMA_FILE)
+    mirror = ThreadedMirror(tmp_path)
+    try:
+        facts = read_facts(source, hub=None, mirror=mirror.url, local=False)
+    finally:
+        mirror.stop()
+    assert (facts.gguf, facts.quantization) == (True, "q4_K_M")
+    assert architecture_from_config(facts.config) == GEMMA
 
 
 def test_a_local_gguf_and_a_checkpoint_directory(tmp_path: Path) -> None:
