@@ -14,7 +14,9 @@ still loading. Task-level services follow when the task runs (``Poststart``).
 the service catalog; with ``auto_run`` new allocations become ``running``. Health is
 judged per deployment from the check results the tests set (``HealthCheck: checks``:
 every healthiness check ``success``; ``task_states``: running; ``manual``: only
-``finish_deployment``) — ``MinHealthyTime`` and the deadlines are not simulated. A
+``finish_deployment``) — ``MinHealthyTime`` is not simulated; the progress deadline is
+(``deployments``), on the fake's clock. An allocation updated in place into a new
+deployment is judged again, as the client's health hook does on ``Update``. A
 deployment turns ``successful`` when every group has ``DesiredTotal`` healthy allocs,
 which marks the job version stable and lets a rolling update take its next batch.
 """
@@ -27,6 +29,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from llmgw.testing.fake_nomad import deployments
 from llmgw.testing.fake_nomad.gotext import quote
 from llmgw.testing.fake_nomad.reconcile import Plan
 from llmgw.testing.fake_nomad.records import (
@@ -50,9 +53,10 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 
 
-def event(kind: str, message: str, **details: str) -> Json:
-    return {"Type": kind, "Time": time.time_ns(), "DisplayMessage": message,
-            "Details": details or None, "Message": "", "FailsTask": False, "ExitCode": 0}
+def event(kind: str, message: str, *, at: int | None = None, **details: str) -> Json:
+    return {"Type": kind, "Time": at if at is not None else time.time_ns(),
+            "DisplayMessage": message, "Details": details or None, "Message": "",
+            "FailsTask": False, "ExitCode": 0}
 
 
 class Committer:
@@ -60,9 +64,10 @@ class Committer:
         self.cluster = cluster
         self.store = cluster.store
 
-    def commit(self, ev: Eval, rec: JobRecord | None, plan: Plan) -> tuple[list[str], list[str]]:
-        """Apply ``plan`` in one write; returns (placed alloc IDs, stopped alloc IDs)."""
-        store, now = self.store, time.time_ns()
+    def commit(self, ev: Eval, rec: JobRecord | None, plan: Plan
+               ) -> tuple[list[str], list[str], list[str]]:
+        """Apply ``plan`` in one write; returns the placed, stopped and in-place alloc IDs."""
+        store, now = self.store, self.store.now()
         idx = store.write("allocs", "evals", "deployment", "service_registrations",
                           "job_summary")
         deployment = store.latest_deployment(ev.namespace, ev.job_id)
@@ -88,24 +93,25 @@ class Committer:
             a = store.allocs[alloc_id]
             a.job, a.job_version = snapshot, snapshot["Version"]
             a.modify_index, a.modify_time = idx, now
-            if current is not None and a.task_group in current.task_groups:
+            if current is not None and a.task_group in current.task_groups and \
+                    a.deployment_id != current.id:
                 a.deployment_id, a.healthy, a.health_time = current.id, None, None
-                current.task_groups[a.task_group].placed_allocs += 1
+                a.reschedule_allowed = False
+                deployments.placed(current, a.task_group, now)
         placed = [self._place(p, ev, snapshot, current, idx, now).id for p in plan.places]
         self._finish_eval(ev, rec, plan, current, idx, now)
-        return placed, [s[0] for s in plan.stops]
+        return placed, [s[0] for s in plan.stops], list(plan.inplace)
 
     def _deployment(self, rec: JobRecord, idx: int, now: int) -> Deployment:
         groups = {}
         for tg in rec.spec.get("TaskGroups", []):
             u = tg.get("Update")
-            if u is None:
+            if u is None or u.get("MaxParallel", 0) == 0:  # UpdateStrategy.IsEmpty
                 continue
+            # The progress clock starts with the first placement, not here.
             groups[tg["Name"]] = GroupDeployment(
                 auto_revert=u["AutoRevert"], auto_promote=u["AutoPromote"],
-                progress_deadline=u["ProgressDeadline"],
-                require_progress_by=rfc3339(now + u["ProgressDeadline"]),
-                desired_total=tg["Count"])
+                progress_deadline=u["ProgressDeadline"], desired_total=tg["Count"])
         d = Deployment(id=str(uuid.uuid4()), namespace=rec.namespace, job_id=rec.id,
                        job_version=rec.spec["Version"], job_modify_index=rec.job_modify_index,
                        job_spec_modify_index=rec.job_modify_index,
@@ -122,13 +128,13 @@ class Committer:
                   node_name=pl.node.name, job_id=ev.job_id, job_version=job["Version"], job=job,
                   task_group=p.group, tasks=pl.tasks, disk_mb=pl.disk_mb, ports=pl.ports,
                   task_states={t: TaskState(events=[event("Received",
-                                                          "Task received by client")])
+                                                          "Task received by client", at=now)])
                                for t in pl.tasks},
                   previous_allocation=p.previous, metrics=pl.metric, create_index=idx,
                   modify_index=idx, alloc_modify_index=idx, create_time=now, modify_time=now)
         if current is not None and p.group in current.task_groups:
             a.deployment_id = current.id
-            current.task_groups[p.group].placed_allocs += 1
+            deployments.placed(current, p.group, now)
             current.modify_index = idx
         if p.previous:
             prev = store.allocs[p.previous]
@@ -214,13 +220,14 @@ class Committer:
             e.modify_index, e.modify_time = idx, now
 
     # -- the clients --------------------------------------------------------------
-    def client_step(self, placed: list[str], stopped: list[str]) -> None:
+    def client_step(self, placed: list[str], stopped: list[str],
+                    updated: list[str] | None = None) -> None:
         store, freed = self.store, False
         with store.cond:
             done = [store.allocs[i] for i in stopped if not store.allocs[i].client_terminal]
             if done:
                 idx = store.write("allocs", "service_registrations", "job_summary")
-                now = time.time_ns()
+                now = store.now()
                 for a in done:
                     a.client_status = "complete"
                     a.client_description = "All tasks have completed"
@@ -228,12 +235,14 @@ class Committer:
                         if state.state != "dead":
                             state.state, state.finished_at = "dead", rfc3339(now)
                             state.events = [*state.events, event("Killed", "Task successfully "
-                                                                           "killed")]
+                                                                           "killed", at=now)]
                     a.modify_index, a.modify_time = idx, now
                     self.remove_services(a.id)
                 freed = True
         if freed:
             self.cluster.unblock()
+        if updated:
+            self.judge_health(updated)
         if placed and self.cluster.auto_run:
             self.run(placed)
 
@@ -246,7 +255,7 @@ class Committer:
             if not allocs:
                 return
             idx = store.write("allocs", "service_registrations", "job_summary")
-            now = time.time_ns()
+            now = store.now()
             for a in allocs:
                 a.client_status = "running"
                 a.client_description = "Tasks are running"
@@ -254,13 +263,14 @@ class Committer:
                 for name, t in a.tasks.items():
                     state = a.task_states[name]
                     state.started_at = rfc3339(now)
-                    state.events = [*state.events, event("Task Setup", "Building Task Directory"),
-                                    event("Started", "Task started by client")]
+                    state.events = [*state.events,
+                                    event("Task Setup", "Building Task Directory", at=now),
+                                    event("Started", "Task started by client", at=now)]
                     if t.stage in ("prestart", "poststop"):
                         state.state = "dead" if t.stage == "prestart" else "pending"
                         if t.stage == "prestart":
                             state.finished_at = rfc3339(now)
-                            state.events.append(event("Terminated", "Exit Code: 0",
+                            state.events.append(event("Terminated", "Exit Code: 0", at=now,
                                                       exit_code="0"))
                     else:
                         state.state = "running"
@@ -271,8 +281,9 @@ class Committer:
 
     def judge_health(self, alloc_ids: list[str]) -> None:
         """Set deployment health where it is now decided, and advance deployments."""
-        store, now = self.store, time.time_ns()
+        store = self.store
         with store.cond:
+            now = store.now()
             changed = []
             for i in alloc_ids:
                 a = store.allocs.get(i)
@@ -288,7 +299,7 @@ class Committer:
                                         any(c.status != "success" for c in checks)):
                     continue
                 a.healthy, a.health_time = True, rfc3339(now)
-                d.task_groups[a.task_group].healthy_allocs += 1
+                deployments.became_healthy(d, a.task_group, now)
                 changed.append((a, d))
             if not changed:
                 return

@@ -15,8 +15,10 @@ What the fake does on its own, and what is left to the test:
 * every Nomad-provider check starts ``pending`` and stays so until ``set_check`` /
   ``set_job_checks`` changes it — nothing probes real endpoints;
 * a deployment stays ``running`` until all its allocations are healthy (running, and
-  with ``HealthCheck: checks`` every healthiness check ``success``) or until
-  ``finish_deployment``; while it runs, ``POST /v1/job/:id/scale`` is refused;
+  with ``HealthCheck: checks`` every healthiness check ``success``), until
+  ``finish_deployment``, or until its progress deadline passes on the fake's clock
+  (``advance``) with too few healthy — then it fails, and Nomad places nothing more of
+  that job version; while it runs, ``POST /v1/job/:id/scale`` is refused;
 * ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events;
 * ``inject`` answers matching requests with any status and body (errors, garbage);
   ``requests`` records every request received.
@@ -29,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from llmgw.testing.fake_nomad import lifecycle, routes_cluster, routes_jobs
+from llmgw.testing.fake_nomad import deployments, lifecycle, routes_cluster, routes_jobs
 from llmgw.testing.fake_nomad.cluster import Cluster
 from llmgw.testing.fake_nomad.fixtures import default_fleet
 from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
@@ -83,6 +85,20 @@ class FakeNomad:
     def settle(self, timeout: float = 30.0) -> None:
         """Wait until every queued evaluation is processed; re-raises a worker failure."""
         self._cluster.settle(timeout)
+
+    def now(self) -> int:
+        """The fake's clock, Unix nanoseconds: what its deadlines and timestamps read."""
+        return self._cluster.store.now()
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock ``seconds`` ahead and fire what fell due meanwhile:
+        progress deadlines of deployments; then wait for the evaluations that follows."""
+        if seconds < 0:
+            raise ValueError("the fake's clock only moves forward")
+        with self._cluster.store.cond:
+            self._cluster.store.skipped_ns += round(seconds * 1e9)
+        deployments.expire(self._cluster)
+        self._cluster.settle()
 
     # -- what was asked, and faults to answer with -------------------------------------
     @property

@@ -4,9 +4,11 @@ Nomad learns these from its client agents; the fake has none, so tests drive the
 Each control changes state the way the corresponding client update would, and leaves
 the consequences to the same machinery a real server runs:
 
-* a failed allocation leaves the service catalog, fails an active deployment it was
-  part of (auto-reverting to the last stable version when the group asks for it), and
-  gets an ``alloc-failure`` evaluation that reschedules it;
+* a failed allocation leaves the service catalog and turns unhealthy in an active
+  deployment it was part of; that fails the deployment at once only when the group has
+  no progress deadline or no reschedule attempt left (auto-reverting to the last stable
+  version when the group asks for it), otherwise the deployment goes on and the
+  allocation may be replaced (``deployments``); an ``alloc-failure`` evaluation follows;
 * a node that goes ``down`` loses its allocations (``lost``, "alloc is lost since its
   node is down") and their replacements are placed elsewhere; a draining node has its
   allocations migrated; a node that becomes usable again unblocks waiting evaluations;
@@ -17,17 +19,14 @@ the consequences to the same machinery a real server runs:
 
 from __future__ import annotations
 
-import copy
-import time
 from typing import TYPE_CHECKING
 
+from llmgw.testing.fake_nomad import deployments
 from llmgw.testing.fake_nomad.commit import event
 from llmgw.testing.fake_nomad.records import (
     ALLOC_LOST,
-    DEPLOYMENT_FAILED_ALLOCS,
     DEPLOYMENT_FAILED_BY_USER,
     Alloc,
-    Deployment,
 )
 from llmgw.testing.fake_nomad.wire import rfc3339
 
@@ -69,7 +68,7 @@ def set_checks(cluster: Cluster, alloc_id: str, status: str, *, check: str | Non
         node = store.nodes[a.node_id]
         for c in results:
             c.status = status
-            c.timestamp = time.time_ns() // 1_000_000_000
+            c.timestamp = store.now() // 1_000_000_000
             c.status_code = status_code if status_code is not None else (
                 200 if status == "success" else 0)
             c.output = output if output is not None else {
@@ -96,40 +95,26 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
         if a.client_terminal:
             raise ValueError(f"allocation {a.name} is already {a.client_status}")
         idx = store.write("allocs", "service_registrations", "job_summary", "deployment")
-        now = time.time_ns()
+        now = store.now()
         a.client_status, a.client_description = "failed", "Failed tasks"
         a.modify_index, a.modify_time = idx, now
         for name, t in a.tasks.items():
             state = a.task_states[name]
             if t.stage in ("main", "sidecar", "poststart") and state.state != "dead":
                 state.state, state.failed, state.finished_at = "dead", True, rfc3339(now)
-                state.events = [*state.events, event("Terminated", reason, exit_code="1"),
+                state.events = [*state.events,
+                                event("Terminated", reason, at=now, exit_code="1"),
                                 event("Not Restarting", "Exceeded allowed attempts 2 in interval "
-                                                        "30m0s and mode is \"fail\"")]
+                                                        "30m0s and mode is \"fail\"", at=now)]
         cluster.committer.remove_services(a.id)
         d = store.deployments.get(a.deployment_id) if a.deployment_id else None
         if d is not None and d.active and a.healthy is None:
             a.healthy, a.health_time = False, rfc3339(now)
-            group = d.task_groups[a.task_group]
-            group.unhealthy_allocs += 1
-            d.status, d.status_description = "failed", DEPLOYMENT_FAILED_ALLOCS
-            d.modify_index, d.modify_time = idx, now
-            revert = _rollback(cluster, d) if group.auto_revert else None
+            revert = deployments.turned_unhealthy(cluster, a, d, idx, now)
     if revert is not None:
         cluster.register(revert, trigger="deployment-watcher")
     cluster.trigger(a.namespace, a.job_id, "alloc-failure")
     cluster.unblock()
-
-
-def _rollback(cluster: Cluster, d: Deployment) -> dict[str, object] | None:
-    rec = cluster.store.jobs.get((d.namespace, d.job_id))
-    if rec is None:
-        return None
-    stable = [v for v in rec.versions if v.get("Stable") and v["Version"] < d.job_version]
-    if not stable:
-        return None
-    d.status_description += f" - rolling back to job version {stable[-1]['Version']}"
-    return copy.deepcopy(stable[-1])
 
 
 def set_alloc_memory(cluster: Cluster, alloc_id: str, nbytes: int) -> None:
@@ -147,7 +132,7 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
         node = store.node_by_name(name)
         before = node.schedulable
         idx = store.write("nodes")
-        now = time.time_ns()
+        now = store.now()
         if status is not None:
             node.status = status
         if eligible is not None:
@@ -189,7 +174,7 @@ def finish_deployment(cluster: Cluster, namespace: str, job_id: str, status: str
         if d is None or not d.active:
             raise ValueError(f"job {job_id!r} has no active deployment")
         idx = store.write("deployment", "allocs")
-        now = time.time_ns()
+        now = store.now()
         if status == "failed":
             d.status, d.status_description = "failed", DEPLOYMENT_FAILED_BY_USER
             d.modify_index, d.modify_time = idx, now
