@@ -8,7 +8,9 @@ blocking a follow-up evaluation when allocations could not be placed
 Group services (Nomad provider only) are registered in that same write, before the
 task has started and long before any check passes: the client's group-service hook
 runs in ``Prerun`` (§4.4), so service discovery returns replicas that are
-still loading. Task-level services follow when the task runs (``Poststart``).
+still loading. Task-level services follow when their task has started (``Poststart``),
+which for a main task is after every prestart task has finished. Either registration
+starts the ``check_restart`` watch of its checks (``checkwatch``).
 
 ``client_step`` plays the client: stopped allocations become ``complete`` and leave
 the service catalog; with ``auto_run`` new allocations become ``running``. Health is
@@ -24,12 +26,11 @@ which marks the job version stable and lets a rolling update take its next batch
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmgw.testing.fake_nomad import deployments
+from llmgw.testing.fake_nomad import checkwatch, deployments
 from llmgw.testing.fake_nomad.gotext import quote
 from llmgw.testing.fake_nomad.reconcile import Plan
 from llmgw.testing.fake_nomad.records import (
@@ -145,20 +146,21 @@ class Committer:
                     "Delay": 0}]
         store.allocs[a.id] = a
         tg = next(g for g in job["TaskGroups"] if g["Name"] == p.group)
-        self.register_services(a, tg.get("Services", []), None, idx)
+        # The checks hook observes group and task services from Prerun alike.
         checks: dict[str, CheckResult] = {}
         for svc, task in [(s, None) for s in tg.get("Services", [])] + [
                 (s, t["Name"]) for t in tg.get("Tasks", []) for s in t.get("Services", [])]:
             if svc.get("Provider") != "nomad":
                 continue
             for c in svc.get("Checks", []):
-                cid = hashlib.md5(f"{a.id}|{task or 'group'}|{svc['Name']}|{c['Name']}".encode(),
-                                  usedforsecurity=False).hexdigest()
+                cid = checkwatch.check_id(a.id, task, svc["Name"], c["Name"])
                 checks[cid] = CheckResult(
                     id=cid, check=c["Name"], group=a.name, service=svc["Name"], task=task or "",
                     mode="readiness" if c.get("OnUpdate") == "ignore" else "healthiness",
                     timestamp=now // 1_000_000_000)
         store.checks[a.id] = checks
+        self.register_services(a, tg.get("Services", []), None, idx)
+        checkwatch.watch(store, a, tg.get("Services", []), None, now)
         return a
 
     def register_services(self, a: Alloc, services: list[Json], task: str | None,
@@ -178,6 +180,15 @@ class Committer:
                              address=svc.get("Address") or node.address, port=port,
                              create_index=idx, modify_index=idx)
             self.store.services[reg.id] = reg
+
+    def reregister_services(self, a: Alloc, services: list[Json], task: str | None,
+                            idx: int) -> None:
+        """A restarted workload deregisters its services and registers them again."""
+        owner = f"-{task}-" if task else f"-group-{a.task_group}-"
+        for k in [k for k, s in self.store.services.items()
+                  if s.alloc_id == a.id and k.startswith(f"_nomad-task-{a.id}{owner}")]:
+            del self.store.services[k]
+        self.register_services(a, services, task, idx)
 
     def remove_services(self, alloc_id: str) -> bool:
         gone = [k for k, s in self.store.services.items() if s.alloc_id == alloc_id]
@@ -246,8 +257,13 @@ class Committer:
         if placed and self.cluster.auto_run:
             self.run(placed)
 
-    def run(self, alloc_ids: list[str]) -> None:
-        """The client starts allocations: pending → running, task services register."""
+    def run(self, alloc_ids: list[str], *, through_prestart: bool = True) -> None:
+        """The client starts allocations: pending → running, prestart tasks first.
+
+        With ``through_prestart`` the prestart tasks also finish at once and the main
+        tasks start; otherwise they stay running (a fetch downloading) until
+        ``finish_prestart``.
+        """
         store = self.store
         with store.cond:
             allocs = [store.allocs[i] for i in alloc_ids if store.allocs[i].client_status ==
@@ -261,23 +277,50 @@ class Committer:
                 a.client_description = "Tasks are running"
                 a.modify_index, a.modify_time = idx, now
                 for name, t in a.tasks.items():
-                    state = a.task_states[name]
-                    state.started_at = rfc3339(now)
-                    state.events = [*state.events,
-                                    event("Task Setup", "Building Task Directory", at=now),
-                                    event("Started", "Task started by client", at=now)]
-                    if t.stage in ("prestart", "poststop"):
-                        state.state = "dead" if t.stage == "prestart" else "pending"
-                        if t.stage == "prestart":
-                            state.finished_at = rfc3339(now)
-                            state.events.append(event("Terminated", "Exit Code: 0", at=now,
-                                                      exit_code="0"))
-                    else:
-                        state.state = "running"
-                tg = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
-                for task in tg.get("Tasks", []):
-                    self.register_services(a, task.get("Services", []), task["Name"], idx)
+                    if t.stage in ("prestart", "sidecar"):
+                        self._start_task(a, name, now)
+                if through_prestart:
+                    self._start_main(a, idx, now)
             self.judge_health([a.id for a in allocs])
+
+    def finish_prestart(self, alloc_ids: list[str]) -> None:
+        """The prestart tasks exit 0; the main tasks start and register their services."""
+        store = self.store
+        with store.cond:
+            allocs = [store.allocs[i] for i in alloc_ids if store.allocs[i].client_status ==
+                      "running" and not store.allocs[i].terminal]
+            if not allocs:
+                return
+            idx = store.write("allocs", "service_registrations")
+            now = store.now()
+            for a in allocs:
+                a.modify_index, a.modify_time = idx, now
+                self._start_main(a, idx, now)
+            self.judge_health([a.id for a in allocs])
+
+    @staticmethod
+    def _start_task(a: Alloc, name: str, now: int) -> None:
+        state = a.task_states[name]
+        state.state, state.started_at = "running", rfc3339(now)
+        state.events = [*state.events, event("Task Setup", "Building Task Directory", at=now),
+                        event("Started", "Task started by client", at=now)]
+
+    def _start_main(self, a: Alloc, idx: int, now: int) -> None:
+        """Prestart tasks done; main (and poststart) tasks run, then Poststart registers."""
+        for name, t in a.tasks.items():
+            state = a.task_states[name]
+            if t.stage == "prestart" and state.state != "dead":
+                if state.state != "running":
+                    self._start_task(a, name, now)
+                state.state, state.finished_at = "dead", rfc3339(now)
+                state.events.append(event("Terminated", "Exit Code: 0", at=now, exit_code="0"))
+            elif t.stage in ("main", "poststart") and state.state == "pending":
+                self._start_task(a, name, now)
+        tg = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
+        for task in tg.get("Tasks", []):
+            if a.tasks.get(task["Name"]) and a.tasks[task["Name"]].stage in ("main", "poststart"):
+                self.register_services(a, task.get("Services", []), task["Name"], idx)
+                checkwatch.watch(self.store, a, task.get("Services", []), task["Name"], now)
 
     def judge_health(self, alloc_ids: list[str]) -> None:
         """Set deployment health where it is now decided, and advance deployments."""

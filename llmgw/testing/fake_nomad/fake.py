@@ -11,7 +11,12 @@ What the fake does on its own, and what is left to the test:
 * evaluations run on a background worker, as in Nomad; ``settle()`` waits for it;
 * placed allocations start ``pending``; with ``auto_run=True`` (the default) the
   client moves them to ``running`` right after (a separate index), otherwise call
-  ``run_alloc``. Group services are registered at placement, before checks pass;
+  ``run_alloc`` — with ``through_prestart=False`` the prestart fetch keeps running
+  until ``finish_prestart``. Group services are registered at placement (the client's
+  ``Prerun``), before checks pass; task services when their task has started;
+* ``check_restart`` restarts a workload whose check is still failing once the grace
+  that began at its service's registration is over — evaluated when ``advance`` moves
+  the clock;
 * every Nomad-provider check starts ``pending`` and stays so until ``set_check`` /
   ``set_job_checks`` changes it — nothing probes real endpoints;
 * a deployment stays ``running`` until all its allocations are healthy (running, and
@@ -31,7 +36,13 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from llmgw.testing.fake_nomad import deployments, lifecycle, routes_cluster, routes_jobs
+from llmgw.testing.fake_nomad import (
+    checkwatch,
+    deployments,
+    lifecycle,
+    routes_cluster,
+    routes_jobs,
+)
 from llmgw.testing.fake_nomad.cluster import Cluster
 from llmgw.testing.fake_nomad.fixtures import default_fleet
 from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
@@ -91,12 +102,14 @@ class FakeNomad:
         return self._cluster.store.now()
 
     def advance(self, seconds: float) -> None:
-        """Move the fake's clock ``seconds`` ahead and fire what fell due meanwhile:
-        progress deadlines of deployments; then wait for the evaluations that follows."""
+        """Move the fake's clock ``seconds`` ahead and fire what fell due meanwhile —
+        ``check_restart`` restarts, then progress deadlines of deployments — and wait for
+        the evaluations that follow."""
         if seconds < 0:
             raise ValueError("the fake's clock only moves forward")
         with self._cluster.store.cond:
             self._cluster.store.skipped_ns += round(seconds * 1e9)
+        checkwatch.tick(self._cluster)
         deployments.expire(self._cluster)
         self._cluster.settle()
 
@@ -166,9 +179,16 @@ class FakeNomad:
                     if name is None or s.service_name == name]
 
     # -- playing the clients -----------------------------------------------------------
-    def run_alloc(self, alloc_id: str) -> None:
-        """Move a ``pending`` allocation to ``running`` (for ``auto_run=False``)."""
-        lifecycle.run_alloc(self._cluster, alloc_id)
+    def run_alloc(self, alloc_id: str, *, through_prestart: bool = True) -> None:
+        """Move a ``pending`` allocation to ``running`` (for ``auto_run=False``); with
+        ``through_prestart=False`` its prestart tasks start and keep running, as a fetch
+        does while it downloads, and no main task has started yet."""
+        lifecycle.run_alloc(self._cluster, alloc_id, through_prestart=through_prestart)
+
+    def finish_prestart(self, alloc_id: str) -> None:
+        """The allocation's prestart tasks exit 0 and its main tasks start (``Poststart``
+        registers their services)."""
+        lifecycle.finish_prestart(self._cluster, alloc_id)
 
     def set_check(self, alloc_id: str, status: str, *, check: str | None = None,
                   output: str | None = None, status_code: int | None = None) -> None:

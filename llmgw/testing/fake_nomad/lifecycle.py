@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.testing.fake_nomad import deployments
+from llmgw.testing.fake_nomad import checkwatch, deployments
 from llmgw.testing.fake_nomad.commit import event
 from llmgw.testing.fake_nomad.records import (
     ALLOC_LOST,
@@ -44,12 +44,23 @@ def _alloc(cluster: Cluster, alloc_id: str) -> Alloc:
     return a
 
 
-def run_alloc(cluster: Cluster, alloc_id: str) -> None:
+def run_alloc(cluster: Cluster, alloc_id: str, *, through_prestart: bool) -> None:
     with cluster.store.cond:
         a = _alloc(cluster, alloc_id)
         if a.client_status != "pending":
             raise ValueError(f"allocation {a.name} is {a.client_status}, not pending")
-    cluster.committer.run([alloc_id])
+    cluster.committer.run([alloc_id], through_prestart=through_prestart)
+
+
+def finish_prestart(cluster: Cluster, alloc_id: str) -> None:
+    with cluster.store.cond:
+        a = _alloc(cluster, alloc_id)
+        waiting = [n for n, t in a.tasks.items()
+                   if t.stage == "prestart" and a.task_states[n].state == "running"]
+        if a.client_status != "running" or not waiting:
+            raise ValueError(f"allocation {a.name} has no prestart task running "
+                             "(start it with run_alloc(..., through_prestart=False))")
+    cluster.committer.finish_prestart([alloc_id])
 
 
 def set_checks(cluster: Cluster, alloc_id: str, status: str, *, check: str | None = None,
@@ -67,6 +78,7 @@ def set_checks(cluster: Cluster, alloc_id: str, status: str, *, check: str | Non
             raise ValueError(f"allocation {a.name} has no {what}")
         node = store.nodes[a.node_id]
         for c in results:
+            checkwatch.status_changed(store, a.id, c.id, status, store.now())
             c.status = status
             c.timestamp = store.now() // 1_000_000_000
             c.status_code = status_code if status_code is not None else (

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from llmgw.testing.fake_nomad.checkwatch import Watch
 from llmgw.testing.fake_nomad.records import (
     Alloc,
     CheckResult,
@@ -48,6 +49,8 @@ class Store:
         self.deployments: dict[str, Deployment] = {}
         self.services: dict[str, ServiceReg] = {}
         self.checks: dict[str, dict[str, CheckResult]] = {}
+        # alloc ID → check ID → the client's check_restart watch (checkwatch.py)
+        self.watches: dict[str, dict[str, Watch]] = {}
         # JobSummary.Queued: the queued counts of the job's latest processed evaluation
         self.queued: dict[tuple[str, str], dict[str, int]] = {}
         self.skipped_ns = 0
