@@ -210,10 +210,20 @@ class FakeNomad:
         lifecycle.set_alloc_memory(self._cluster, alloc_id, nbytes)
 
     def set_node(self, name: str, *, status: str | None = None, eligible: bool | None = None,
-                 drain: bool | None = None) -> None:
+                 drain: bool | None = None, meta: dict[str, str] | None = None) -> None:
         """Change a node (by name or ID): ``status="down"`` loses its allocations,
-        ``drain=True`` migrates them, ``eligible=False`` only stops new placements."""
-        lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain)
+        ``drain=True`` migrates them, ``eligible=False`` only stops new placements;
+        ``meta`` replaces its metadata (as a client restarted with new ``meta`` does),
+        which changes what constraints on ``${meta.*}`` match."""
+        lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain,
+                           meta=meta)
+
+    def set_node_rpc(self, name: str, *, delay: float = 0.0, error: str | None = None) -> None:
+        """Trouble on the server's connection to a node's client: requests forwarded there
+        (``/v1/allocation/:id/checks``, ``/v1/client/allocation/:id/stats``) wait ``delay``
+        seconds, then answer 500 ``error`` when given — Nomad's text for a dead session is
+        ``session open: session shutdown``. ``set_node_rpc(name)`` heals it."""
+        lifecycle.set_node_rpc(self._cluster, name, delay=delay, error=error)
 
     def finish_deployment(self, job_id: str, status: str = "successful",
                           namespace: str = "default") -> None:

@@ -134,8 +134,15 @@ def set_alloc_memory(cluster: Cluster, alloc_id: str, nbytes: int) -> None:
         _alloc(cluster, alloc_id).memory_usage = int(nbytes)
 
 
+def set_node_rpc(cluster: Cluster, name: str, *, delay: float, error: str | None) -> None:
+    with cluster.store.cond:
+        node = cluster.store.node_by_name(name)
+        node.rpc_delay, node.rpc_error = max(0.0, delay), error or ""
+        cluster.store.cond.notify_all()  # requests waiting on the old fault move on
+
+
 def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool | None,
-             drain: bool | None) -> None:
+             drain: bool | None, meta: dict[str, str] | None = None) -> None:
     store = cluster.store
     if status not in (None, "ready", "down", "disconnected", "initializing"):
         raise ValueError(f"node status must be ready, down, disconnected or initializing; "
@@ -151,6 +158,11 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
             node.eligibility = "eligible" if eligible else "ineligible"
         if drain is not None:
             node.drain = drain
+        reclassed = meta is not None and meta != node.meta
+        if meta is not None:
+            # Node.Meta is part of the computed class (nomad/structs/node_class.go
+            # HashInclude), so a change re-runs feasibility for waiting evaluations.
+            node.meta = dict(meta)
         node.modify_index, node.status_updated_at = idx, now
         on_node = [a for a in store.allocs.values() if a.node_id == node.id and not a.terminal]
         jobs: set[tuple[str, str]] = set()
@@ -170,7 +182,7 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
                 a.migrate, a.modify_index, a.modify_time = True, idx, now
                 jobs.add((a.namespace, a.job_id))
             trigger = "node-drain"
-        freed = node.schedulable and not before
+        freed = (node.schedulable and not before) or (reclassed and node.schedulable)
     for namespace, job_id in sorted(jobs):
         cluster.trigger(namespace, job_id, trigger, node_id=node.id)
     if freed:

@@ -124,6 +124,11 @@ class Node(msgspec.Struct, kw_only=True):
     create_index: int = 0
     modify_index: int = 0
     status_updated_at: int = 0
+    # The server's RPC connection to this node's client, as requests forwarded there
+    # (allocation checks and stats) see it: answered after rpc_delay seconds, with a
+    # 500 of rpc_error when set (FakeNomad.set_node_rpc).
+    rpc_delay: float = 0.0
+    rpc_error: str = ""
 
     @property
     def schedulable(self) -> bool:
