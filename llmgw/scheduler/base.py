@@ -55,6 +55,10 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     last_placement_failure: str | None = None
     last_error: str | None = None
     crash_loop: bool = False
+    # Why it runs fewer replicas than ``desired``, when it does
+    shortfall: str | None = None
+    # The scheduler's last rollout of the model's current version failed, and what followed
+    deployment_failed: str | None = None
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):

@@ -94,6 +94,8 @@ class FleetBackend:
     hungry: set[str] = field(default_factory=set)         # measured memory above reserved
     waiting: dict[str, str] = field(default_factory=dict)  # waiting for capacity, and why
     placement_failures: dict[str, str] = field(default_factory=dict)
+    shortfalls: dict[str, str] = field(default_factory=dict)      # fewer than desired, why
+    deployments_failed: dict[str, str] = field(default_factory=dict)
     rollouts: list[str] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -151,7 +153,9 @@ class FleetBackend:
         running = self._of(m)
         return ModelStatus(desired=m.scaling.min, ready=len(running),
                            waiting_for_capacity=self.waiting.get(model),
-                           last_placement_failure=self.placement_failures.get(model))
+                           last_placement_failure=self.placement_failures.get(model),
+                           shortfall=self.shortfalls.get(model),
+                           deployment_failed=self.deployments_failed.get(model))
 
     async def fleet(self) -> Fleet:
         nodes = [node_8x_h100_80g("gpu-h100-a1", "ib-a", 3),

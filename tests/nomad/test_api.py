@@ -258,3 +258,17 @@ async def test_ctl_fleet_replicas_and_rollout(fake, api):
     missing = await _ctl(url, "rollout", "nope")
     assert missing.exit_code == 1
     assert "nope" in missing.output
+
+
+async def test_ctl_replicas_says_why_a_model_runs_fewer_replicas(fake, api):
+    """Below the table: the model that is short, and why (waiting for GPUs here)."""
+    await api.client.post("/api/v1/models", json={**gpu_body("big", 8, "ib-b"),
+                                                  "scaling": {"min": 2}}, headers=ADMIN)
+    await api.backend.reconciled()
+    fake.settle()
+    await api.backend.apply(api.models.catalog)
+    await api.backend.reconciled()
+    reps = await _ctl(api.url, "replicas", "big")
+    assert reps.exit_code == 0, reps.output
+    assert "big: runs 1 of 2 replicas: waiting for capacity: no node with 8 free NVIDIA " \
+           "H100 80GB HBM3 on fabric ib-b" in reps.output

@@ -14,7 +14,7 @@ from llmgw.errors import BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.scheduler.nomad.render import render_job
 from llmgw.store import open_store
-from llmgw.testing.fake_nomad import FakeNomad
+from llmgw.testing.fake_nomad import FakeNomad, node_8x_h100_80g
 
 from .conftest import applied, catalog, config, cpu_model, eventually, gpu_model, make_backend
 from .shapes import GPU_CLASSES
@@ -308,3 +308,85 @@ async def test_only_the_lease_holder_reconciles(fake, tmp_path: Path):
         await a.close()
         await b.close()
         await store.close()
+
+
+async def test_a_failed_deployment_never_leaves_a_model_short_silently(fake, backend):
+    """Past its progress deadline with one of two placed, the next pass says so and
+    re-submits the job; when GPUs free up, the missing replica is placed beside the first."""
+    m = gpu_model("big", gpus=8, fabric="ib-b", min_=2)     # ib-b has one 8-GPU node
+    await applied(backend, catalog(m))
+    fake.settle()
+    [first] = fake.allocations("llmgw-big")
+    fake.set_check(first.id, "success")
+    version = fake.job("llmgw-big")["Version"]
+    deadline = fake.job("llmgw-big")["TaskGroups"][0]["Update"]["ProgressDeadline"] / 1e9
+    fake.advance(deadline + 1)
+    assert fake.deployment("llmgw-big").status == "failed"
+    await applied(backend, catalog(m))                      # one pass
+    status = backend.status("big")
+    assert "Failed due to progress deadline" in (status.deployment_failed or "")
+    assert (status.shortfall or "").startswith(
+        "runs 1 of 2 replicas: Nomad's deployment of job version")
+    fake.settle()
+    assert fake.job("llmgw-big")["Version"] == version + 1  # re-submitted, same spec
+    assert fake.deployment("llmgw-big").status == "running"
+    fake.add_node(node_8x_h100_80g("gpu-h100-04", "ib-b"))
+    fake.settle()
+    allocs = fake.allocations("llmgw-big")
+    assert len(allocs) == 2
+    assert first.id in {a.id for a in allocs}              # the serving one was kept
+
+
+async def test_the_crash_loop_report_reads_only_the_current_version():
+    """Failures of an earlier version do not make a fresh rollout look like a crash loop."""
+    with FakeNomad(auto_run=False) as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            old = cpu_model("embed", context=8192)
+            await applied(backend, catalog(old))
+            fake.settle()
+            [a1] = fake.allocations("llmgw-embed")
+            fake.run_alloc(a1.id)
+            fake.set_check(a1.id, "success")
+            fake.fail_alloc(a1.id, "Exit Code: 139")
+            fake.settle()
+            new = cpu_model("embed", context=4096)
+            await applied(backend, catalog(new))
+            await backend.rollout("embed")
+            fake.settle()
+            await applied(backend, catalog(new))
+            assert backend.status("embed").crash_loop is False   # v1 is only loading
+            [fresh] = fake.allocations("llmgw-embed")
+            fake.run_alloc(fresh.id)
+            fake.fail_alloc(fresh.id, "Exit Code: 1")
+            fake.settle()
+            await applied(backend, catalog(new))
+            status = backend.status("embed")
+            assert status.crash_loop is True
+            assert "crash loop: 1 replica of job version" in (status.shortfall or "")
+        finally:
+            await backend.close()
+
+
+async def test_rollout_after_a_failed_rollout_tries_again(fake, backend):
+    """Registering an unchanged spec is a no-op for Nomad; rollout then makes a new version."""
+    m = cpu_model("embed", min_=2)
+    await applied(backend, catalog(m))
+    fake.settle()
+    fake.set_job_checks("llmgw-embed", "success")
+    edited = cpu_model("embed", min_=2, context=4096)
+    await applied(backend, catalog(edited))
+    await backend.rollout("embed")
+    fake.settle()
+    deadline = fake.job("llmgw-embed")["TaskGroups"][0]["Update"]["ProgressDeadline"] / 1e9
+    fake.advance(deadline + 1)                     # the new replica never turned healthy
+    assert fake.deployment("llmgw-embed").status == "failed"
+    await applied(backend, catalog(edited))
+    assert "`llmgw ctl rollout embed` tries again" in (
+        backend.status("embed").deployment_failed or "")
+    version = fake.job("llmgw-embed")["Version"]
+    await backend.rollout("embed")
+    fake.settle()
+    assert fake.job("llmgw-embed")["Version"] == version + 1
+    assert fake.deployment("llmgw-embed").status == "running"

@@ -210,6 +210,13 @@ class NomadClient:
     def job_allocations(self, job_id: str) -> list[wire.Allocation]:
         return self._get(list[wire.Allocation], "job", job_id, "allocations", params=self._ns)
 
+    def job_version(self, job_id: str) -> wire.JobVersion:
+        return self._get(wire.JobVersion, "job", job_id, params=self._ns)
+
+    def deployments(self) -> list[wire.Deployment]:
+        """Every deployment in the namespace, oldest first (one call for all jobs)."""
+        return self._get(list[wire.Deployment], "deployments", params=self._ns)
+
     def job_evaluations(self, job_id: str) -> list[wire.Evaluation]:
         return self._get(list[wire.Evaluation], "job", job_id, "evaluations", params=self._ns)
 
