@@ -390,3 +390,30 @@ async def test_rollout_after_a_failed_rollout_tries_again(fake, backend):
     fake.settle()
     assert fake.job("llmgw-embed")["Version"] == version + 1
     assert fake.deployment("llmgw-embed").status == "running"
+
+
+async def test_a_replica_still_downloading_is_not_restarted_by_its_health_check():
+    """check_restart's grace starts when the engine starts, so a long fetch runs to its end;
+    once the engine runs, a check that never passes restarts the engine, not the fetch."""
+    with FakeNomad(auto_run=False) as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            await applied(backend, catalog(cpu_model("embed")))
+            fake.settle()
+            [alloc] = fake.allocations("llmgw-embed")
+            fake.run_alloc(alloc.id, through_prestart=False)       # fetching the weights
+            group = fake.job("llmgw-embed")["TaskGroups"][0]
+            fake.advance(group["Update"]["HealthyDeadline"] / 1e9 + 60)
+            states = fake.allocations("llmgw-embed")[0].task_states
+            assert (states["fetch"].restarts, states["fetch"].state) == (0, "running")
+            assert fake.services("llmgw-embed") == []               # not registered yet
+            fake.finish_prestart(alloc.id)
+            assert len(fake.services("llmgw-embed")) == 1
+            engine = next(t for t in group["Tasks"] if t["Name"] == "engine")
+            grace = engine["Services"][0]["Checks"][0]["CheckRestart"]["Grace"] / 1e9
+            fake.advance(grace + 2 * 10 + 1)
+            states = fake.allocations("llmgw-embed")[0].task_states
+            assert (states["fetch"].restarts, states["engine"].restarts) == (0, 1)
+        finally:
+            await backend.close()

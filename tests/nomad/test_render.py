@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import msgspec
@@ -16,7 +17,15 @@ from llmgw.catalog.units import Size
 from llmgw.config import NomadConfig, load_config
 from llmgw.errors import ConfigError, DefinitionError
 from llmgw.scheduler.nomad import jobspec as js
-from llmgw.scheduler.nomad.render import render_job, spec_hash, with_count
+from llmgw.scheduler.nomad.render import (
+    ENGINE_START,
+    LOAD_RATE,
+    deadlines,
+    need_of,
+    render_job,
+    spec_hash,
+    with_count,
+)
 
 from .shapes import GPU_CLASSES
 
@@ -188,7 +197,7 @@ def test_sources_a_nomad_node_cannot_use_are_refused_with_the_way_out():
 def test_the_service_uses_the_nomad_provider_with_an_http_health_check_in_nanoseconds():
     """Provider nomad, name llmgw-<model>, tags, an HTTP check on /health in ns, ≥ 1 s."""
     job = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
-    (service,) = job["TaskGroups"][0]["Services"]
+    (service,) = _task(job, "engine")["Services"]
     assert service["Provider"] == "nomad"
     assert service["Name"] == "llmgw-llama-3-3-70b-instruct"
     assert service["PortLabel"] == "http"
@@ -217,8 +226,45 @@ def test_deployment_policies_allow_loads_of_many_minutes():
     assert group["Migrate"]["HealthyDeadline"] == u["HealthyDeadline"]
     assert group["RestartPolicy"]["Mode"] == "fail"
     assert group["ReschedulePolicy"]["Unlimited"] is True
-    check = group["Services"][0]["Checks"][0]
-    assert check["CheckRestart"]["Grace"] == u["HealthyDeadline"]
+
+
+def test_the_health_check_belongs_to_the_engine_so_its_grace_starts_with_the_engine():
+    """No group service: the check registers at the engine's Poststart, after the fetch."""
+    for model in (LLAMA, EMBED):
+        job = _json(render_job(model, model.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+        group = job["TaskGroups"][0]
+        assert "Services" not in group
+        assert "Services" not in _task(job, "fetch")
+        [service] = _task(job, "engine")["Services"]
+        assert service["PortLabel"] == "http"
+        grace = service["Checks"][0]["CheckRestart"]["Grace"]
+        assert grace < group["Update"]["HealthyDeadline"]
+
+
+def test_deadlines_grow_with_the_bytes_a_replica_moves():
+    """A 4-GPU 70B waits longer than a CPU embedder; the floors hold for small models."""
+    small = deadlines(need_of(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES), CFG,
+                      engine_downloads=False)
+    assert (small.healthy, small.progress) == (3600, 7200)   # the configured least
+    assert small.grace == math.ceil(4 * 1024 / 512 + ENGINE_START)
+    big = msgspec.structs.replace(LLAMA.profiles[0], gpus=8, fabric=None)
+    b = deadlines(need_of(LLAMA, big, CFG, GPU_CLASSES), CFG, engine_downloads=False)
+    weights = 8 * 81559 * 1024**2
+    assert b.healthy == math.ceil(CFG.image_pull_timeout + weights / CFG.download_rate
+                                  + weights / LOAD_RATE + ENGINE_START)
+    assert b.healthy > 2 * 3600
+    assert b.progress == 2 * b.healthy
+    assert b.grace == math.ceil(weights / LOAD_RATE + ENGINE_START)
+    hub = deadlines(need_of(LLAMA, big, CFG, GPU_CLASSES), CFG, engine_downloads=True)
+    assert hub.grace == math.ceil(weights / LOAD_RATE + ENGINE_START
+                                  + weights / CFG.download_rate)
+
+
+def test_the_engine_image_may_take_the_configured_time_to_pull():
+    """image_pull_timeout, as a Go duration, on the engine task (the driver's default is 5m)."""
+    for model in (LLAMA, EMBED):
+        job = _json(render_job(model, model.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+        assert _task(job, "engine")["Config"]["image_pull_timeout"] == "1800s"
 
 
 def test_a_gpu_profile_without_cores_or_memory_gets_the_per_gpu_defaults():
@@ -255,3 +301,9 @@ def test_rendering_settings_that_nomad_would_refuse_fail_at_startup(tmp_path):
         load_config(path, env={})
     path.write_text("scheduler: {kind: nomad, nomad: {healthy_deadline: 90m}}\n")
     assert load_config(path, env={}).scheduler.nomad.healthy_deadline == 5400
+    path.write_text("scheduler: {kind: nomad, nomad: {download_rate: 10KiB}}\n")
+    with pytest.raises(ConfigError, match=r"scheduler\.nomad\.download_rate: 10KiB per second"):
+        load_config(path, env={})
+    path.write_text("scheduler: {kind: nomad, nomad: {image_pull_timeout: 0s}}\n")
+    with pytest.raises(ConfigError, match=r"scheduler\.nomad\.image_pull_timeout"):
+        load_config(path, env={})

@@ -158,6 +158,7 @@ class Task(_Wire, frozen=True):
     Driver: str
     Config: dict[str, Any]
     Env: dict[str, str] = {}
+    Services: list[Service] = []
     Resources: Resources | None = None
     Lifecycle: TaskLifecycle | None = None
     VolumeMounts: list[VolumeMount] = []

@@ -14,9 +14,19 @@ silently never run or never become healthy (docs/nomad-api.md §9):
   constraints on ``${device.model}`` (the NVML string, matched exactly) and
   ``${device.attr.memory}`` written from what the card *reports*, because an
   "80GB" H100 reports 81559 MiB and ``>= 80 GiB`` matches none (docs/nomad-api.md §2);
-* durations are nanoseconds and the deployment deadlines are raised to hours:
-  with Nomad's 5 and 10 minute defaults a 70B load fails its own deployment
-  (surprise 4);
+* durations are nanoseconds, and the deadlines are sized from the model
+  (``deadlines``): with Nomad's 5 and 10 minute defaults a 70B load fails its
+  own deployment (surprise 4);
+* the service and its check belong to the **engine task**, not the group. A
+  group service registers in the alloc runner's ``Prerun``
+  (client/allocrunner/group_service_hook.go ``Prerun``), before the fetch has
+  downloaded a byte, and ``check_restart`` starts its grace at registration
+  (client/serviceregistration/watcher.go ``Watch``) and restarts every running
+  task when it expires (client/allocrunner/alloc_runner.go ``Restart``) — the
+  fetch, mid-download, an hour into 140 GB. A task service registers in the
+  engine's ``Poststart`` (client/allocrunner/taskrunner/service_hook.go), once
+  the image is pulled and the weights are on the node, so the grace only has to
+  cover the load, and a restart restarts the engine alone;
 * job meta records model, profile, fingerprint and a hash of the rendered
   spec. Changing meta replaces every allocation (surprise 8), so the
   reconciler never re-registers a job whose spec hash changed; it waits for
@@ -65,6 +75,14 @@ META_FINGERPRINT = "llmgw_fingerprint"
 META_SPEC = "llmgw_spec"
 
 MIB = 1024 * 1024
+# Loading weights from the node's cache (local NVMe, per the client config) into
+# GPU or host memory: vLLM and llama.cpp read safetensors/GGUF at 1-2 GiB/s there;
+# half of the low end, because a deadline that fires during a healthy load costs
+# a whole download and load again, and one that fires late costs a few minutes.
+LOAD_RATE = 512 * MIB            # bytes per second
+# What an engine does before it answers /health besides reading weights: CUDA
+# graph capture and torch.compile for vLLM take minutes on large models.
+ENGINE_START = 600.0             # seconds
 _ENGINE_PORT = {"vllm": 8000, "llama.cpp": 8080}
 # Both servers answer 200 on /health only once the model is loaded, which is
 # what makes the check a readiness signal rather than a liveness one.
@@ -119,6 +137,55 @@ def need_of(model: Model, profile: Profile, cfg: NomadConfig,
     )
 
 
+class Deadlines(msgspec.Struct, frozen=True):
+    """How long a replica may take, in seconds: to turn healthy from when the client
+    starts it (``healthy``, Nomad's clock starts at the alloc's ``Prerun``:
+    client/allocrunner/health_hook.go ``init``), for the deployment to make progress
+    (``progress``), and for the engine to answer its check once started (``grace``)."""
+
+    healthy: int
+    progress: int
+    grace: int
+
+
+def weight_bytes(need: Need) -> int:
+    """An upper bound of the bytes a replica downloads and loads.
+
+    The weights have to fit in what a replica reserves — its cards' memory for a
+    GPU profile, its ``memory`` for a CPU one (llama.cpp maps the GGUF into it) —
+    so that bounds them without reading the model. A bound from above is the safe
+    side for a deadline: too long a deadline costs minutes when a replica hangs;
+    too short a one fails a healthy load and starts the download over.
+    """
+    if need.gpus and need.gpu_memory:
+        return need.gpus * need.gpu_memory
+    return need.memory
+
+
+def deadlines(need: Need, cfg: NomadConfig, *, engine_downloads: bool) -> Deadlines:
+    """The deadlines of one replica of ``need``, from the bytes it moves.
+
+    healthy  = the image pull's own timeout + download + load, and at least
+               ``healthy_deadline``: the clock runs from before the pull;
+    progress = twice that, and at least ``progress_deadline``: room for one
+               unhealthy replica to be replaced within the same deployment;
+    grace    = load (+ download, when the engine downloads the weights itself
+               because there is no fetch task): the clock runs from the engine's start.
+    """
+    weights = weight_bytes(need)
+    fetch = weights / cfg.download_rate
+    load = weights / LOAD_RATE + ENGINE_START
+    healthy = math.ceil(max(cfg.healthy_deadline, cfg.image_pull_timeout + fetch + load))
+    progress = max(math.ceil(cfg.progress_deadline), 2 * healthy)
+    grace = load + (fetch if engine_downloads else 0.0)
+    return Deadlines(healthy=healthy, progress=progress, grace=math.ceil(grace))
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.ParseDuration reads it, in whole seconds (rounded up)."""
+    return f"{math.ceil(seconds)}s"
+
+
 class _Source(msgspec.Struct, frozen=True):
     fetch_url: str | None     # what the prestart task downloads; None: the engine pulls
     model_arg: str            # what the engine is told to load
@@ -155,7 +222,7 @@ def _source(model: Model, mirror: str | None) -> _Source:
 
 
 def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
-                 src: _Source) -> js.Task:
+                 src: _Source, service: js.Service) -> js.Task:
     port = _ENGINE_PORT[model.engine or "vllm"]
     served = model.engine_model_name
     config: dict[str, object]
@@ -166,6 +233,7 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         if profile.gpus > 0:
             args += ["--n-gpu-layers", "999"]
         config = {"image": cfg.llama_cpp_image, "ports": [PORT_LABEL],
+                  "image_pull_timeout": go_duration(cfg.image_pull_timeout),
                   "args": [*args, *profile.engine_args]}
     else:
         args = ["--model", src.model_arg]
@@ -177,6 +245,7 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         if profile.quantization:
             args += ["--quantization", profile.quantization]
         config = {"image": cfg.vllm_image, "ports": [PORT_LABEL],
+                  "image_pull_timeout": go_duration(cfg.image_pull_timeout),
                   "args": [*args, *profile.engine_args]}
         if profile.gpus > 1:
             # Tensor-parallel workers exchange tensors through /dev/shm;
@@ -201,7 +270,8 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         Devices=devices,
     )
     return js.Task(
-        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env, Resources=resources,
+        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env, Services=[service],
+        Resources=resources,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,
                                      ReadOnly=src.fetch_url is not None)],
         KillTimeout=ns(30),
@@ -238,14 +308,15 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     need = need_of(model, profile, cfg, gpu_classes)
     src = _source(model, mirror)
     fp = fingerprint(model, profile)
-    healthy, progress = ns(cfg.healthy_deadline), ns(cfg.progress_deadline)
+    limits = deadlines(need, cfg, engine_downloads=src.fetch_url is None)
+    healthy, progress = ns(limits.healthy), ns(limits.progress)
     engine = model.engine
     check = js.ServiceCheck(
         Name="health", Type="http", Path=HEALTH_PATH[engine], Method="GET",
         Interval=ns(10), Timeout=ns(5),
-        # Restart an engine that stops answering, but only after it had the
-        # whole deployment window to load.
-        CheckRestart=js.CheckRestart(Limit=3, Grace=healthy),
+        # Restart an engine that stops answering, once it has had the time a load
+        # of its weights takes: the grace starts when the engine does.
+        CheckRestart=js.CheckRestart(Limit=3, Grace=ns(limits.grace)),
     )
     service = js.Service(Name=job_id(model.name), Provider="nomad", PortLabel=PORT_LABEL,
                          Tags=tags(model.name, profile.name, fp), Checks=[check])
@@ -253,14 +324,13 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
                                          Operand="=", RTarget=profile.fabric))
-    tasks = [_engine_task(model, profile, need, cfg, src)]
+    tasks = [_engine_task(model, profile, need, cfg, src, service)]
     if src.fetch_url is not None:
         tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg))
     group = js.TaskGroup(
         Name=GROUP, Count=count, Constraints=constraints,
         Networks=[js.NetworkResource(Mode="host", DynamicPorts=[
             js.Port(Label=PORT_LABEL, To=_ENGINE_PORT[engine])])],
-        Services=[service],
         Volumes={CACHE_VOLUME: js.VolumeRequest(Name=CACHE_VOLUME, Type="host",
                                                 Source=cfg.cache_volume, ReadOnly=False)},
         Tasks=tasks,
