@@ -417,3 +417,68 @@ async def test_a_replica_still_downloading_is_not_restarted_by_its_health_check(
             assert (states["fetch"].restarts, states["engine"].restarts) == (0, 1)
         finally:
             await backend.close()
+
+
+async def _two_healthy(fake, backend) -> tuple[str, str]:
+    """Model a on fabric ib-a and model b on ib-b, both serving: different nodes."""
+    a, b = gpu_model("a", gpus=1, fabric="ib-a"), gpu_model("b", gpus=1, fabric="ib-b")
+    await applied(backend, catalog(a, b))
+    fake.settle()
+    fake.set_job_checks("llmgw-a", "success")
+    fake.set_job_checks("llmgw-b", "success")
+    await eventually(lambda: backend.endpoints("a") and backend.endpoints("b"),
+                     what="both models to serve")
+    [on_a] = fake.allocations("llmgw-a")
+    [on_b] = fake.allocations("llmgw-b")
+    assert on_a.node_name != on_b.node_name
+    return on_a.node_name, on_b.id
+
+
+async def test_a_node_answering_500_loses_its_traffic_and_the_rest_keep_updating(fake, backend):
+    """A 500 for one allocation's checks makes that one unknown; others still change."""
+    node_a, alloc_b = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, error="session open: session shutdown")
+    await eventually(lambda: backend.endpoints("a") == [], what="a to leave the rotation")
+    assert backend.endpoints("b")
+    fake.set_check(alloc_b, "failure")
+    await eventually(lambda: backend.endpoints("b") == [], what="b's failure to be seen")
+    assert backend.health().ok                          # a node's trouble, not an outage
+    fake.set_node_rpc(node_a)
+    await eventually(lambda: backend.endpoints("a"), what="a back once its node answers")
+
+
+async def test_a_slow_node_does_not_hold_up_the_other_allocations(fake, backend):
+    """While one node's check read hangs, another allocation's change shows at once."""
+    node_a, alloc_b = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, delay=120)
+    fake.set_check(alloc_b, "failure")
+    await eventually(lambda: backend.endpoints("b") == [], timeout=4,
+                     what="b's failure while a's node hangs")
+    await eventually(lambda: backend.endpoints("a") == [], what="a unknown after the timeout")
+    fake.set_node_rpc(node_a)
+
+
+async def test_replicas_are_listed_when_one_node_does_not_answer(fake, backend):
+    """The listing answers; the troubled replica says its health and memory are unknown."""
+    node_a, _ = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, error="session open: session shutdown")
+    await eventually(lambda: backend.endpoints("a") == [], what="a to leave the rotation")
+    replicas = {r.model: r for r in await backend.replicas()}
+    assert set(replicas) == {"a", "b"}
+    assert not replicas["a"].healthy
+    assert "health unknown, no traffic" in replicas["a"].message
+    assert "session shutdown" in replicas["a"].message
+    assert replicas["b"].healthy
+
+
+async def test_every_node_failing_at_once_is_the_agents_trouble_and_routing_stands(
+        fake, backend):
+    """No check readable on any of two nodes: an outage; the last healthy set keeps serving."""
+    node_a, _ = await _two_healthy(fake, backend)
+    node_b = next(a.node_name for a in fake.allocations("llmgw-b"))
+    known = (backend.endpoints("a"), backend.endpoints("b"))
+    for node in (node_a, node_b):
+        fake.set_node_rpc(node, error="session open: i/o deadline reached")
+    await eventually(lambda: not backend.health().ok, what="the outage to be reported")
+    assert "any of 2 nodes" in backend.health().message
+    assert (backend.endpoints("a"), backend.endpoints("b")) == known

@@ -123,7 +123,7 @@ class NomadBackend:
         self._discovery = Discovery(
             self._watch_client, self._offload, wait=watch_wait, check_interval=check_interval,
             backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
-        self._replicas = ReplicaReader(self._client)
+        self._replicas = ReplicaReader(self._client, self._offload)
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
@@ -635,8 +635,8 @@ class NomadBackend:
         health = dict(self._discovery.alloc_health)
         addresses = {r.AllocID: r for regs in self._discovery.registrations.values()
                      for r in regs}
-        return await self._offload.run(self._replicas.read, ids, health, addresses,
-                                       every_job=model is None)
+        return await self._replicas.read(ids, health, dict(self._discovery.unknown), addresses,
+                                         every_job=model is None)
 
     async def fleet(self) -> Fleet:
         nodes, allocs = await self._offload.run(self._fleet_inputs)
