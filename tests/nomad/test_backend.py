@@ -14,7 +14,7 @@ from llmgw.errors import BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.scheduler.nomad.render import render_job
 from llmgw.store import open_store
-from llmgw.testing.fake_nomad import FakeNomad, node_8x_h100_80g
+from llmgw.testing.fake_nomad import FakeNomad, node_8x_h100_80g, node_cpu_64c
 
 from .conftest import applied, catalog, config, cpu_model, eventually, gpu_model, make_backend
 from .shapes import GPU_CLASSES
@@ -482,3 +482,59 @@ async def test_every_node_failing_at_once_is_the_agents_trouble_and_routing_stan
     await eventually(lambda: not backend.health().ok, what="the outage to be reported")
     assert "any of 2 nodes" in backend.health().message
     assert (backend.endpoints("a"), backend.endpoints("b")) == known
+
+
+async def test_a_cpu_model_is_not_placed_on_a_gpu_node(fake, backend):
+    """Even when bin-packing favours a busy GPU node, a CPU model goes to the CPU node."""
+    await applied(backend, catalog(gpu_model("qwen", gpus=2)))
+    fake.settle()
+    await applied(backend, catalog(gpu_model("qwen", gpus=2), cpu_model("embed")))
+    fake.settle()
+    [alloc] = fake.allocations("llmgw-embed")
+    assert alloc.node_name == "cpu-01"
+
+
+def _two_cpu_nodes() -> FakeNomad:
+    return FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02")])
+
+
+async def test_replicas_are_spread_where_bin_packing_would_stack_them():
+    """Four replicas on two nodes, one of them busy: two each, not three on the busy one."""
+    with _two_cpu_nodes() as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            hog = cpu_model("hog", cores=40, memory="280GiB")
+            await applied(backend, catalog(hog))
+            fake.settle()
+            assert [a.node_name for a in fake.allocations("llmgw-hog")] == ["cpu-01"]
+            await applied(backend, catalog(hog, cpu_model("embed", cores=4, memory="8GiB",
+                                                         min_=4)))
+            fake.settle()
+            nodes = sorted(a.node_name for a in fake.allocations("llmgw-embed"))
+            assert nodes == ["cpu-01", "cpu-01", "cpu-02", "cpu-02"]
+        finally:
+            await backend.close()
+
+
+async def test_distinct_hosts_waits_for_a_node_of_its_own_and_says_so():
+    """Three replicas that must not share a node, two nodes: the third waits, with why."""
+    with _two_cpu_nodes() as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            m = cpu_model("embed", min_=3)
+            m = msgspec.structs.replace(m, profiles=[msgspec.structs.replace(
+                m.profiles[0], distinct_hosts=True)])
+            await applied(backend, catalog(m))
+            fake.settle()
+            assert sorted(a.node_name for a in fake.allocations("llmgw-embed")) == [
+                "cpu-01", "cpu-02"]
+            await applied(backend, catalog(m))
+            status = backend.status("embed")
+            assert status.waiting_for_capacity == (
+                "2 nodes that could run it already run a replica of embed, and its profile "
+                "asks for distinct_hosts; add nodes or lower its replicas")
+            assert "runs 2 of 3 replicas: waiting for capacity" in (status.shortfall or "")
+        finally:
+            await backend.close()

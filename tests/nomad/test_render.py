@@ -307,3 +307,36 @@ def test_rendering_settings_that_nomad_would_refuse_fail_at_startup(tmp_path):
     path.write_text("scheduler: {kind: nomad, nomad: {image_pull_timeout: 0s}}\n")
     with pytest.raises(ConfigError, match=r"scheduler\.nomad\.image_pull_timeout"):
         load_config(path, env={})
+
+
+def test_replicas_are_spread_across_nodes_or_kept_apart_when_the_profile_asks():
+    """A spread on ${node.unique.id} by default; distinct_hosts: true makes it a constraint."""
+    job = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 2, MIRROR))
+    group = job["TaskGroups"][0]
+    assert group["Spreads"] == [{"Attribute": "${node.unique.id}", "Weight": 100}]
+    apart = msgspec.structs.replace(LLAMA.profiles[0], distinct_hosts=True)
+    group = _json(render_job(LLAMA, apart, CFG, GPU_CLASSES, 2, MIRROR))["TaskGroups"][0]
+    assert "Spreads" not in group
+    assert {"Operand": "distinct_hosts", "RTarget": "true"} in group["Constraints"]
+    one = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    two = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 2, MIRROR))
+    assert one["Meta"]["llmgw_spec"] == two["Meta"]["llmgw_spec"]   # scaling is not a change
+
+
+def test_a_cpu_profile_keeps_off_gpu_nodes_unless_it_asks_for_them():
+    """CPU: ${meta.llmgw_gpu_class} is_not_set; gpu_nodes: true drops it; GPUs never get it."""
+    cpu = _json(render_job(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    off_gpu = {"LTarget": "${meta.llmgw_gpu_class}", "Operand": "is_not_set"}
+    assert off_gpu in cpu["TaskGroups"][0]["Constraints"]
+    allowed = msgspec.structs.replace(EMBED.profiles[0], gpu_nodes=True)
+    anywhere = _json(render_job(EMBED, allowed, CFG, GPU_CLASSES, 1, MIRROR))
+    assert off_gpu not in anywhere["TaskGroups"][0].get("Constraints", [])
+    gpu = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    assert off_gpu not in gpu["TaskGroups"][0]["Constraints"]
+
+
+def test_gpu_nodes_is_refused_on_a_gpu_profile():
+    """Only a CPU profile chooses whether to use GPU nodes; the error names the field."""
+    p = msgspec.structs.replace(LLAMA.profiles[0], gpu_nodes=True)
+    with pytest.raises(DefinitionError, match=r"profiles\[0\]\.gpu_nodes: only a CPU profile"):
+        build_catalog([msgspec.structs.replace(LLAMA, profiles=[p])], GPU_CLASSES)

@@ -58,10 +58,13 @@ def _what(need: Need, free: bool) -> str:
 
 
 def candidates(need: Need, nodes: Sequence[NodeView]) -> list[NodeView]:
-    """Nodes of the right GPU model and fabric, whatever their state or load."""
+    """Nodes of the right GPU model and fabric, whatever their state or load; for a CPU
+    replica, nodes without GPUs unless it may use GPU nodes (render ``_placement``)."""
     out = []
     for n in nodes:
         if need.gpus > 0 and n.gpu_device != need.gpu_device:
+            continue
+        if need.gpus == 0 and not need.gpu_nodes and n.gpu_device is not None:
             continue
         if need.fabric and n.fabric != need.fabric:
             continue
@@ -97,6 +100,9 @@ def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
         return (f"no node is on fabric {need.fabric}"
                 + (f" (fabrics: {', '.join(fabrics)})" if fabrics else ""))
     cands = candidates(need, nodes)
+    if not cands and need.gpus == 0 and not need.gpu_nodes and nodes:
+        return ("every node has GPUs, and a CPU profile keeps off GPU nodes; add a node "
+                "without GPUs, or set gpu_nodes: true on the profile")
     if not cands:
         return "the fleet has no nodes" if not nodes else f"no node has {_what(need, False)}"
     if any(_fits_total(need, n) for n in cands):
@@ -161,6 +167,14 @@ def classify(need: Need, metric: wire.AllocationMetric | None,
     if never is not None:
         return Verdict("never", never)
     cands = [n for n in candidates(need, nodes) if _fits_total(need, n)]
+    spread_out = (metric.ConstraintFiltered or {}).get("distinct_hosts", 0)
+    if spread_out:
+        # Nodes that could run it already run one of its replicas: more nodes (or
+        # fewer replicas) is the way out, not a different profile.
+        return Verdict("not_now", (
+            f"{spread_out} node{'s' if spread_out != 1 else ''} that could run it already "
+            f"run{'' if spread_out != 1 else 's'} a replica of {need.model}, and its profile "
+            "asks for distinct_hosts; add nodes or lower its replicas"))
     if metric.NodesExhausted == 0 and any(n.schedulable for n in cands):
         # A node that fits by every number we know was filtered anyway: a
         # driver, a datacenter, a constraint we do not model. Waiting will

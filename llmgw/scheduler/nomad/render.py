@@ -27,6 +27,19 @@ silently never run or never become healthy (docs/nomad-api.md §9):
   engine's ``Poststart`` (client/allocrunner/taskrunner/service_hook.go), once
   the image is pulled and the weights are on the node, so the grace only has to
   cover the load, and a restart restarts the engine alone;
+* replicas keep off each other's nodes, so one node failure never takes a
+  model down: the group spreads them on ``${node.unique.id}`` (Nomad's job
+  anti-affinity alone is one score among the bin-packing ones, and loses to
+  it: it stacks three of four replicas on the busier of two nodes
+  — scheduler/feasible/spread.go ``evenSpreadScoreBoost`` is what evens
+  them), or — ``distinct_hosts: true`` on the profile —
+  forbids sharing a node at all (scheduler/feasible/feasible.go
+  ``DistinctHostsIterator``), leaving a replica unplaced rather than beside
+  another;
+* a CPU profile keeps off GPU nodes (``${meta.llmgw_gpu_class}`` unset, the
+  meta every GPU client carries, nomad/client-gpu.hcl): a job constraint cannot
+  see devices, and a llama.cpp replica there takes the cores and memory that
+  node's GPUs need. ``gpu_nodes: true`` on the profile lifts that;
 * job meta records model, profile, fingerprint and a hash of the rendered
   spec. Changing meta replaces every allocation (surprise 8), so the
   reconciler never re-registers a job whose spec hash changed; it waits for
@@ -56,6 +69,7 @@ from llmgw.catalog.model import GpuClass, Model, Profile
 from llmgw.catalog.source import HfSource, UrlSource
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
 from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad.fleet import GPU_CLASS_META
 from llmgw.scheduler.nomad.jobspec import ns
 
 JOB_PREFIX = "llmgw-"
@@ -105,6 +119,7 @@ class Need(msgspec.Struct, frozen=True, kw_only=True):
     fabric: str | None
     cores: int
     memory: int              # bytes
+    gpu_nodes: bool = False  # a CPU replica may use GPU nodes
 
 
 def job_id(model_name: str) -> str:
@@ -134,6 +149,7 @@ def need_of(model: Model, profile: Profile, cfg: NomadConfig,
         gpu_memory=int(gc.memory) if gc and profile.gpus > 0 else None,
         gpu_vendor=gc.vendor if gc else "nvidia",
         fabric=profile.fabric, cores=cores, memory=memory,
+        gpu_nodes=profile.gpus == 0 and profile.gpu_nodes,
     )
 
 
@@ -292,6 +308,25 @@ def _fetch_task(cfg: NomadConfig, url: str, dest: str) -> js.Task:
     )
 
 
+def _placement(profile: Profile) -> tuple[list[js.Constraint], list[js.Spread]]:
+    """Where the group's replicas may go, besides what they reserve.
+
+    The spread is there whatever the count: with one replica it scores nothing, and
+    a spread that came and went with the count would change the spec on every
+    scale — which reads as a stale profile and waits for a rollout.
+    """
+    constraints: list[js.Constraint] = []
+    spreads: list[js.Spread] = []
+    if profile.gpus == 0 and not profile.gpu_nodes:
+        constraints.append(js.Constraint(LTarget=f"${{meta.{GPU_CLASS_META}}}",
+                                         Operand="is_not_set"))
+    if profile.distinct_hosts:
+        constraints.append(js.Constraint(Operand="distinct_hosts", RTarget="true"))
+    else:
+        spreads.append(js.Spread(Attribute="${node.unique.id}", Weight=100))
+    return constraints, spreads
+
+
 def tags(model: str, profile: str, fp: str) -> list[str]:
     return ["llmgw", f"model={model}", f"profile={profile}", f"fingerprint={fp}"]
 
@@ -320,7 +355,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     )
     service = js.Service(Name=job_id(model.name), Provider="nomad", PortLabel=PORT_LABEL,
                          Tags=tags(model.name, profile.name, fp), Checks=[check])
-    constraints = []
+    constraints, spreads = _placement(profile)
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
                                          Operand="=", RTarget=profile.fabric))
@@ -328,7 +363,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     if src.fetch_url is not None:
         tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg))
     group = js.TaskGroup(
-        Name=GROUP, Count=count, Constraints=constraints,
+        Name=GROUP, Count=count, Constraints=constraints, Spreads=spreads,
         Networks=[js.NetworkResource(Mode="host", DynamicPorts=[
             js.Port(Label=PORT_LABEL, To=_ENGINE_PORT[engine])])],
         Volumes={CACHE_VOLUME: js.VolumeRequest(Name=CACHE_VOLUME, Type="host",
