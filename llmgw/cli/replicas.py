@@ -114,7 +114,9 @@ def fleet(client: ApiClient, output: str) -> None:
     """Show pools (gpu class and fabric) and nodes with their free capacity.
 
     Free is what Nomad could place now: down, draining and ineligible nodes
-    are listed with their state and count nothing free.
+    are listed with their state and count nothing free. Configuration the fleet
+    contradicts — a gpu class declaring more memory than its cards report,
+    which keeps every job off them — is printed below, with the fix.
     """
     with failures():
         f = client.get("/api/v1/fleet")
@@ -136,3 +138,7 @@ def fleet(client: ApiClient, output: str) -> None:
          for n in f["nodes"]],
         ["node", "status", "gpu class", "fabric", "gpus free", "cores free", "memory free"],
     )
+    if f.get("warnings"):
+        click.echo()
+        for line in f["warnings"]:
+            click.echo(f"warning: {line}")

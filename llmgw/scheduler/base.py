@@ -78,6 +78,9 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     cores_free: int
     memory_total: int         # bytes
     memory_free: int
+    # Why jobs will not come here though its numbers say they fit (e.g. its cards
+    # report less memory than their gpu class declares)
+    warning: str | None = None
 
 
 class Pool(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +99,7 @@ class Pool(msgspec.Struct, frozen=True, kw_only=True):
 class Fleet(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[NodeView]
     pools: list[Pool]
+    warnings: list[str] = []    # configuration the fleet contradicts, and the fix
 
 
 class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):

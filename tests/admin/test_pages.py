@@ -280,6 +280,20 @@ async def test_an_external_model_added_at_runtime_can_be_removed_from_its_page(
     assert "ext" not in ctx.models.catalog
 
 
+async def test_the_fleet_page_warns_of_a_gpu_class_its_cards_cannot_meet(
+        admin: AsyncTestClient, backend: FleetBackend) -> None:
+    """The fleet's warnings show as a banner, and on each node they concern."""
+    warning = ("gpu class h100-80g declares 81920 MiB per card but gpu-h100-a1 report 81559 "
+               "MiB: the device memory constraint (${device.attr.memory} >= 81920 MiB) "
+               "excludes it; set gpu_classes.h100-80g.memory to 81559MiB")
+    backend.fleet_warnings.append(warning)
+    page = html.unescape((await admin.get("/admin/fleet")).text)
+    assert f'<p class="banner warn fleet-warning">{warning}</p>' in page
+    node = re.search(r'<tr data-node="gpu-h100-a1">(.*?)</tr>', page, re.S)
+    assert node
+    assert "81559 MiB" in node.group(1)
+
+
 async def test_the_fleet_page_answers_when_the_scheduler_fails_or_hangs(
         admin: AsyncTestClient, backend: FleetBackend,
         monkeypatch: pytest.MonkeyPatch) -> None:

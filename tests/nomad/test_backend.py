@@ -8,7 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.catalog.build import build_catalog
 from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import GpuClass
 from llmgw.catalog.units import Size
 from llmgw.errors import BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
@@ -538,3 +540,33 @@ async def test_distinct_hosts_waits_for_a_node_of_its_own_and_says_so():
             assert "runs 2 of 3 replicas: waiting for capacity" in (status.shortfall or "")
         finally:
             await backend.close()
+
+
+MARKETING_80G = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("80GiB")),
+                 "l40s-48g": GPU_CLASSES["l40s-48g"]}
+
+
+async def test_a_gpu_class_declaring_more_memory_than_cards_report_is_named_with_both_numbers(
+        fake):
+    """"80GiB" for an H100 that reports 81559 MiB: placement and the fleet say which
+    constraint excludes the nodes, with both numbers and the value to write."""
+    cfg = msgspec.structs.replace(config(fake), gpu_classes=MARKETING_80G)
+    backend = make_backend(fake, cfg=cfg)
+    await backend.start()
+    try:
+        m = gpu_model("qwen", gpus=2)
+        with pytest.raises(PlacementError) as err:
+            await backend.check_placement(m, build_catalog([m], MARKETING_80G))
+        assert ("the device memory constraint (${device.attr.memory} >= 81920 MiB, from gpu "
+                "class h100-80g) excludes every node with NVIDIA H100 80GB HBM3: their cards "
+                "report 81559 MiB; set gpu_classes.h100-80g.memory to 81559MiB"
+                ) in err.value.message
+        fleet = await backend.fleet()
+        [warning] = fleet.warnings
+        assert warning.startswith("gpu class h100-80g declares 81920 MiB per card but "
+                                  "gpu-h100-01, gpu-h100-02, gpu-h100-03 report 81559 MiB")
+        node = next(n for n in fleet.nodes if n.name == "gpu-h100-01")
+        assert "excludes it; set gpu_classes.h100-80g.memory to 81559MiB" in (node.warning or "")
+        assert next(n for n in fleet.nodes if n.name == "gpu-l40s-01").warning is None
+    finally:
+        await backend.close()

@@ -5,10 +5,11 @@ fleet view, and returns a ``Verdict``. The two kinds of failure are kept
 apart because they call for opposite answers:
 
 * **never** — no node of the fleet could run the profile even if it were
-  empty: no node has that GPU model, none carries the fabric, none has that
-  many GPUs, cores or that much memory in total, or Nomad filtered every
-  node for a reason llmgw does not model (a missing driver, a datacenter
-  with no nodes). Refused at add time (``PlacementError``, HTTP 400):
+  empty: no node has that GPU model, its cards report less memory than the
+  gpu class declares (the device constraint excludes them), none carries the
+  fabric, none has that many GPUs, cores or that much memory in total, or
+  Nomad filtered every node for a reason llmgw does not model (a missing
+  driver, a datacenter with no nodes). Refused at add time (``PlacementError``, HTTP 400):
   waiting would wait forever.
 * **not now** — some node could, but its capacity is taken. Accepted; the
   model shows ``waiting_for_capacity`` with this reason until Nomad places
@@ -34,6 +35,7 @@ from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.render import Need
 
 VerdictKind = Literal["fits", "not_now", "never"]
+MIB = 1024 * 1024
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -62,7 +64,7 @@ def candidates(need: Need, nodes: Sequence[NodeView]) -> list[NodeView]:
     replica, nodes without GPUs unless it may use GPU nodes (render ``_placement``)."""
     out = []
     for n in nodes:
-        if need.gpus > 0 and n.gpu_device != need.gpu_device:
+        if need.gpus > 0 and (n.gpu_device != need.gpu_device or _too_little_memory(need, n)):
             continue
         if need.gpus == 0 and not need.gpu_nodes and n.gpu_device is not None:
             continue
@@ -82,6 +84,12 @@ def _fits_free(need: Need, n: NodeView) -> bool:
             and n.memory_free >= need.memory)
 
 
+def _too_little_memory(need: Need, n: NodeView) -> bool:
+    """The node's cards report less memory than the job's device constraint asks for."""
+    return (need.gpus > 0 and need.gpu_memory is not None and n.gpu_memory is not None
+            and n.gpu_memory < need.gpu_memory)
+
+
 def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
     """The reason no node could ever hold one replica, judged by totals; None if one could."""
     if need.gpus > 0:
@@ -90,6 +98,13 @@ def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
             seen = sorted({n.gpu_device for n in nodes if n.gpu_device})
             have = (f"the fleet has {', '.join(seen)}" if seen else "no node reports a GPU")
             return f"no node has a {need.gpu_device} GPU ({have})"
+        if all(_too_little_memory(need, n) for n in with_device):
+            reported = max(n.gpu_memory or 0 for n in with_device) // MIB
+            asked = (need.gpu_memory or 0) // MIB
+            return (f"the device memory constraint (${{device.attr.memory}} >= {asked} MiB, "
+                    f"from gpu class {need.gpu_class}) excludes every node with "
+                    f"{need.gpu_device}: their cards report {reported} MiB; set "
+                    f"gpu_classes.{need.gpu_class}.memory to {reported}MiB")
         if need.fabric and not any(n.fabric == need.fabric for n in with_device):
             fabrics = sorted({n.fabric for n in with_device if n.fabric})
             where = (f"nodes with it are on {', '.join(fabrics)}" if fabrics
