@@ -98,6 +98,12 @@ LOAD_RATE = 512 * MIB            # bytes per second
 # graph capture and torch.compile for vLLM take minutes on large models.
 ENGINE_START = 600.0             # seconds
 _ENGINE_PORT = {"vllm": 8000, "llama.cpp": 8080}
+# The same for every job, so built once (frozen structs with no mutable fields).
+_CHECK_INTERVAL, _CHECK_TIMEOUT = ns(10), ns(5)
+_MIN_HEALTHY, _STAGGER, _SHUTDOWN_DELAY = ns(MIN_HEALTHY_TIME), ns(30), ns(10)
+_RESTART = js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail")
+_RESCHEDULE = js.ReschedulePolicy(Unlimited=True, Delay=ns(60), DelayFunction="exponential",
+                                  MaxDelay=ns(3600))
 # Both servers answer 200 on /health only once the model is loaded, which is
 # what makes the check a readiness signal rather than a liveness one.
 HEALTH_PATH = {"vllm": "/health", "llama.cpp": "/health"}
@@ -348,7 +354,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     engine = model.engine
     check = js.ServiceCheck(
         Name="health", Type="http", Path=HEALTH_PATH[engine], Method="GET",
-        Interval=ns(10), Timeout=ns(5),
+        Interval=_CHECK_INTERVAL, Timeout=_CHECK_TIMEOUT,
         # Restart an engine that stops answering, once it has had the time a load
         # of its weights takes: the grace starts when the engine does.
         CheckRestart=js.CheckRestart(Limit=3, Grace=ns(limits.grace)),
@@ -370,19 +376,18 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                                 Source=cfg.cache_volume, ReadOnly=False)},
         Tasks=tasks,
         Update=js.UpdateStrategy(
-            MaxParallel=1, HealthCheck="checks", MinHealthyTime=ns(MIN_HEALTHY_TIME),
+            MaxParallel=1, HealthCheck="checks", MinHealthyTime=_MIN_HEALTHY,
             HealthyDeadline=healthy, ProgressDeadline=progress,
             # A load that fails its deadline is usually a node or a mirror
             # problem; reverting would restart the previous version's load too.
-            AutoRevert=False, Canary=0, Stagger=ns(30),
+            AutoRevert=False, Canary=0, Stagger=_STAGGER,
         ),
         Migrate=js.MigrateStrategy(MaxParallel=1, HealthCheck="checks",
-                                   MinHealthyTime=ns(MIN_HEALTHY_TIME), HealthyDeadline=healthy),
-        RestartPolicy=js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail"),
-        ReschedulePolicy=js.ReschedulePolicy(Unlimited=True, Delay=ns(60),
-                                             DelayFunction="exponential", MaxDelay=ns(3600)),
+                                   MinHealthyTime=_MIN_HEALTHY, HealthyDeadline=healthy),
+        RestartPolicy=_RESTART,
+        ReschedulePolicy=_RESCHEDULE,
         # Time for the gateway to see the registration go before the engine dies.
-        ShutdownDelay=ns(10),
+        ShutdownDelay=_SHUTDOWN_DELAY,
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}
