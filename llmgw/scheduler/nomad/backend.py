@@ -25,6 +25,11 @@ operator actions — ``rollout`` — and the gateway's on-demand scaling
 (``set_demand``) act from whichever instance received them: they are one
 request each, and waiting for the leader would only add latency.
 
+Each pass also reads every job's latest deployment, and re-submits a job
+whose current version's deployment failed while replicas are missing —
+Nomad places none of them after such a failure (``reconcile`` argues the
+design, and why llmgw keeps deployments at all).
+
 When Nomad cannot be reached the reconciler retries with exponential
 back-off (1 s doubling to ``backoff_max``), ``health()`` reports the outage
 with the time it began, and discovery keeps the endpoints it last knew
@@ -371,6 +376,8 @@ class NomadBackend:
             states[jid] = st
         for gone in set(self._current) - set(states):
             del self._current[gone]
+        for gone in set(self._versions) - set(states):
+            del self._versions[gone]
         return states
 
     async def _pass(self, catalog: Catalog, *, act: bool) -> None:

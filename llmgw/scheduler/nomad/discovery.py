@@ -26,9 +26,10 @@ node answers (command/agent/alloc_endpoint.go ``allocChecks``). So the reads
 run **concurrently and each on its own**: a read that times out or fails for
 one allocation marks that allocation *unknown* — no traffic, since nothing
 says it still serves — while the others keep updating every interval. A
-read still in flight is not started again, a node holds at most ``PER_NODE``
-reads at a time, and the reads have threads of their own, so a wedged node
-cannot take the threads the rest (or the reconciler) need. Two cases stay
+read still in flight is not started again, a node that is slow or did not
+answer is probed ``PER_NODE`` reads at a time, and the reads have threads of
+their own, so a wedged node cannot take the threads the rest (or the
+reconciler) need. Two cases stay
 "Nomad is unreachable" rather than "that node": the agent refusing
 connections, and a round in which every read failed on allocations of two or
 more nodes — one fault shared by every node is the agent's, and the last
@@ -240,9 +241,12 @@ class Discovery:
         busy: dict[str, int] = {}
         for node in self._inflight.values():
             busy[node] = busy.get(node, 0) + 1
+        # A node still answering an earlier round, or whose allocations did not answer,
+        # is probed PER_NODE reads at a time; the others have all theirs read at once.
+        slow = set(busy) | {nodes[a] for a in self.unknown if a in nodes}
         batch = []
         for alloc_id, node in sorted(nodes.items()):
-            if alloc_id in self._inflight or busy.get(node, 0) >= PER_NODE:
+            if alloc_id in self._inflight or (node in slow and busy.get(node, 0) >= PER_NODE):
                 continue
             busy[node] = busy.get(node, 0) + 1
             batch.append((alloc_id, node))
