@@ -33,6 +33,7 @@ from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
 
 GiB = 1024**3
+MiB = 1024**2
 
 
 class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -66,10 +67,17 @@ class NomadConfig(_Conf, frozen=True):
     # Nomad's own defaults (100 MHz, 300 MB) get an engine killed as it loads.
     cores_per_gpu: int = 4
     memory_per_gpu: Size = Size(32 * GiB, "32GiB")
-    # Deployment deadlines; a model load takes many minutes. Nomad's
-    # defaults (5m, 10m) fail the deployment of a large model.
+    # The least each job's deployment deadlines are: a model whose weights take
+    # longer to pull, fetch and load gets more (render.deadlines sizes them).
+    # Nomad's defaults (5m, 10m) fail the deployment of a large model.
     healthy_deadline: Duration = Duration(3600, "1h")
     progress_deadline: Duration = Duration(7200, "2h")
+    # How long the Docker driver may pull an engine image; its own default (5m)
+    # fails a first pull of vLLM's ~10 GB image on an ordinary link.
+    image_pull_timeout: Duration = Duration(1800, "30m")
+    # What one replica fetches per second from the mirror (or the Hub), used to
+    # size the deadlines of a model from the bytes it has to download.
+    download_rate: Size = Size(100 * MiB, "100MiB")
 
 
 class LocalConfig(_Conf, frozen=True):
@@ -218,6 +226,15 @@ def _check_nomad(cfg: NomadConfig) -> None:
     if cfg.timeout <= 0:
         raise ConfigError("scheduler.nomad.timeout: must be more than 0 seconds",
                           field="scheduler.nomad.timeout")
+    if cfg.image_pull_timeout < 1:
+        raise ConfigError("scheduler.nomad.image_pull_timeout: must be at least 1s (the "
+                          "Docker driver's pull gives up after it)",
+                          field="scheduler.nomad.image_pull_timeout")
+    if cfg.download_rate < MiB:
+        raise ConfigError(
+            f"scheduler.nomad.download_rate: {cfg.download_rate.text} per second is less "
+            "than 1MiB; write what a node fetches from the mirror per second, e.g. 100MiB",
+            field="scheduler.nomad.download_rate")
 
 
 def _check_local(cfg: LocalConfig) -> None:

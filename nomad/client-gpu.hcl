@@ -30,8 +30,10 @@ client {
   # llmgw_fabric: the interconnect group a profile's `fabric` names. A replica
   # with tensor parallelism never leaves one node, but models that are placed
   # together expect one fabric; set it per island (ib-a, ib-b, ...).
-  # llmgw_gpu_class: the gpu_classes entry this card is (a label for people and
-  # the fleet view; jobs are constrained on the device string itself).
+  # llmgw_gpu_class: the gpu_classes entry this card is. Jobs are constrained on
+  # the device string itself, but this meta is what marks a GPU node: CPU models
+  # keep off nodes that carry it (unless their profile sets gpu_nodes: true), so
+  # every GPU client must set it and no CPU client may.
   meta {
     llmgw_fabric    = "ib-a"
     llmgw_gpu_class = "h100-80g"

@@ -35,10 +35,10 @@ client {
   }
 
   # Read by llmgw's fleet view and placement: the fabric a GPU profile may ask
-  # for (scheduler.nomad.fabric_meta_key), and the gpu class as a label.
+  # for (scheduler.nomad.fabric_meta_key). No llmgw_gpu_class: that meta marks a
+  # GPU node, and CPU models keep off nodes that carry it.
   meta {
-    llmgw_fabric    = "dev"
-    llmgw_gpu_class = "none"
+    llmgw_fabric = "dev"
   }
 
   # Keep two cores and 2 GiB for the agent and the OS; llmgw's replicas

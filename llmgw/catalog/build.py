@@ -160,6 +160,11 @@ def _check_profile(
     if p.memory is not None and p.memory <= 0:
         raise DefinitionError(f"{where}.memory: must be more than 0", field=f"{where}.memory")
     if p.gpus > 0:
+        if p.gpu_nodes:
+            raise DefinitionError(
+                f"{where}.gpu_nodes: only a CPU profile (gpus: 0) chooses whether to use GPU "
+                "nodes; a GPU profile runs on them by definition — remove gpu_nodes",
+                field=f"{where}.gpu_nodes")
         if not p.gpu_class:
             raise DefinitionError(
                 f"{where}.gpu_class: a profile with gpus: {p.gpus} must name a gpu class "

@@ -35,6 +35,13 @@ class Profile(_Spec, frozen=True):
     ``gpus`` is the count on one node and the tensor-parallel size; 0 is a CPU
     profile, which must declare ``memory`` and ``cpu_cores``. The first
     profile whose needs the fleet can meet is used.
+
+    Where replicas go (the Nomad scheduler; the embedded one has one machine):
+    replicas of a model with more than one are spread across nodes and share a
+    node only when no other has room; ``distinct_hosts: true`` forbids sharing
+    outright, so a replica with no node of its own waits for one instead. A CPU
+    profile runs only on nodes without GPUs — their cores and memory are what
+    the GPU replicas there need — unless ``gpu_nodes: true``.
     """
 
     name: str
@@ -47,6 +54,8 @@ class Profile(_Spec, frozen=True):
     memory: Size | None = None
     engine_args: list[str] = []
     env: dict[str, str] = {}
+    distinct_hosts: bool = False
+    gpu_nodes: bool = False
 
 
 class Scaling(_Spec, frozen=True):

@@ -42,10 +42,14 @@ def _status_text(m: dict[str, Any]) -> str:
     if m.get("external"):
         return "external"
     parts = [f"{st.get('ready', 0)}/{st.get('desired', 0)} ready"]
-    if st.get("waiting_for_capacity"):
+    if st.get("shortfall"):       # the reason it is short, waiting or crash loop included
+        parts.append(st["shortfall"])
+    elif st.get("waiting_for_capacity"):
         parts.append(f"waiting for capacity: {st['waiting_for_capacity']}")
-    if st.get("crash_loop"):
+    elif st.get("crash_loop"):
         parts.append("crash loop")
+    if st.get("deployment_failed"):
+        parts.append("deployment failed")
     if m.get("stale_replicas"):
         parts.append(f"{m['stale_replicas']} stale profile")
     if m.get("memory_warnings"):

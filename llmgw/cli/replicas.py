@@ -64,11 +64,15 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
     """List replicas: node, state, health, profile, memory used against reserved.
 
     "stale profile" marks a replica started with an older definition of its
-    profile; `llmgw ctl rollout MODEL` replaces it.
+    profile; `llmgw ctl rollout MODEL` replaces it. Below the table, each model
+    that runs fewer replicas than it should says why (waiting for capacity, a
+    crash loop, a failed deployment), and a failed rollout says what happened.
     """
     path = "/api/v1/replicas" + (f"?model={quote(name)}" if name else "")
     with failures():
         rows = client.get(path)
+        models = [client.get(f"/api/v1/models/{quote(name)}")] if name else \
+            client.get("/api/v1/models")
     if output == "json":
         print_json(rows)
         return
@@ -78,6 +82,22 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
         ["model", "replica", "node", "state", "healthy", "profile", "memory used/reserved",
          "note"],
     )
+    notes = [line for m in models for line in _model_notes(m)]
+    if notes:
+        click.echo()
+        for line in notes:
+            click.echo(line)
+
+
+def _model_notes(m: dict[str, Any]) -> list[str]:
+    """What a model's status says about replicas it lacks, one line each."""
+    st = m.get("status") or {}
+    out = []
+    if st.get("shortfall"):
+        out.append(f"{m['name']}: {st['shortfall']}")
+    if st.get("deployment_failed"):
+        out.append(f"{m['name']}: {st['deployment_failed']}")
+    return out
 
 
 def _short_id(replica_id: str) -> str:
@@ -94,7 +114,9 @@ def fleet(client: ApiClient, output: str) -> None:
     """Show pools (gpu class and fabric) and nodes with their free capacity.
 
     Free is what Nomad could place now: down, draining and ineligible nodes
-    are listed with their state and count nothing free.
+    are listed with their state and count nothing free. Configuration the fleet
+    contradicts — a gpu class declaring more memory than its cards report,
+    which keeps every job off them — is printed below, with the fix.
     """
     with failures():
         f = client.get("/api/v1/fleet")
@@ -116,3 +138,7 @@ def fleet(client: ApiClient, output: str) -> None:
          for n in f["nodes"]],
         ["node", "status", "gpu class", "fabric", "gpus free", "cores free", "memory free"],
     )
+    if f.get("warnings"):
+        click.echo()
+        for line in f["warnings"]:
+            click.echo(f"warning: {line}")

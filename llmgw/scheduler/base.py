@@ -55,6 +55,10 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     last_placement_failure: str | None = None
     last_error: str | None = None
     crash_loop: bool = False
+    # Why it runs fewer replicas than ``desired``, when it does
+    shortfall: str | None = None
+    # The scheduler's last rollout of the model's current version failed, and what followed
+    deployment_failed: str | None = None
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +78,9 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     cores_free: int
     memory_total: int         # bytes
     memory_free: int
+    # Why jobs will not come here though its numbers say they fit (e.g. its cards
+    # report less memory than their gpu class declares)
+    warning: str | None = None
 
 
 class Pool(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +99,7 @@ class Pool(msgspec.Struct, frozen=True, kw_only=True):
 class Fleet(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[NodeView]
     pools: list[Pool]
+    warnings: list[str] = []    # configuration the fleet contradicts, and the fix
 
 
 class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
@@ -94,7 +95,10 @@ class FleetBackend:
     hungry: set[str] = field(default_factory=set)         # measured memory above reserved
     waiting: dict[str, str] = field(default_factory=dict)  # waiting for capacity, and why
     placement_failures: dict[str, str] = field(default_factory=dict)
+    shortfalls: dict[str, str] = field(default_factory=dict)      # fewer than desired, why
+    deployments_failed: dict[str, str] = field(default_factory=dict)
     rollouts: list[str] = field(default_factory=list)
+    fleet_warnings: list[str] = field(default_factory=list)
 
     async def start(self) -> None:
         return None
@@ -151,7 +155,9 @@ class FleetBackend:
         running = self._of(m)
         return ModelStatus(desired=m.scaling.min, ready=len(running),
                            waiting_for_capacity=self.waiting.get(model),
-                           last_placement_failure=self.placement_failures.get(model))
+                           last_placement_failure=self.placement_failures.get(model),
+                           shortfall=self.shortfalls.get(model),
+                           deployment_failed=self.deployments_failed.get(model))
 
     async def fleet(self) -> Fleet:
         nodes = [node_8x_h100_80g("gpu-h100-a1", "ib-a", 3),
@@ -167,7 +173,10 @@ class FleetBackend:
             Pool(name="cpu", gpu_class=None, fabric=None, gpu_memory=None, nodes=["cpu-64c-1"],
                  gpus_total=0, gpus_free=0, largest_free_gpus_on_a_node=0),
         ]
-        return Fleet(nodes=nodes, pools=pools)
+        if self.fleet_warnings:
+            nodes = [msgspec.structs.replace(n, warning=self.fleet_warnings[0])
+                     if n.gpu_class else n for n in nodes]
+        return Fleet(nodes=nodes, pools=pools, warnings=list(self.fleet_warnings))
 
     def health(self) -> BackendHealth:
         return BackendHealth(ok=True)

@@ -233,6 +233,23 @@ async def test_the_list_shows_origin_capacity_waits_and_placement_failures(
     assert "exceeds the 8.0GiB reserved" in trial.group(1)
 
 
+async def test_a_model_short_of_replicas_says_why_in_the_list_and_on_its_page(
+        admin: AsyncTestClient, backend: FleetBackend) -> None:
+    """The scheduler's shortfall and a failed deployment show in the row and the fragment."""
+    short = ("runs 1 of 2 replicas: Nomad's deployment of job version 3 failed with 1 of 2 "
+             "healthy (Failed due to progress deadline)")
+    backend.shortfalls["prod-chat"] = short
+    backend.deployments_failed["prod-chat"] = "llmgw submitted the job again"
+    page = html.unescape((await admin.get("/admin/fragments/models")).text)
+    row = re.search(r'<tr data-model="prod-chat">(.*?)</tr>', page, re.S)
+    assert row
+    assert short in row.group(1)
+    assert "llmgw submitted the job again" in row.group(1)
+    assert '<li class="ok">' not in row.group(1)
+    detail = html.unescape((await admin.get("/admin/fragments/models/prod-chat")).text)
+    assert short in detail
+
+
 async def test_the_fleet_page_lists_pools_and_nodes(admin: AsyncTestClient) -> None:
     """Pools by class and fabric with free GPUs, and each node's free capacity."""
     page = (await admin.get("/admin/fleet")).text
@@ -287,6 +304,20 @@ async def test_an_external_model_added_at_runtime_can_be_removed_from_its_page(
                          data={"csrf": token, "confirm": "ext"})
     assert r.status_code == 303
     assert "ext" not in ctx.models.catalog
+
+
+async def test_the_fleet_page_warns_of_a_gpu_class_its_cards_cannot_meet(
+        admin: AsyncTestClient, backend: FleetBackend) -> None:
+    """The fleet's warnings show as a banner, and on each node they concern."""
+    warning = ("gpu class h100-80g declares 81920 MiB per card but gpu-h100-a1 report 81559 "
+               "MiB: the device memory constraint (${device.attr.memory} >= 81920 MiB) "
+               "excludes it; set gpu_classes.h100-80g.memory to 81559MiB")
+    backend.fleet_warnings.append(warning)
+    page = html.unescape((await admin.get("/admin/fleet")).text)
+    assert f'<p class="banner warn fleet-warning">{warning}</p>' in page
+    node = re.search(r'<tr data-node="gpu-h100-a1">(.*?)</tr>', page, re.S)
+    assert node
+    assert "81559 MiB" in node.group(1)
 
 
 async def test_the_fleet_page_answers_when_the_scheduler_fails_or_hangs(

@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import uvicorn
 from click.testing import CliRunner
 
 from llmgw.api.app import create_app
+from llmgw.catalog.model import GpuClass
+from llmgw.catalog.units import Size
 from llmgw.cli import main
 from llmgw.config import AdminToken
 from llmgw.control.context import AppContext
@@ -72,9 +75,12 @@ async def serving(ctx: AppContext) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def instance(fake: FakeNomad, store: Store, holder: str) -> AsyncIterator[Instance]:
+async def instance(fake: FakeNomad, store: Store, holder: str,
+                   gpu_classes: dict[str, GpuClass] | None = None) -> AsyncIterator[Instance]:
     """One llmgw API process, wired as llmgw.server does (without the gateway)."""
     cfg = config(fake, server={"admin_tokens": [AdminToken(name="ops", token=TOKEN)]})
+    if gpu_classes is not None:
+        cfg = msgspec.structs.replace(cfg, gpu_classes=gpu_classes)
     backend = make_backend(fake, store, cfg, holder=holder)
     svc = ModelService(cfg.models, dict(cfg.gpu_classes), store,
                        placement_check=backend.check_placement)
@@ -258,3 +264,29 @@ async def test_ctl_fleet_replicas_and_rollout(fake, api):
     missing = await _ctl(url, "rollout", "nope")
     assert missing.exit_code == 1
     assert "nope" in missing.output
+
+
+async def test_ctl_replicas_says_why_a_model_runs_fewer_replicas(fake, api):
+    """Below the table: the model that is short, and why (waiting for GPUs here)."""
+    await api.client.post("/api/v1/models", json={**gpu_body("big", 8, "ib-b"),
+                                                  "scaling": {"min": 2}}, headers=ADMIN)
+    await api.backend.reconciled()
+    fake.settle()
+    await api.backend.apply(api.models.catalog)
+    await api.backend.reconciled()
+    reps = await _ctl(api.url, "replicas", "big")
+    assert reps.exit_code == 0, reps.output
+    assert "big: runs 1 of 2 replicas: waiting for capacity: no node with 8 free NVIDIA " \
+           "H100 80GB HBM3 on fabric ib-b" in reps.output
+
+
+async def test_ctl_fleet_names_a_gpu_class_whose_memory_no_card_reports(fake, store):
+    """`ctl fleet` warns that the device memory constraint excludes the nodes, both numbers."""
+    marketing = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3",
+                                      memory=Size.parse("80GiB"))}
+    async with instance(fake, store, "api-1", gpu_classes=marketing) as inst:
+        out = await _ctl(inst.url, "fleet")
+        assert out.exit_code == 0, out.output
+        assert ("warning: gpu class h100-80g declares 81920 MiB per card but gpu-h100-01, "
+                "gpu-h100-02, gpu-h100-03 report 81559 MiB: the device memory constraint "
+                "(${device.attr.memory} >= 81920 MiB) excludes it") in out.output

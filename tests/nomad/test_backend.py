@@ -8,13 +8,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.catalog.build import build_catalog
 from llmgw.catalog.fingerprint import fingerprint
+from llmgw.catalog.model import GpuClass
 from llmgw.catalog.units import Size
 from llmgw.errors import BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.scheduler.nomad.render import render_job
 from llmgw.store import open_store
-from llmgw.testing.fake_nomad import FakeNomad
+from llmgw.testing.fake_nomad import FakeNomad, node_8x_h100_80g, node_cpu_64c
 
 from .conftest import applied, catalog, config, cpu_model, eventually, gpu_model, make_backend
 from .shapes import GPU_CLASSES
@@ -308,3 +310,263 @@ async def test_only_the_lease_holder_reconciles(fake, tmp_path: Path):
         await a.close()
         await b.close()
         await store.close()
+
+
+async def test_a_failed_deployment_never_leaves_a_model_short_silently(fake, backend):
+    """Past its progress deadline with one of two placed, the next pass says so and
+    re-submits the job; when GPUs free up, the missing replica is placed beside the first."""
+    m = gpu_model("big", gpus=8, fabric="ib-b", min_=2)     # ib-b has one 8-GPU node
+    await applied(backend, catalog(m))
+    fake.settle()
+    [first] = fake.allocations("llmgw-big")
+    fake.set_check(first.id, "success")
+    version = fake.job("llmgw-big")["Version"]
+    deadline = fake.job("llmgw-big")["TaskGroups"][0]["Update"]["ProgressDeadline"] / 1e9
+    fake.advance(deadline + 1)
+    assert fake.deployment("llmgw-big").status == "failed"
+    await applied(backend, catalog(m))                      # one pass
+    status = backend.status("big")
+    assert "Failed due to progress deadline" in (status.deployment_failed or "")
+    assert (status.shortfall or "").startswith(
+        "runs 1 of 2 replicas: Nomad's deployment of job version")
+    fake.settle()
+    assert fake.job("llmgw-big")["Version"] == version + 1  # re-submitted, same spec
+    assert fake.deployment("llmgw-big").status == "running"
+    fake.add_node(node_8x_h100_80g("gpu-h100-04", "ib-b"))
+    fake.settle()
+    allocs = fake.allocations("llmgw-big")
+    assert len(allocs) == 2
+    assert first.id in {a.id for a in allocs}              # the serving one was kept
+
+
+async def test_the_crash_loop_report_reads_only_the_current_version():
+    """Failures of an earlier version do not make a fresh rollout look like a crash loop."""
+    with FakeNomad(auto_run=False) as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            old = cpu_model("embed", context=8192)
+            await applied(backend, catalog(old))
+            fake.settle()
+            [a1] = fake.allocations("llmgw-embed")
+            fake.run_alloc(a1.id)
+            fake.set_check(a1.id, "success")
+            fake.fail_alloc(a1.id, "Exit Code: 139")
+            fake.settle()
+            new = cpu_model("embed", context=4096)
+            await applied(backend, catalog(new))
+            await backend.rollout("embed")
+            fake.settle()
+            await applied(backend, catalog(new))
+            assert backend.status("embed").crash_loop is False   # v1 is only loading
+            [fresh] = fake.allocations("llmgw-embed")
+            fake.run_alloc(fresh.id)
+            fake.fail_alloc(fresh.id, "Exit Code: 1")
+            fake.settle()
+            await applied(backend, catalog(new))
+            status = backend.status("embed")
+            assert status.crash_loop is True
+            assert "crash loop: 1 replica of job version" in (status.shortfall or "")
+        finally:
+            await backend.close()
+
+
+async def test_rollout_after_a_failed_rollout_tries_again(fake, backend):
+    """Registering an unchanged spec is a no-op for Nomad; rollout then makes a new version."""
+    m = cpu_model("embed", min_=2)
+    await applied(backend, catalog(m))
+    fake.settle()
+    fake.set_job_checks("llmgw-embed", "success")
+    edited = cpu_model("embed", min_=2, context=4096)
+    await applied(backend, catalog(edited))
+    await backend.rollout("embed")
+    fake.settle()
+    deadline = fake.job("llmgw-embed")["TaskGroups"][0]["Update"]["ProgressDeadline"] / 1e9
+    fake.advance(deadline + 1)                     # the new replica never turned healthy
+    assert fake.deployment("llmgw-embed").status == "failed"
+    await applied(backend, catalog(edited))
+    assert "`llmgw ctl rollout embed` tries again" in (
+        backend.status("embed").deployment_failed or "")
+    version = fake.job("llmgw-embed")["Version"]
+    await backend.rollout("embed")
+    fake.settle()
+    assert fake.job("llmgw-embed")["Version"] == version + 1
+    assert fake.deployment("llmgw-embed").status == "running"
+
+
+async def test_a_replica_still_downloading_is_not_restarted_by_its_health_check():
+    """check_restart's grace starts when the engine starts, so a long fetch runs to its end;
+    once the engine runs, a check that never passes restarts the engine, not the fetch."""
+    with FakeNomad(auto_run=False) as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            await applied(backend, catalog(cpu_model("embed")))
+            fake.settle()
+            [alloc] = fake.allocations("llmgw-embed")
+            fake.run_alloc(alloc.id, through_prestart=False)       # fetching the weights
+            group = fake.job("llmgw-embed")["TaskGroups"][0]
+            fake.advance(group["Update"]["HealthyDeadline"] / 1e9 + 60)
+            states = fake.allocations("llmgw-embed")[0].task_states
+            assert (states["fetch"].restarts, states["fetch"].state) == (0, "running")
+            assert fake.services("llmgw-embed") == []               # not registered yet
+            fake.finish_prestart(alloc.id)
+            assert len(fake.services("llmgw-embed")) == 1
+            engine = next(t for t in group["Tasks"] if t["Name"] == "engine")
+            grace = engine["Services"][0]["Checks"][0]["CheckRestart"]["Grace"] / 1e9
+            fake.advance(grace + 2 * 10 + 1)
+            states = fake.allocations("llmgw-embed")[0].task_states
+            assert (states["fetch"].restarts, states["engine"].restarts) == (0, 1)
+        finally:
+            await backend.close()
+
+
+async def _two_healthy(fake, backend) -> tuple[str, str]:
+    """Model a on fabric ib-a and model b on ib-b, both serving: different nodes."""
+    a, b = gpu_model("a", gpus=1, fabric="ib-a"), gpu_model("b", gpus=1, fabric="ib-b")
+    await applied(backend, catalog(a, b))
+    fake.settle()
+    fake.set_job_checks("llmgw-a", "success")
+    fake.set_job_checks("llmgw-b", "success")
+    await eventually(lambda: backend.endpoints("a") and backend.endpoints("b"),
+                     what="both models to serve")
+    [on_a] = fake.allocations("llmgw-a")
+    [on_b] = fake.allocations("llmgw-b")
+    assert on_a.node_name != on_b.node_name
+    return on_a.node_name, on_b.id
+
+
+async def test_a_node_answering_500_loses_its_traffic_and_the_rest_keep_updating(fake, backend):
+    """A 500 for one allocation's checks makes that one unknown; others still change."""
+    node_a, alloc_b = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, error="session open: session shutdown")
+    await eventually(lambda: backend.endpoints("a") == [], what="a to leave the rotation")
+    assert backend.endpoints("b")
+    fake.set_check(alloc_b, "failure")
+    await eventually(lambda: backend.endpoints("b") == [], what="b's failure to be seen")
+    assert backend.health().ok                          # a node's trouble, not an outage
+    fake.set_node_rpc(node_a)
+    await eventually(lambda: backend.endpoints("a"), what="a back once its node answers")
+
+
+async def test_a_slow_node_does_not_hold_up_the_other_allocations(fake, backend):
+    """While one node's check read hangs, another allocation's change shows at once."""
+    node_a, alloc_b = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, delay=120)
+    fake.set_check(alloc_b, "failure")
+    await eventually(lambda: backend.endpoints("b") == [], timeout=4,
+                     what="b's failure while a's node hangs")
+    await eventually(lambda: backend.endpoints("a") == [], what="a unknown after the timeout")
+    fake.set_node_rpc(node_a)
+
+
+async def test_replicas_are_listed_when_one_node_does_not_answer(fake, backend):
+    """The listing answers; the troubled replica says its health and memory are unknown."""
+    node_a, _ = await _two_healthy(fake, backend)
+    fake.set_node_rpc(node_a, error="session open: session shutdown")
+    await eventually(lambda: backend.endpoints("a") == [], what="a to leave the rotation")
+    replicas = {r.model: r for r in await backend.replicas()}
+    assert set(replicas) == {"a", "b"}
+    assert not replicas["a"].healthy
+    assert "health unknown, no traffic" in replicas["a"].message
+    assert "session shutdown" in replicas["a"].message
+    assert replicas["b"].healthy
+
+
+async def test_every_node_failing_at_once_is_the_agents_trouble_and_routing_stands(
+        fake, backend):
+    """No check readable on any of two nodes: an outage; the last healthy set keeps serving."""
+    node_a, _ = await _two_healthy(fake, backend)
+    node_b = next(a.node_name for a in fake.allocations("llmgw-b"))
+    known = (backend.endpoints("a"), backend.endpoints("b"))
+    for node in (node_a, node_b):
+        fake.set_node_rpc(node, error="session open: i/o deadline reached")
+    await eventually(lambda: not backend.health().ok, what="the outage to be reported")
+    assert "any of 2 nodes" in backend.health().message
+    assert (backend.endpoints("a"), backend.endpoints("b")) == known
+
+
+async def test_a_cpu_model_is_not_placed_on_a_gpu_node(fake, backend):
+    """Even when bin-packing favours a busy GPU node, a CPU model goes to the CPU node."""
+    await applied(backend, catalog(gpu_model("qwen", gpus=2)))
+    fake.settle()
+    await applied(backend, catalog(gpu_model("qwen", gpus=2), cpu_model("embed")))
+    fake.settle()
+    [alloc] = fake.allocations("llmgw-embed")
+    assert alloc.node_name == "cpu-01"
+
+
+def _two_cpu_nodes() -> FakeNomad:
+    return FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02")])
+
+
+async def test_replicas_are_spread_where_bin_packing_would_stack_them():
+    """Four replicas on two nodes, one of them busy: two each, not three on the busy one."""
+    with _two_cpu_nodes() as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            hog = cpu_model("hog", cores=40, memory="280GiB")
+            await applied(backend, catalog(hog))
+            fake.settle()
+            assert [a.node_name for a in fake.allocations("llmgw-hog")] == ["cpu-01"]
+            await applied(backend, catalog(hog, cpu_model("embed", cores=4, memory="8GiB",
+                                                         min_=4)))
+            fake.settle()
+            nodes = sorted(a.node_name for a in fake.allocations("llmgw-embed"))
+            assert nodes == ["cpu-01", "cpu-01", "cpu-02", "cpu-02"]
+        finally:
+            await backend.close()
+
+
+async def test_distinct_hosts_waits_for_a_node_of_its_own_and_says_so():
+    """Three replicas that must not share a node, two nodes: the third waits, with why."""
+    with _two_cpu_nodes() as fake:
+        backend = make_backend(fake)
+        await backend.start()
+        try:
+            m = cpu_model("embed", min_=3)
+            m = msgspec.structs.replace(m, profiles=[msgspec.structs.replace(
+                m.profiles[0], distinct_hosts=True)])
+            await applied(backend, catalog(m))
+            fake.settle()
+            assert sorted(a.node_name for a in fake.allocations("llmgw-embed")) == [
+                "cpu-01", "cpu-02"]
+            await applied(backend, catalog(m))
+            status = backend.status("embed")
+            assert status.waiting_for_capacity == (
+                "2 nodes that could run it already run a replica of embed, and its profile "
+                "asks for distinct_hosts; add nodes or lower its replicas")
+            assert "runs 2 of 3 replicas: waiting for capacity" in (status.shortfall or "")
+        finally:
+            await backend.close()
+
+
+MARKETING_80G = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("80GiB")),
+                 "l40s-48g": GPU_CLASSES["l40s-48g"]}
+
+
+async def test_a_gpu_class_declaring_more_memory_than_cards_report_is_named_with_both_numbers(
+        fake):
+    """"80GiB" for an H100 that reports 81559 MiB: placement and the fleet say which
+    constraint excludes the nodes, with both numbers and the value to write."""
+    cfg = msgspec.structs.replace(config(fake), gpu_classes=MARKETING_80G)
+    backend = make_backend(fake, cfg=cfg)
+    await backend.start()
+    try:
+        m = gpu_model("qwen", gpus=2)
+        with pytest.raises(PlacementError) as err:
+            await backend.check_placement(m, build_catalog([m], MARKETING_80G))
+        assert ("the device memory constraint (${device.attr.memory} >= 81920 MiB, from gpu "
+                "class h100-80g) excludes every node with NVIDIA H100 80GB HBM3: their cards "
+                "report 81559 MiB; set gpu_classes.h100-80g.memory to 81559MiB"
+                ) in err.value.message
+        fleet = await backend.fleet()
+        [warning] = fleet.warnings
+        assert warning.startswith("gpu class h100-80g declares 81920 MiB per card but "
+                                  "gpu-h100-01, gpu-h100-02, gpu-h100-03 report 81559 MiB")
+        node = next(n for n in fleet.nodes if n.name == "gpu-h100-01")
+        assert "excludes it; set gpu_classes.h100-80g.memory to 81559MiB" in (node.warning or "")
+        assert next(n for n in fleet.nodes if n.name == "gpu-l40s-01").warning is None
+    finally:
+        await backend.close()

@@ -105,7 +105,8 @@ def test_registering_sends_the_job_envelope_with_go_field_names(server: Scripted
     sent = server.seen[0]["body"]
     assert set(sent) == {"Job"}
     assert sent["Job"]["ID"] == "llmgw-nomic-embed-text"
-    assert sent["Job"]["TaskGroups"][0]["Services"][0]["Provider"] == "nomad"
+    engine = next(t for t in sent["Job"]["TaskGroups"][0]["Tasks"] if t["Name"] == "engine")
+    assert engine["Services"][0]["Provider"] == "nomad"
 
 
 def test_an_unreachable_nomad_says_where_and_what_to_check():

@@ -94,6 +94,9 @@ def test_the_jobs_llmgw_renders_find_what_the_dev_agent_offers(server_config: Se
         assert job.Datacenters == [re.search(r'datacenter\s*=\s*"([^"]+)"', DEV).group(1)]
         (volume,) = job.TaskGroups[0].Volumes.values()
         assert volume.Source == nomad_cfg.cache_volume
+        for c in job.TaskGroups[0].Constraints:   # e.g. CPU models keep off GPU nodes
+            if c.Operand == "is_not_set" and c.LTarget.startswith("${meta."):
+                assert c.LTarget[len("${meta."):-1] not in _meta_keys(DEV), job.ID
 
 
 def test_llmgw_listens_where_the_instructions_curl(server_config: ServerConfig):
@@ -112,6 +115,7 @@ def test_production_clients_carry_the_plugin_volume_and_meta_llmgw_needs():
     assert 'plugin "nomad-device-nvidia"' in gpu
     assert "nvidia_runtime" in gpu
     assert {"llmgw_fabric", "llmgw_gpu_class"} <= _meta_keys(gpu)
+    assert "llmgw_gpu_class" not in _meta_keys(cpu)     # it marks GPU nodes
     for hcl in (gpu, cpu):
         assert "llmgw-model-cache" in _host_volumes(hcl)
     policy = (ROOT / "nomad" / "llmgw-policy.hcl").read_text()

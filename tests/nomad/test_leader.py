@@ -231,16 +231,16 @@ async def test_discovery_survives_an_unexpected_error(fake, backend, monkeypatch
     await applied(backend, catalog(cpu_model("embed")))
     fake.settle()
     disc = backend._discovery
-    real = disc._read_checks
+    real = disc._client.alloc_checks
     raised = []
 
-    def flaky(allocs: list[str]) -> dict[str, bool]:
+    def flaky(alloc_id: str, timeout: float | None = None) -> object:
         if not raised:
             raised.append(True)
             raise ValueError("an answer nothing expected")
-        return real(allocs)
+        return real(alloc_id, timeout)
 
-    monkeypatch.setattr(disc, "_read_checks", flaky)
+    monkeypatch.setattr(disc._client, "alloc_checks", flaky)
     await eventually(lambda: fake.services("llmgw-embed"), what="the registration")
     await eventually(lambda: raised, what="the poller to hit the error")
     fake.set_job_checks("llmgw-embed", "success")

@@ -9,7 +9,15 @@ from llmgw.catalog.model import Model, Profile, Scaling
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Size
 from llmgw.scheduler.nomad import wire
-from llmgw.scheduler.nomad.reconcile import JobState, decide, desired_count, job_state
+from llmgw.scheduler.nomad.reconcile import (
+    JobState,
+    decide,
+    desired_count,
+    job_state,
+    latest_deployments,
+    shortfall,
+    version_allocs,
+)
 
 from .shapes import GPU_CLASSES
 
@@ -99,13 +107,88 @@ def test_external_models_have_no_job():
     assert decide(build_catalog([ext], GPU_CLASSES), {}, _spec).register == []
 
 
-def test_failed_replicas_with_none_running_read_as_a_crash_loop():
-    """Failures and nothing running or queued is a crash loop; waiting for capacity is not."""
-    assert _job("a", count=2).crash_loop is False
-    looping = JobState(id="llmgw-a", model="a", profile="cpu-8", fingerprint="fp", spec="s1",
-                       stopped=False, queued=0, count=2, running=0, failed=3)
-    assert looping.crash_loop is True
-    recovered = JobState(**{**looping.__dict__, "running": 1})
-    assert recovered.crash_loop is False
-    waiting = JobState(**{**looping.__dict__, "queued": 2})
+def _alloc(version: int, status: str, desired: str = "run", index: int = 1,
+           message: str = "") -> wire.Allocation:
+    return msgspec.convert({
+        "ID": f"a-{version}-{status}-{index}", "JobVersion": version, "TaskGroup": "serve",
+        "ClientStatus": status, "DesiredStatus": desired, "ModifyIndex": index,
+        "ClientDescription": message}, wire.Allocation)
+
+
+def test_a_crash_loop_is_judged_on_the_current_versions_allocations():
+    """Old versions' failures are history: only the current version's count."""
+    history = _job("a", count=2)
+    history = JobState(**{**history.__dict__, "failed": 5, "running": 0, "starting": 1})
+    assert history.may_crash_loop
+    fresh = version_allocs(4, [_alloc(3, "failed"), _alloc(3, "failed", index=2),
+                               _alloc(4, "pending")])
+    assert (fresh.failed, fresh.pending) == (0, 1)
+    assert JobState(**{**history.__dict__, "current": fresh}).crash_loop is False
+    looping = version_allocs(4, [_alloc(4, "failed", message="Failed tasks"),
+                                 _alloc(4, "pending", index=2)])
+    st = JobState(**{**history.__dict__, "current": looping})
+    assert st.crash_loop is True
+    assert "crash loop: 1 replica of job version 4 failed" in (shortfall(st, None) or "")
+    assert "(last: Failed tasks)" in (shortfall(st, None) or "")
+    waiting = JobState(**{**st.__dict__, "queued": 1})
     assert waiting.crash_loop is False
+
+
+def _deployment(version: int, status: str, *, spec_index: int = 7, create: int = 1,
+                healthy: int = 1, total: int = 2, index: int = 10) -> wire.Deployment:
+    return msgspec.convert({
+        "ID": f"d{version}-{index}", "JobID": "llmgw-a", "JobVersion": version,
+        "JobSpecModifyIndex": spec_index, "JobCreateIndex": create, "Status": status,
+        "StatusDescription": "Failed due to progress deadline", "CreateIndex": index,
+        "TaskGroups": {"serve": {"HealthyAllocs": healthy, "DesiredTotal": total}}},
+        wire.Deployment)
+
+
+def _deployed(d: wire.Deployment, *, running: int, count: int = 2) -> JobState:
+    return JobState(**{**_job("a", count=count).__dict__, "running": running,
+                       "create_index": 1, "job_modify_index": 7, "deployment": d})
+
+
+def test_a_failed_deployment_that_left_replicas_missing_is_recovered():
+    """Short of its count after a failed deployment: the same count goes to /scale."""
+    cat = build_catalog([_model("a", min_=2)], GPU_CLASSES)
+    st = _deployed(_deployment(3, "failed"), running=1)
+    actions = decide(cat, {"llmgw-a": st}, _spec)
+    assert actions.recover == {"a": 2}
+    assert actions.scale == {}
+    assert "failed with 1 of 2 healthy (Failed due to progress deadline)" in \
+        actions.deployment_failed["a"]
+    text = shortfall(st, None) or ""
+    assert text.startswith("runs 1 of 2 replicas: Nomad's deployment of job version 3 failed")
+    assert "places no more replicas" in text
+
+
+def test_a_failed_deployment_with_nothing_missing_is_reported_not_retried():
+    """A failed rollout with the old replicas serving is shown, and left to `rollout`."""
+    cat = build_catalog([_model("a", min_=2)], GPU_CLASSES)
+    actions = decide(cat, {"llmgw-a": _deployed(_deployment(3, "failed"), running=2)}, _spec)
+    assert actions.recover == {}
+    assert "llmgw ctl rollout a" in actions.deployment_failed["a"]
+
+
+def test_a_failed_deployment_of_an_earlier_version_is_history():
+    """Once the job moved on (a new JobModifyIndex), its old deployment's failure is moot."""
+    cat = build_catalog([_model("a", min_=2)], GPU_CLASSES)
+    old = _deployed(_deployment(3, "failed", spec_index=5), running=1)
+    actions = decide(cat, {"llmgw-a": old}, _spec)
+    assert (actions.recover, actions.deployment_failed) == ({}, {})
+    assert shortfall(old, "no node with 2 free H100") == \
+        "runs 1 of 2 replicas: waiting for capacity: no node with 2 free H100"
+
+
+def test_the_latest_deployment_of_each_job_is_the_newest_created():
+    """latest_deployments keeps the highest CreateIndex per job."""
+    newest = _deployment(4, "running", index=20)
+    got = latest_deployments([_deployment(3, "failed", index=10), newest])
+    assert got == {"llmgw-a": newest}
+
+
+def test_a_job_with_all_its_replicas_has_no_shortfall():
+    """Running its count (or more, while one stops) is not short."""
+    assert shortfall(_deployed(_deployment(3, "failed"), running=2), None) is None
+    assert shortfall(JobState(**{**_job("a", count=0).__dict__}), None) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import msgspec
@@ -16,7 +17,15 @@ from llmgw.catalog.units import Size
 from llmgw.config import NomadConfig, load_config
 from llmgw.errors import ConfigError, DefinitionError
 from llmgw.scheduler.nomad import jobspec as js
-from llmgw.scheduler.nomad.render import render_job, spec_hash, with_count
+from llmgw.scheduler.nomad.render import (
+    ENGINE_START,
+    LOAD_RATE,
+    deadlines,
+    need_of,
+    render_job,
+    spec_hash,
+    with_count,
+)
 
 from .shapes import GPU_CLASSES
 
@@ -189,7 +198,7 @@ def test_sources_a_nomad_node_cannot_use_are_refused_with_the_way_out():
 def test_the_service_uses_the_nomad_provider_with_an_http_health_check_in_nanoseconds():
     """Provider nomad, name llmgw-<model>, tags, an HTTP check on /health in ns, ≥ 1 s."""
     job = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
-    (service,) = job["TaskGroups"][0]["Services"]
+    (service,) = _task(job, "engine")["Services"]
     assert service["Provider"] == "nomad"
     assert service["Name"] == "llmgw-llama-3-3-70b-instruct"
     assert service["PortLabel"] == "http"
@@ -218,8 +227,45 @@ def test_deployment_policies_allow_loads_of_many_minutes():
     assert group["Migrate"]["HealthyDeadline"] == u["HealthyDeadline"]
     assert group["RestartPolicy"]["Mode"] == "fail"
     assert group["ReschedulePolicy"]["Unlimited"] is True
-    check = group["Services"][0]["Checks"][0]
-    assert check["CheckRestart"]["Grace"] == u["HealthyDeadline"]
+
+
+def test_the_health_check_belongs_to_the_engine_so_its_grace_starts_with_the_engine():
+    """No group service: the check registers at the engine's Poststart, after the fetch."""
+    for model in (LLAMA, EMBED):
+        job = _json(render_job(model, model.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+        group = job["TaskGroups"][0]
+        assert "Services" not in group
+        assert "Services" not in _task(job, "fetch")
+        [service] = _task(job, "engine")["Services"]
+        assert service["PortLabel"] == "http"
+        grace = service["Checks"][0]["CheckRestart"]["Grace"]
+        assert grace < group["Update"]["HealthyDeadline"]
+
+
+def test_deadlines_grow_with_the_bytes_a_replica_moves():
+    """A 4-GPU 70B waits longer than a CPU embedder; the floors hold for small models."""
+    small = deadlines(need_of(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES), CFG,
+                      engine_downloads=False)
+    assert (small.healthy, small.progress) == (3600, 7200)   # the configured least
+    assert small.grace == math.ceil(4 * 1024 / 512 + ENGINE_START)
+    big = msgspec.structs.replace(LLAMA.profiles[0], gpus=8, fabric=None)
+    b = deadlines(need_of(LLAMA, big, CFG, GPU_CLASSES), CFG, engine_downloads=False)
+    weights = 8 * 81559 * 1024**2
+    assert b.healthy == math.ceil(CFG.image_pull_timeout + weights / CFG.download_rate
+                                  + weights / LOAD_RATE + ENGINE_START)
+    assert b.healthy > 2 * 3600
+    assert b.progress == 2 * b.healthy
+    assert b.grace == math.ceil(weights / LOAD_RATE + ENGINE_START)
+    hub = deadlines(need_of(LLAMA, big, CFG, GPU_CLASSES), CFG, engine_downloads=True)
+    assert hub.grace == math.ceil(weights / LOAD_RATE + ENGINE_START
+                                  + weights / CFG.download_rate)
+
+
+def test_the_engine_image_may_take_the_configured_time_to_pull():
+    """image_pull_timeout, as a Go duration, on the engine task (the driver's default is 5m)."""
+    for model in (LLAMA, EMBED):
+        job = _json(render_job(model, model.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+        assert _task(job, "engine")["Config"]["image_pull_timeout"] == "1800s"
 
 
 def test_a_gpu_profile_without_cores_or_memory_gets_the_per_gpu_defaults():
@@ -256,3 +302,42 @@ def test_rendering_settings_that_nomad_would_refuse_fail_at_startup(tmp_path):
         load_config(path, env={})
     path.write_text("scheduler: {kind: nomad, nomad: {healthy_deadline: 90m}}\n")
     assert load_config(path, env={}).scheduler.nomad.healthy_deadline == 5400
+    path.write_text("scheduler: {kind: nomad, nomad: {download_rate: 10KiB}}\n")
+    with pytest.raises(ConfigError, match=r"scheduler\.nomad\.download_rate: 10KiB per second"):
+        load_config(path, env={})
+    path.write_text("scheduler: {kind: nomad, nomad: {image_pull_timeout: 0s}}\n")
+    with pytest.raises(ConfigError, match=r"scheduler\.nomad\.image_pull_timeout"):
+        load_config(path, env={})
+
+
+def test_replicas_are_spread_across_nodes_or_kept_apart_when_the_profile_asks():
+    """A spread on ${node.unique.id} by default; distinct_hosts: true makes it a constraint."""
+    job = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 2, MIRROR))
+    group = job["TaskGroups"][0]
+    assert group["Spreads"] == [{"Attribute": "${node.unique.id}", "Weight": 100}]
+    apart = msgspec.structs.replace(LLAMA.profiles[0], distinct_hosts=True)
+    group = _json(render_job(LLAMA, apart, CFG, GPU_CLASSES, 2, MIRROR))["TaskGroups"][0]
+    assert "Spreads" not in group
+    assert {"Operand": "distinct_hosts", "RTarget": "true"} in group["Constraints"]
+    one = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    two = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 2, MIRROR))
+    assert one["Meta"]["llmgw_spec"] == two["Meta"]["llmgw_spec"]   # scaling is not a change
+
+
+def test_a_cpu_profile_keeps_off_gpu_nodes_unless_it_asks_for_them():
+    """CPU: ${meta.llmgw_gpu_class} is_not_set; gpu_nodes: true drops it; GPUs never get it."""
+    cpu = _json(render_job(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    off_gpu = {"LTarget": "${meta.llmgw_gpu_class}", "Operand": "is_not_set"}
+    assert off_gpu in cpu["TaskGroups"][0]["Constraints"]
+    allowed = msgspec.structs.replace(EMBED.profiles[0], gpu_nodes=True)
+    anywhere = _json(render_job(EMBED, allowed, CFG, GPU_CLASSES, 1, MIRROR))
+    assert off_gpu not in anywhere["TaskGroups"][0].get("Constraints", [])
+    gpu = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    assert off_gpu not in gpu["TaskGroups"][0]["Constraints"]
+
+
+def test_gpu_nodes_is_refused_on_a_gpu_profile():
+    """Only a CPU profile chooses whether to use GPU nodes; the error names the field."""
+    p = msgspec.structs.replace(LLAMA.profiles[0], gpu_nodes=True)
+    with pytest.raises(DefinitionError, match=r"profiles\[0\]\.gpu_nodes: only a CPU profile"):
+        build_catalog([msgspec.structs.replace(LLAMA, profiles=[p])], GPU_CLASSES)

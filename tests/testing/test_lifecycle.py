@@ -100,10 +100,32 @@ def test_manual_run_mode(http: httpx.Client) -> None:
         assert c.get(f"/v1/allocation/{alloc.id}").json()["ClientStatus"] == "running"
 
 
-def test_failed_alloc_fails_deployment_then_later_failures_reschedule(
+def test_a_failure_in_a_progress_based_deployment_is_replaced_and_it_goes_on(
         http: httpx.Client, nomad: FakeNomad) -> None:
-    """A failure during a deployment fails it; after success a failed alloc is replaced."""
+    """With a progress deadline, a failed alloc of the running deployment is replaced."""
     register(http, cpu_job())
+    nomad.settle()
+    [first] = nomad.allocations("llmgw-tiny")
+    nomad.fail_alloc(first.id)
+    nomad.settle()
+    deployment = http.get("/v1/job/llmgw-tiny/deployment").json()
+    assert deployment["Status"] == "running"
+    assert deployment["TaskGroups"]["serve"]["UnhealthyAllocs"] == 1
+    [second] = nomad.allocations("llmgw-tiny")
+    assert second.previous_allocation == first.id
+    stub = next(a for a in http.get("/v1/job/llmgw-tiny/allocations").json()
+                if a["ID"] == first.id)
+    assert (stub["ClientStatus"], stub["NextAllocation"]) == ("failed", second.id)
+    assert stub["DeploymentStatus"]["Healthy"] is False
+    assert stub["TaskStates"]["engine"]["Failed"] is True
+
+
+def test_without_a_progress_deadline_the_first_failure_fails_the_deployment(
+        http: httpx.Client, nomad: FakeNomad) -> None:
+    """ProgressDeadline 0: the first unhealthy alloc fails it, and nothing replaces it."""
+    job = cpu_job()
+    job["Update"]["ProgressDeadline"] = 0
+    register(http, job)
     nomad.settle()
     [first] = nomad.allocations("llmgw-tiny")
     nomad.fail_alloc(first.id)
@@ -113,19 +135,21 @@ def test_failed_alloc_fails_deployment_then_later_failures_reschedule(
         "failed", "Failed due to unhealthy allocations")
     assert http.get("/v1/service/llmgw-tiny").json() == []
     assert nomad.allocations("llmgw-tiny") == []  # not rescheduled: its deployment failed
-    register(http, cpu_job(cores=4))
+
+
+def test_after_a_successful_deployment_a_failed_alloc_is_rescheduled(
+        http: httpx.Client, nomad: FakeNomad) -> None:
+    """Once the deployment succeeded, a failure is replaced by a rescheduled alloc."""
+    register(http, cpu_job())
     nomad.settle()
     nomad.set_job_checks("llmgw-tiny", "success")
-    [second] = nomad.allocations("llmgw-tiny")
-    nomad.fail_alloc(second.id, "OOM killed")
+    [first] = nomad.allocations("llmgw-tiny")
+    nomad.fail_alloc(first.id, "OOM killed")
     nomad.settle()
-    [third] = nomad.allocations("llmgw-tiny")
-    assert third.previous_allocation == second.id
-    assert third.client_status == "running"
-    stub = next(a for a in http.get("/v1/job/llmgw-tiny/allocations").json()
-                if a["ID"] == second.id)
-    assert (stub["ClientStatus"], stub["NextAllocation"]) == ("failed", third.id)
-    assert stub["TaskStates"]["engine"]["Failed"] is True
+    [second] = nomad.allocations("llmgw-tiny")
+    assert second.previous_allocation == first.id
+    assert second.client_status == "running"
+    assert http.get("/v1/job/llmgw-tiny/deployment").json()["Status"] == "successful"
 
 
 def test_alloc_stats_report_memory(http: httpx.Client, nomad: FakeNomad) -> None:

@@ -216,3 +216,62 @@ def test_plan_reports_placements_and_failures_without_registering(
     assert bad["CreatedEvals"][0]["Status"] == "blocked"
     assert http.get("/v1/job/llmgw-qwen").status_code == 404
     assert nomad.evaluations("llmgw-qwen") == []
+
+
+def _two_cpu_nodes_one_busy(http: httpx.Client, nomad: FakeNomad) -> None:
+    register(http, cpu_job("llmgw-hog", cores=40, memory_mb=300_000))
+    nomad.settle()
+    assert [a.node_name for a in nomad.allocations("llmgw-hog")] == ["cpu-01"]
+
+
+def test_bin_packing_stacks_replicas_on_the_busy_node_without_a_spread() -> None:
+    """Job anti-affinity alone loses to bin-packing: three of four replicas share a node."""
+    with FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02")]) as nomad, \
+            httpx.Client(base_url=nomad.address) as http:
+        _two_cpu_nodes_one_busy(http, nomad)
+        register(http, cpu_job(count=4, cores=4, memory_mb=8192))
+        nomad.settle()
+        nodes = sorted(a.node_name for a in nomad.allocations("llmgw-tiny"))
+        assert nodes == ["cpu-01", "cpu-01", "cpu-01", "cpu-02"]
+
+
+def test_a_spread_on_the_node_id_evens_replicas_across_nodes() -> None:
+    """An even spread on ${node.unique.id} scores an unused node +1, a used one -1."""
+    with FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02")]) as nomad, \
+            httpx.Client(base_url=nomad.address) as http:
+        _two_cpu_nodes_one_busy(http, nomad)
+        job = cpu_job(count=4, cores=4, memory_mb=8192)
+        job["TaskGroups"][0]["Spreads"] = [{"Attribute": "${node.unique.id}", "Weight": 100}]
+        register(http, job)
+        nomad.settle()
+        nodes = sorted(a.node_name for a in nomad.allocations("llmgw-tiny"))
+        assert nodes == ["cpu-01", "cpu-01", "cpu-02", "cpu-02"]
+        [alloc] = [a for a in nomad.allocations("llmgw-tiny") if a.index == 1]
+        scores = http.get(f"/v1/allocation/{alloc.id}").json()["Metrics"]["ScoreMetaData"]
+        assert any("allocation-spread" in s["Scores"] for s in scores)
+
+
+def test_distinct_hosts_leaves_a_replica_unplaced_rather_than_share_a_node() -> None:
+    """Three replicas, two nodes: the third is filtered by "distinct_hosts" and queued."""
+    with FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02")]) as nomad, \
+            httpx.Client(base_url=nomad.address) as http:
+        job = cpu_job(count=3)
+        job["TaskGroups"][0]["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
+        register(http, job)
+        nomad.settle()
+        assert sorted(a.node_name for a in nomad.allocations("llmgw-tiny")) == [
+            "cpu-01", "cpu-02"]
+        assert _metric(http, "llmgw-tiny")["ConstraintFiltered"] == {"distinct_hosts": 2}
+        summary = http.get("/v1/job/llmgw-tiny/summary").json()["Summary"]["serve"]
+        assert summary["Queued"] == 1
+
+
+def test_spreads_are_validated_as_nomad_does(http: httpx.Client) -> None:
+    """A spread needs an attribute and a weight in (0, 100]."""
+    job = cpu_job()
+    job["TaskGroups"][0]["Spreads"] = [{"Attribute": "", "Weight": 0}]
+    r = register(http, job)
+    assert r.status_code == 500
+    assert "Spread 1 validation failed" in r.text
+    assert "Missing spread attribute" in r.text
+    assert "Spread block must have a positive weight from 0 to 100" in r.text

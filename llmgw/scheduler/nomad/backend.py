@@ -25,6 +25,11 @@ operator actions — ``rollout`` — and the gateway's on-demand scaling
 (``set_demand``) act from whichever instance received them: they are one
 request each, and waiting for the leader would only add latency.
 
+Each pass also reads every job's latest deployment, and re-submits a job
+whose current version's deployment failed while replicas are missing —
+Nomad places none of them after such a failure (``reconcile`` argues the
+design, and why llmgw keeps deployments at all).
+
 When Nomad cannot be reached the reconciler retries with exponential
 back-off (1 s doubling to ``backoff_max``), ``health()`` reports the outage
 with the time it began, and discovery keeps the endpoints it last knew
@@ -63,7 +68,16 @@ from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
 from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.placement import Verdict, classify, failed_metric, latest_failure
-from llmgw.scheduler.nomad.reconcile import Actions, JobState, decide, job_state
+from llmgw.scheduler.nomad.reconcile import (
+    Actions,
+    JobState,
+    VersionAllocs,
+    decide,
+    job_state,
+    latest_deployments,
+    shortfall,
+    version_allocs,
+)
 from llmgw.scheduler.nomad.replicas import ReplicaReader
 from llmgw.store.base import Store
 
@@ -80,6 +94,8 @@ class _ModelState:
     last_error: str | None = None
     stale: str | None = None
     crash_loop: bool = False
+    shortfall: str | None = None
+    deployment_failed: str | None = None
 
 
 @dataclass
@@ -112,11 +128,14 @@ class NomadBackend:
         self._discovery = Discovery(
             self._watch_client, self._offload, wait=watch_wait, check_interval=check_interval,
             backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
-        self._replicas = ReplicaReader(self._client)
+        self._replicas = ReplicaReader(self._client, self._offload)
         self._keeper = credentials.Keeper(self._client, self._cfg, config.mirror)
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
+        self._versions: dict[str, tuple[int, int]] = {}  # job ID → (JobModifyIndex, Version)
+        # job ID → (what the summary said when read, the current version's allocations)
+        self._current: dict[str, tuple[tuple[int, ...], VersionAllocs]] = {}
         self._pass_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._applied = 0           # apply() calls so far
@@ -313,16 +332,62 @@ class NomadBackend:
             return None
         return job.Meta[render.META_SPEC]
 
-    async def _pass(self, catalog: Catalog, *, act: bool) -> None:
+    async def _version(self, st: JobState) -> int:
+        """The job's current version: its current deployment says so, else read the job."""
+        d = st.current_deployment
+        if d is not None:
+            return d.JobVersion
+        cached = self._versions.get(st.id)
+        if cached and cached[0] == st.job_modify_index:
+            return cached[1]
+        job = await self._offload.run(self._client.job_version, st.id)
+        self._versions[st.id] = (job.JobModifyIndex, job.Version)
+        return job.Version
+
+    async def _current_allocs(self, st: JobState) -> VersionAllocs | None:
+        """The current version's allocations, read again only when the summary moved."""
+        seen = (st.job_modify_index, st.running, st.starting, st.failed, st.queued)
+        cached = self._current.get(st.id)
+        if cached and cached[0] == seen:
+            return cached[1]
+        try:
+            version = await self._version(st)
+            allocs = await self._offload.run(self._client.job_allocations, st.id)
+        except NotFoundError:
+            return None
+        counted = version_allocs(version, allocs)
+        self._current[st.id] = (seen, counted)
+        return counted
+
+    async def _read_jobs(self) -> dict[str, JobState]:
+        """llmgw's jobs with their counts, latest deployments and — where the summary
+        says something may be wrong — the current version's allocations."""
         found = await self._jobs()
+        deployments = latest_deployments(
+            await self._offload.run(self._client.deployments)) if found else {}
         states: dict[str, JobState] = {}
-        for jid, (st, stub) in found.items():
-            states[jid] = st if st.stopped else dataclasses.replace(
-                st, count=await self._count(st, stub))
+        for jid, (listed, stub) in found.items():
+            if listed.stopped:
+                states[jid] = listed
+                continue
+            st = dataclasses.replace(listed, count=await self._count(listed, stub),
+                                     deployment=deployments.get(jid))
+            if st.may_crash_loop or st.short:
+                st = dataclasses.replace(st, current=await self._current_allocs(st))
+            states[jid] = st
+        for gone in set(self._current) - set(states):
+            del self._current[gone]
+        for gone in set(self._versions) - set(states):
+            del self._versions[gone]
+        return states
+
+    async def _pass(self, catalog: Catalog, *, act: bool) -> None:
+        states = await self._read_jobs()
         actions = decide(catalog, states, self._spec_of)
         nodes: list[NodeView] | None = None
         if not act:
             actions.register, actions.scale, actions.deregister = [], {}, []
+            actions.recover = {}
         elif not await self._act(catalog, states, actions):
             return
         for m in catalog:
@@ -342,6 +407,8 @@ class NomadBackend:
                 ms.last_failure = ms.waiting
             else:
                 ms.waiting = None
+            ms.shortfall = shortfall(live, ms.waiting) if m.name not in actions.scale else None
+            ms.deployment_failed = actions.deployment_failed.get(m.name)
 
     async def _act(self, catalog: Catalog, states: dict[str, JobState],
                    actions: Actions) -> bool:
@@ -365,6 +432,8 @@ class NomadBackend:
                 for name, count in actions.scale.items():
                     await self._guard(name, self._scale(
                         catalog.models[name], states[render.job_id(name)], count, leased=True))
+                for name, count in actions.recover.items():
+                    await self._guard(name, self._recover(states[render.job_id(name)], count))
                 for jid in actions.deregister:
                     await self._hold()
                     await self._offload.run(self._client.deregister, jid)
@@ -434,9 +503,13 @@ class NomadBackend:
                 f"model {m.name!r}: Nomad at {self._cfg.address} finds job {job.ID} invalid: "
                 + "; ".join(e.strip() for e in errors), field="profiles")
 
-    async def _register(self, m: Model, count: int, *, leased: bool = False) -> None:
+    async def _register(self, m: Model, count: int, *, leased: bool = False,
+                        failed: JobState | None = None) -> None:
         """Choose a profile and register the job; ``leased``: the reconciler's, so
-        only while this process still holds the lease."""
+        only while this process still holds the lease. ``failed``: the job as it runs,
+        when its current deployment failed — registering the very same spec again is
+        a no-op for Nomad (no new version: nomad/job_endpoint.go ``Register``), so that
+        case goes through ``/scale``, which always makes one."""
         ms = self._state(m.name)
         choice = await self._choose(m, count)
         if choice.job is None:
@@ -448,7 +521,11 @@ class NomadBackend:
             await self._hold()
         # Before the job: a template reading a Variable that is not there waits forever.
         await self._offload.run(self._keeper.ensure, m, choice.job.ID)
-        await self._offload.run(self._client.register, choice.job)
+        if failed is not None and choice.job.Meta[render.META_SPEC] == failed.spec:
+            await self._offload.run(self._client.scale, failed.id, render.GROUP, count,
+                                    "llmgw: rollout after a failed deployment")
+        else:
+            await self._offload.run(self._client.register, choice.job)
         log.info("registered %s (profile %s, %d replicas)", choice.job.ID,
                  choice.job.Meta[render.META_PROFILE], count)
         ms.desired, ms.stale, ms.last_error = count, None, None
@@ -484,6 +561,20 @@ class NomadBackend:
         self._counts.pop(st.id, None)
         log.info("scaled %s to %d", st.id, count)
 
+    async def _recover(self, st: JobState, count: int) -> None:
+        """A new version of the same spec: Nomad places what a failed deployment left out."""
+        await self._hold()
+        try:
+            await self._offload.run(
+                self._client.scale, st.id, render.GROUP, count,
+                f"llmgw: re-submitted after a failed deployment left {st.live} of {count}")
+        except ScaleBlockedError:
+            return   # a deployment started since the pass read it; nothing to recover
+        log.warning("%s: its deployment failed with %d of %d replicas placed; submitted the "
+                    "job again (a new version, same spec) to place the rest", st.id, st.live,
+                    count)
+        self._counts.pop(st.id, None)
+
     # ---- Backend: catalog-facing --------------------------------------------
 
     async def check_placement(self, model: Model, catalog: Catalog) -> None:
@@ -518,10 +609,14 @@ class NomadBackend:
         found = await self._jobs(only=model)
         entry = found.get(render.job_id(model))
         count = _initial_count(m)
+        failed = None
         if entry is not None and not entry[0].stopped:
             current = await self._count(*entry)
             count = m.scaling.min if m.scaling.min > 0 else (current or 0)
-        await self._register(m, count)
+            deployments = latest_deployments(await self._offload.run(self._client.deployments))
+            st = dataclasses.replace(entry[0], deployment=deployments.get(entry[0].id))
+            failed = st if st.deployment_failed else None
+        await self._register(m, count, failed=failed)
         return self.rolled_out_profile(model)
 
     def _model(self, name: str) -> Model:
@@ -537,7 +632,8 @@ class NomadBackend:
         return ModelStatus(desired=ms.desired, ready=len(self._discovery.endpoints(model)),
                            waiting_for_capacity=ms.waiting,
                            last_placement_failure=ms.last_failure, last_error=ms.last_error,
-                           crash_loop=ms.crash_loop)
+                           crash_loop=ms.crash_loop, shortfall=ms.shortfall,
+                           deployment_failed=ms.deployment_failed)
 
     def rolled_out_profile(self, model: str) -> str | None:
         """The profile the model's job runs (the one registered, or read from Nomad last
@@ -558,8 +654,8 @@ class NomadBackend:
         health = dict(self._discovery.alloc_health)
         addresses = {r.AllocID: r for regs in self._discovery.registrations.values()
                      for r in regs}
-        return await self._offload.run(self._replicas.read, ids, health, addresses,
-                                       every_job=model is None)
+        return await self._replicas.read(ids, health, dict(self._discovery.unknown), addresses,
+                                         every_job=model is None)
 
     async def fleet(self) -> Fleet:
         nodes, allocs = await self._offload.run(self._fleet_inputs)

@@ -20,6 +20,11 @@ request, what Nomad said, and what to check:
 
 * unreachable, timed out, 5xx trouble, an answer that is not Nomad's JSON,
   or a 403 (the token cannot do what llmgw needs) → ``BackendUnavailableError``;
+  on the endpoints the servers forward to the allocation's node (checks,
+  stats), a 5xx other than the cluster's own trouble, or no answer within the
+  timeout, is that **node's** trouble → ``NodeUnreachableError`` (a subclass):
+  the agent answers everything else, so one wedged node must not read as
+  "Nomad is down";
 * 404 → ``NotFoundError``; ``/scale`` refused during a deployment →
   ``ScaleBlockedError``; a job Nomad refuses to register → ``NomadRejectedError``.
 
@@ -51,6 +56,17 @@ class ScaleBlockedError(RefusedError):
     """``/scale`` refused because a deployment is running (§5.3)."""
 
     kind = "scale_blocked"
+
+
+class NodeUnreachableError(BackendUnavailableError):
+    """The servers could not get an answer from the allocation's node (a 500 on the
+    forwarded request, or none within the timeout): that node's trouble, not Nomad's."""
+
+    kind = "node_unreachable"
+
+
+# 500s that are the cluster's trouble whichever node a request is about (§7).
+_CLUSTER_TROUBLE = ("No cluster leader", "No path to region")
 
 
 class NomadRejectedError(LlmgwError):
@@ -105,7 +121,8 @@ class NomadClient:
 
     def _send(self, method: str, root: str, *path: str, params: dict[str, Any] | None = None,
               body: bytes | None = None, timeout: float | None = None,
-              job_write: bool = False) -> requests.Response:
+              job_write: bool = False, forwarded: bool = False) -> requests.Response:
+        """``forwarded``: the servers pass this request on to an allocation's node."""
         where = f"{method.upper()} /v1/{'/'.join((root, *path))}"
         try:
             return self._endpoint(root).request(  # type: ignore[no-any-return]
@@ -114,9 +131,17 @@ class NomadClient:
                 timeout=timeout if timeout is not None else self.cfg.timeout,
             )
         except nomad_errors.BaseNomadException as exc:
-            raise self._error(exc, where, job_write) from None
+            raise self._error(exc, where, job_write, forwarded) from None
         except requests.RequestException as exc:  # raised outside python-nomad's own net
+            if forwarded and isinstance(exc, requests.ReadTimeout):
+                raise self._node_unreachable(where, exc) from None
             raise self._unreachable(where, exc) from None
+
+    def _node_unreachable(self, where: str, reason: object) -> NodeUnreachableError:
+        return NodeUnreachableError(
+            f"Nomad at {self.address} got no answer for {where} from the allocation's node "
+            f"({_short(reason)}); the node may be overloaded or cut off from the servers — "
+            "check it with `nomad node status`")
 
     def _unreachable(self, where: str, reason: object) -> BackendUnavailableError:
         return BackendUnavailableError(
@@ -126,9 +151,11 @@ class NomadClient:
         )
 
     def _error(self, exc: nomad_errors.BaseNomadException, where: str,
-               job_write: bool) -> LlmgwError:
+               job_write: bool, forwarded: bool = False) -> LlmgwError:
         resp = exc.nomad_resp
         if not isinstance(resp, requests.Response):
+            if forwarded and isinstance(resp, requests.ReadTimeout):
+                return self._node_unreachable(where, resp)
             return self._unreachable(where, resp)
         status, text = resp.status_code, (resp.text or "").strip() or resp.reason
         said = f"Nomad at {self.address} answered {where} with {status}: {_short(text)}"
@@ -144,6 +171,8 @@ class NomadClient:
             return _VariableConflictError(said)
         if status == 400 and "scaling blocked due to active deployment" in text:
             return ScaleBlockedError(said)
+        if status >= 500 and forwarded and not any(t in text for t in _CLUSTER_TROUBLE):
+            return self._node_unreachable(where, f"{status}: {text}")
         if status >= 500 and job_write and "No cluster leader" not in text:
             # An invalid job is a 500 carrying the validation errors (§7).
             return NomadRejectedError(
@@ -216,6 +245,13 @@ class NomadClient:
     def job_allocations(self, job_id: str) -> list[wire.Allocation]:
         return self._get(list[wire.Allocation], "job", job_id, "allocations", params=self._ns)
 
+    def job_version(self, job_id: str) -> wire.JobVersion:
+        return self._get(wire.JobVersion, "job", job_id, params=self._ns)
+
+    def deployments(self) -> list[wire.Deployment]:
+        """Every deployment in the namespace, oldest first (one call for all jobs)."""
+        return self._get(list[wire.Deployment], "deployments", params=self._ns)
+
     def job_evaluations(self, job_id: str) -> list[wire.Evaluation]:
         return self._get(list[wire.Evaluation], "job", job_id, "evaluations", params=self._ns)
 
@@ -224,16 +260,20 @@ class NomadClient:
     def allocation(self, alloc_id: str) -> wire.Allocation:
         return self._get(wire.Allocation, "allocation", alloc_id, params=self._ns)
 
-    def alloc_checks(self, alloc_id: str) -> dict[str, wire.CheckStatus]:
+    def alloc_checks(self, alloc_id: str,
+                     timeout: float | None = None) -> dict[str, wire.CheckStatus]:
         """The latest result of each check of the allocation; empty when it has none yet."""
         where = f"GET /v1/allocation/{alloc_id}/checks"
-        resp = self._send("get", "allocation", alloc_id, "checks", params=self._ns)
+        resp = self._send("get", "allocation", alloc_id, "checks", params=self._ns,
+                          timeout=timeout, forwarded=True)
         got = self._decode_any(resp, dict[str, wire.CheckStatus] | None, where)
         return cast("dict[str, wire.CheckStatus] | None", got) or {}
 
     def alloc_stats(self, alloc_id: str) -> wire.AllocStats:
-        return self._get(wire.AllocStats, "client/allocation", alloc_id, "stats",
-                         params=self._ns)
+        where = f"GET /v1/client/allocation/{alloc_id}/stats"
+        resp = self._send("get", "client/allocation", alloc_id, "stats", params=self._ns,
+                          forwarded=True)
+        return self._decode(resp, wire.AllocStats, where)
 
     def all_allocations(self) -> list[wire.Allocation]:
         """Every allocation in every namespace, with resources: what capacity is spent on."""

@@ -18,6 +18,22 @@ A replica is an endpoint only when every check of its allocation has run and
 passed. When Nomad cannot be reached, neither loop overwrites what it knew:
 the gateway keeps routing to the replicas last known healthy, and the
 loops retry with back-off.
+
+The servers answer a check read by forwarding it to the node that runs the
+allocation (nomad/client_alloc_endpoint.go ``ClientAllocations.Checks``), so
+one wedged node makes its reads hang or fail with a 500 while every other
+node answers (command/agent/alloc_endpoint.go ``allocChecks``). So the reads
+run **concurrently and each on its own**: a read that times out or fails for
+one allocation marks that allocation *unknown* — no traffic, since nothing
+says it still serves — while the others keep updating every interval. A
+read still in flight is not started again, a node that is slow or did not
+answer is probed ``PER_NODE`` reads at a time, and the reads have threads of
+their own, so a wedged node cannot take the threads the rest (or the
+reconciler) need. Two cases stay
+"Nomad is unreachable" rather than "that node": the agent refusing
+connections, and a round in which every read failed on allocations of two or
+more nodes — one fault shared by every node is the agent's, and the last
+known health stands.
 """
 
 from __future__ import annotations
@@ -30,11 +46,22 @@ from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError
 from llmgw.scheduler.nomad import wire
-from llmgw.scheduler.nomad.client import NomadClient
+from llmgw.scheduler.nomad.client import NodeUnreachableError, NomadClient
 from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.render import job_id
 
 log = logging.getLogger("llmgw.nomad")
+PER_NODE = 2          # check reads in flight on one node at a time
+CHECK_THREADS = 16    # check reads in flight at all, on threads of their own
+
+
+class _Round:
+    """The reads one poll started together, to tell one bad node from a bad agent."""
+
+    def __init__(self, size: int) -> None:
+        self.pending = size
+        self.succeeded = False
+        self.failed: dict[str, tuple[str, str]] = {}   # alloc → (node, why), held back
 
 
 def backoff_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
@@ -68,7 +95,12 @@ class Discovery:
         self._on_ok = on_ok
         self._models: set[str] = set()
         self.registrations: dict[str, list[wire.ServiceRegistration]] = {}
-        self.alloc_health: dict[str, bool] = {}
+        self.alloc_health: dict[str, bool] = {}       # last answer of each allocation's checks
+        self.unknown: dict[str, str] = {}             # allocation → why its health is unknown
+        self._checks = Offloader(limit=CHECK_THREADS, name="llmgw-nomad-checks")
+        self._inflight: dict[str, str] = {}           # allocation → node, while a read runs
+        self._reads: set[asyncio.Task[None]] = set()
+        self._agent_failures = 0
         self._endpoints: dict[str, list[str]] = {}
         self._changed = asyncio.Event()
         self._kick = asyncio.Event()
@@ -100,9 +132,9 @@ class Discovery:
                            asyncio.create_task(self._poll(), name="llmgw-nomad-checks")]
 
     async def close(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._reads]:
             t.cancel()
-        for t in self._tasks:
+        for t in [*self._tasks, *self._reads]:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
@@ -179,35 +211,16 @@ class Discovery:
             if unchanged and time.monotonic() - started < 1.0:
                 await asyncio.sleep(1.0)  # a server that does not block: do not spin
 
-    def _read_checks(self, allocs: list[str]) -> dict[str, bool]:
-        out = {}
-        for a in allocs:
-            try:
-                out[a] = checks_pass(self._client.alloc_checks(a))
-            except NotFoundError:
-                out[a] = False   # the allocation is gone
-        return out
-
     async def _poll(self) -> None:
         failures = 0
         while True:
             self._kick.clear()
             delay = self._check_interval
             try:
-                allocs = sorted({r.AllocID for regs in self.registrations.values()
-                                 for r in regs})
-                if allocs:
-                    health = await self._offload.run(self._read_checks, allocs)
-                    failures = 0
-                    self._on_ok("health checks")
-                    self.alloc_health = health
-                    self._recompute()
-            except BackendUnavailableError as exc:
-                failures += 1
-                delay = backoff_delay(failures, cap=self._backoff_max)
-                self._on_outage("health checks", exc, delay)
-            except LlmgwError as exc:
-                log.warning("reading allocation checks: %s", exc)
+                self._start_reads()
+                if self._agent_failures:
+                    delay = backoff_delay(self._agent_failures, cap=self._backoff_max)
+                failures = 0
             except Exception:
                 # Never let the loop die (endpoints would freeze); CancelledError
                 # is not an Exception, so close() still stops it.
@@ -218,11 +231,94 @@ class Discovery:
                 async with asyncio.timeout(delay):
                     await self._kick.wait()
 
+    def _start_reads(self) -> None:
+        """Start a read for every registered allocation not already being read."""
+        nodes = {r.AllocID: r.NodeID for regs in self.registrations.values() for r in regs}
+        for gone in set(self.alloc_health) - nodes.keys():
+            del self.alloc_health[gone]
+        for gone in set(self.unknown) - nodes.keys():
+            del self.unknown[gone]
+        busy: dict[str, int] = {}
+        for node in self._inflight.values():
+            busy[node] = busy.get(node, 0) + 1
+        # A node still answering an earlier round, or whose allocations did not answer,
+        # is probed PER_NODE reads at a time; the others have all theirs read at once.
+        slow = set(busy) | {nodes[a] for a in self.unknown if a in nodes}
+        batch = []
+        for alloc_id, node in sorted(nodes.items()):
+            if alloc_id in self._inflight or (node in slow and busy.get(node, 0) >= PER_NODE):
+                continue
+            busy[node] = busy.get(node, 0) + 1
+            batch.append((alloc_id, node))
+        rnd = _Round(len(batch))
+        for alloc_id, node in batch:
+            self._inflight[alloc_id] = node
+            task = asyncio.create_task(self._check(alloc_id, node, rnd))
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
+
+    async def _check(self, alloc_id: str, node: str, rnd: _Round) -> None:
+        """Read one allocation's checks; what goes wrong is that allocation's alone."""
+        try:
+            checks = await self._checks.run(self._client.alloc_checks, alloc_id)
+        except NotFoundError:
+            self._settle(alloc_id, False)      # the allocation is gone
+            rnd.succeeded = True
+        except NodeUnreachableError as exc:
+            rnd.failed[alloc_id] = (node, exc.message)
+        except BackendUnavailableError as exc:
+            # The agent itself: keep what was known, as for any outage.
+            self._agent_failures += 1
+            self._on_outage("health checks", exc,
+                            backoff_delay(self._agent_failures, cap=self._backoff_max))
+        except LlmgwError as exc:
+            rnd.failed[alloc_id] = (node, exc.message)
+        except Exception as exc:
+            log.exception("reading the checks of allocation %s failed", alloc_id)
+            rnd.failed[alloc_id] = (node, f"reading its checks failed ({type(exc).__name__})")
+        else:
+            self._settle(alloc_id, checks_pass(checks))
+            rnd.succeeded = True
+            if self._agent_failures:
+                self._agent_failures = 0
+                self._on_ok("health checks")
+        finally:
+            self._inflight.pop(alloc_id, None)
+            rnd.pending -= 1
+            self._judge(rnd)
+            self._recompute()
+
+    def _settle(self, alloc_id: str, healthy: bool) -> None:
+        self.alloc_health[alloc_id] = healthy
+        self.unknown.pop(alloc_id, None)
+
+    def _judge(self, rnd: _Round) -> None:
+        """Turn the round's failed reads into unknown allocations: at once when another
+        read of the round succeeded (the agent answers), else when the round is over —
+        unless they span two or more nodes, when the trouble is the agent's."""
+        if not rnd.failed or (not rnd.succeeded and rnd.pending > 0):
+            return
+        nodes = {node for node, _ in rnd.failed.values()}
+        if not rnd.succeeded and len(nodes) > 1:
+            first = next(iter(rnd.failed.values()))[1]
+            self._on_outage("health checks", BackendUnavailableError(
+                f"no allocation check could be read on any of {len(nodes)} nodes ({first})"),
+                self._check_interval)
+            rnd.failed.clear()
+            return
+        for alloc_id, (node, why) in rnd.failed.items():
+            if alloc_id not in self.unknown:
+                log.warning("allocation %s on node %s gets no traffic until its health can "
+                            "be read: %s", alloc_id, node, why)
+            self.unknown[alloc_id] = why
+        rnd.failed.clear()
+
     def _recompute(self) -> None:
         endpoints = {}
         for model in self._models:
             urls = sorted({endpoint_url(r) for r in self.registrations.get(model, ())
-                           if self.alloc_health.get(r.AllocID) is True})
+                           if self.alloc_health.get(r.AllocID) is True
+                           and r.AllocID not in self.unknown})
             if urls:
                 endpoints[model] = urls
         if endpoints != self._endpoints:

@@ -20,6 +20,13 @@ idle". The parts that are easy to get plausibly wrong:
 Pools group nodes by (gpu class, fabric) because a replica never spans two
 nodes, and eight free cards split across two fabrics are not eight cards for
 a model that needs eight.
+
+One trap is named wherever the fleet is shown: a gpu class whose ``memory``
+is more than its cards report. Jobs ask for ``${device.attr.memory} >=`` the
+class's memory, so an "80GB" H100 class written as ``80GiB`` (81920 MiB)
+matches no H100, which reports 81559 MiB (docs/nomad-api.md §2): the node has
+the cards, free, and Nomad filters it as "missing devices". ``memory_warning``
+says so with both numbers and the value to write.
 """
 
 from __future__ import annotations
@@ -145,6 +152,15 @@ def node_state(node: wire.Node) -> tuple[str, bool]:
     return status, status == "ready"
 
 
+def memory_warning(gpu_class: str, declared: int, name: str, reported: int) -> str:
+    """The device memory trap, for one node (or a list of them) of one class."""
+    declared_mib, reported_mib = declared // MIB, reported // MIB
+    return (f"gpu class {gpu_class} declares {declared_mib} MiB per card but {name} "
+            f"report{'s' if ',' not in name else ''} {reported_mib} MiB: the device memory "
+            f"constraint (${{device.attr.memory}} >= {declared_mib} MiB) excludes it; set "
+            f"gpu_classes.{gpu_class}.memory to {reported_mib}MiB")
+
+
 def node_view(node: wire.Node, used: Usage, gpu_classes: Mapping[str, GpuClass],
               fabric_key: str) -> NodeView:
     """One node's totals and free capacity, given everything its live allocations hold."""
@@ -167,14 +183,21 @@ def node_view(node: wire.Node, used: Usage, gpu_classes: Mapping[str, GpuClass],
 
     memory_total = max(0, res.Memory.MemoryMB - reserved.Memory.MemoryMB) * MIB
     memory_free = max(0, memory_total - used.memory_mb * MIB)
+    gpu_memory = _attr_bytes((group.Attributes or {}).get("memory")) if group else None
+    warning = None
+    gc = gpu_classes.get(gpu_class) if gpu_class is not None else None
+    if gpu_class is not None and gc is not None and gpu_memory is not None \
+            and gc.memory > gpu_memory:
+        warning = memory_warning(gpu_class, gc.memory, node.Name or node.ID, gpu_memory)
     return NodeView(
         name=node.Name or node.ID, id=node.ID, status=status, schedulable=schedulable,
         gpu_class=gpu_class, gpu_device=group.Name if group else None,
         fabric=(node.Meta or {}).get(fabric_key),
         gpus_total=len(healthy_ids), gpus_free=gpus_free if schedulable else 0,
-        gpu_memory=_attr_bytes((group.Attributes or {}).get("memory")) if group else None,
+        gpu_memory=gpu_memory,
         cores_total=len(usable), cores_free=cores_free if schedulable else 0,
         memory_total=memory_total, memory_free=memory_free if schedulable else 0,
+        warning=warning,
     )
 
 
@@ -208,4 +231,17 @@ def build_fleet(nodes: Sequence[wire.Node], allocs: Iterable[wire.Allocation],
             largest_free_gpus_on_a_node=max((v.gpus_free for v in vs), default=0),
         ))
     pools.sort(key=lambda p: p.name)
-    return Fleet(nodes=views, pools=pools)
+    return Fleet(nodes=views, pools=pools, warnings=_warnings(views, gpu_classes))
+
+
+def _warnings(views: Sequence[NodeView], gpu_classes: Mapping[str, GpuClass]) -> list[str]:
+    """One line per gpu class whose declared memory its nodes' cards do not report."""
+    short: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for v in views:
+        if v.warning and v.gpu_class and v.gpu_memory is not None:
+            short[(v.gpu_class, v.gpu_memory)].append(v.name)
+    out = []
+    for (cls, reported), names in sorted(short.items()):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(memory_warning(cls, gpu_classes[cls].memory, shown, reported))
+    return out

@@ -37,10 +37,17 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Base: encoded with Go field names; unset fields are left out."""
 
 
-class Constraint(_Wire, frozen=True):
-    LTarget: str
+class Constraint(_Wire, frozen=True, kw_only=True):
+    LTarget: str = ""   # distinct_hosts has none
     Operand: str  # no JSON default: Nomad refuses a constraint without one (§1.2)
     RTarget: str = ""
+
+
+class Spread(_Wire, frozen=True):
+    """Prefer placements that even out ``Attribute``'s values (no targets: even spread)."""
+
+    Attribute: str
+    Weight: int
 
 
 class RequestedDevice(_Wire, frozen=True):
@@ -165,6 +172,7 @@ class Task(_Wire, frozen=True):
     Driver: str
     Config: dict[str, Any]
     Env: dict[str, str] = {}
+    Services: list[Service] = []
     Templates: list[Template] = []
     Resources: Resources | None = None
     Lifecycle: TaskLifecycle | None = None
@@ -176,6 +184,7 @@ class TaskGroup(_Wire, frozen=True):
     Name: str
     Count: int
     Constraints: list[Constraint] = []
+    Spreads: list[Spread] = []
     Networks: list[NetworkResource] = []
     Services: list[Service] = []
     Volumes: dict[str, VolumeRequest] = {}

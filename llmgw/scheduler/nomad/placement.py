@@ -5,10 +5,11 @@ fleet view, and returns a ``Verdict``. The two kinds of failure are kept
 apart because they call for opposite answers:
 
 * **never** — no node of the fleet could run the profile even if it were
-  empty: no node has that GPU model, none carries the fabric, none has that
-  many GPUs, cores or that much memory in total, or Nomad filtered every
-  node for a reason llmgw does not model (a missing driver, a datacenter
-  with no nodes). Refused at add time (``PlacementError``, HTTP 400):
+  empty: no node has that GPU model, its cards report less memory than the
+  gpu class declares (the device constraint excludes them), none carries the
+  fabric, none has that many GPUs, cores or that much memory in total, or
+  Nomad filtered every node for a reason llmgw does not model (a missing
+  driver, a datacenter with no nodes). Refused at add time (``PlacementError``, HTTP 400):
   waiting would wait forever.
 * **not now** — some node could, but its capacity is taken. Accepted; the
   model shows ``waiting_for_capacity`` with this reason until Nomad places
@@ -34,6 +35,7 @@ from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.render import Need
 
 VerdictKind = Literal["fits", "not_now", "never"]
+MIB = 1024 * 1024
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -58,10 +60,13 @@ def _what(need: Need, free: bool) -> str:
 
 
 def candidates(need: Need, nodes: Sequence[NodeView]) -> list[NodeView]:
-    """Nodes of the right GPU model and fabric, whatever their state or load."""
+    """Nodes of the right GPU model and fabric, whatever their state or load; for a CPU
+    replica, nodes without GPUs unless it may use GPU nodes (render ``_placement``)."""
     out = []
     for n in nodes:
-        if need.gpus > 0 and n.gpu_device != need.gpu_device:
+        if need.gpus > 0 and (n.gpu_device != need.gpu_device or _too_little_memory(need, n)):
+            continue
+        if need.gpus == 0 and not need.gpu_nodes and n.gpu_device is not None:
             continue
         if need.fabric and n.fabric != need.fabric:
             continue
@@ -79,6 +84,12 @@ def _fits_free(need: Need, n: NodeView) -> bool:
             and n.memory_free >= need.memory)
 
 
+def _too_little_memory(need: Need, n: NodeView) -> bool:
+    """The node's cards report less memory than the job's device constraint asks for."""
+    return (need.gpus > 0 and need.gpu_memory is not None and n.gpu_memory is not None
+            and n.gpu_memory < need.gpu_memory)
+
+
 def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
     """The reason no node could ever hold one replica, judged by totals; None if one could."""
     if need.gpus > 0:
@@ -87,6 +98,13 @@ def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
             seen = sorted({n.gpu_device for n in nodes if n.gpu_device})
             have = (f"the fleet has {', '.join(seen)}" if seen else "no node reports a GPU")
             return f"no node has a {need.gpu_device} GPU ({have})"
+        if all(_too_little_memory(need, n) for n in with_device):
+            reported = max(n.gpu_memory or 0 for n in with_device) // MIB
+            asked = (need.gpu_memory or 0) // MIB
+            return (f"the device memory constraint (${{device.attr.memory}} >= {asked} MiB, "
+                    f"from gpu class {need.gpu_class}) excludes every node with "
+                    f"{need.gpu_device}: their cards report {reported} MiB; set "
+                    f"gpu_classes.{need.gpu_class}.memory to {reported}MiB")
         if need.fabric and not any(n.fabric == need.fabric for n in with_device):
             fabrics = sorted({n.fabric for n in with_device if n.fabric})
             where = (f"nodes with it are on {', '.join(fabrics)}" if fabrics
@@ -97,6 +115,9 @@ def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
         return (f"no node is on fabric {need.fabric}"
                 + (f" (fabrics: {', '.join(fabrics)})" if fabrics else ""))
     cands = candidates(need, nodes)
+    if not cands and need.gpus == 0 and not need.gpu_nodes and nodes:
+        return ("every node has GPUs, and a CPU profile keeps off GPU nodes; add a node "
+                "without GPUs, or set gpu_nodes: true on the profile")
     if not cands:
         return "the fleet has no nodes" if not nodes else f"no node has {_what(need, False)}"
     if any(_fits_total(need, n) for n in cands):
@@ -161,6 +182,14 @@ def classify(need: Need, metric: wire.AllocationMetric | None,
     if never is not None:
         return Verdict("never", never)
     cands = [n for n in candidates(need, nodes) if _fits_total(need, n)]
+    spread_out = (metric.ConstraintFiltered or {}).get("distinct_hosts", 0)
+    if spread_out:
+        # Nodes that could run it already run one of its replicas: more nodes (or
+        # fewer replicas) is the way out, not a different profile.
+        return Verdict("not_now", (
+            f"{spread_out} node{'s' if spread_out != 1 else ''} that could run it already "
+            f"run{'' if spread_out != 1 else 's'} a replica of {need.model}, and its profile "
+            "asks for distinct_hosts; add nodes or lower its replicas"))
     if metric.NodesExhausted == 0 and any(n.schedulable for n in cands):
         # A node that fits by every number we know was filtered anyway: a
         # driver, a datacenter, a constraint we do not model. Waiting will

@@ -18,11 +18,40 @@ rules, and what each one protects:
   spec when an operator chooses to.
 * A job llmgw owns whose model left the catalog is **deregistered**. Jobs
   without llmgw's meta are never touched, whatever their name.
+* A job whose current version's **deployment failed** while it runs fewer
+  replicas than its count is **recovered**: the same count is submitted again
+  through ``/scale``, which Nomad registers as a new job version with no spec
+  change (nomad/job_endpoint.go ``Job.Scale`` always writes the job;
+  nomad/state/state_store.go ``upsertJobImpl`` bumps the version). Its running
+  allocations are updated in place, a new deployment starts, and the missing
+  ones are placed — which Nomad refuses for a failed deployment's version
+  (scheduler/reconciler/reconcile_cluster.go ``computeGroup``:
+  ``deploymentPlaceReady``). A failed deployment that left nothing missing (a
+  rollout whose new replicas never turned healthy, the old ones still serving)
+  is reported, not retried: a broken version would be retried forever.
+
+Why keep deployments at all, when llmgw could run with ``Update.MaxParallel``
+0 and have none (nomad/structs/structs.go ``UpdateStrategy.IsEmpty``)? Because
+the deployment is what makes a replacement *rolling*. Without an update
+strategy Nomad replaces every allocation of a destructive change in one plan
+(reconcile_cluster.go ``computeUnderProvisionedBy`` returns the whole count when
+the strategy is empty), so ``llmgw ctl rollout`` — and replacing replicas on a
+stale profile, which is a rollout — would stop all three replicas of a 70B
+model at once and leave it with none for the half hour of download and load.
+With ``MaxParallel`` 1 the next replica is replaced only after the previous one
+is healthy. The price of deployments is exactly the failure handled above, and
+``/scale`` being refused while one runs (``backend``'s ``_scale``).
+
+Every deployment's state is read once per pass (``GET /v1/deployments``, one
+call for all jobs), so a failure shows up, and is acted on, within one pass.
+The crash-loop report counts the current version's allocations only: the
+job summary's ``Failed`` counts every allocation that ever failed, of every
+version, and never goes down.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.catalog.build import Catalog
@@ -40,6 +69,17 @@ from llmgw.scheduler.nomad.render import (
 
 
 @dataclass(frozen=True)
+class VersionAllocs:
+    """The allocations of the job's current version, by client status."""
+
+    version: int
+    running: int = 0
+    pending: int = 0
+    failed: int = 0
+    last_failure: str = ""   # what the newest failed one said
+
+
+@dataclass(frozen=True)
 class JobState:
     """One llmgw job as Nomad has it."""
 
@@ -51,14 +91,48 @@ class JobState:
     stopped: bool
     queued: int
     count: int | None = None   # None: not read (the count is read only when needed)
-    running: int = 0
-    failed: int = 0
+    running: int = 0           # the job summary's, over every version
+    starting: int = 0
+    failed: int = 0            # ever, over every version: never read as "failing now"
+    create_index: int = 0
+    job_modify_index: int = 0
+    deployment: wire.Deployment | None = None   # the job's latest, whichever version
+    current: VersionAllocs | None = None        # read only when something may be wrong
+
+    @property
+    def live(self) -> int:
+        """Allocations placed and not finished: running or still starting."""
+        return self.running + self.starting
+
+    @property
+    def short(self) -> bool:
+        return bool(self.count) and self.live < (self.count or 0)
+
+    @property
+    def current_deployment(self) -> wire.Deployment | None:
+        """The deployment of the job's current version, if the latest is that one."""
+        d = self.deployment
+        if d is None or d.JobCreateIndex != self.create_index or \
+                d.JobSpecModifyIndex != self.job_modify_index:
+            return None
+        return d
+
+    @property
+    def deployment_failed(self) -> bool:
+        d = self.current_deployment
+        return d is not None and d.Status == "failed"
+
+    @property
+    def may_crash_loop(self) -> bool:
+        """What the summary can say: worth reading the current version's allocations."""
+        return bool(self.count) and self.failed > 0 and self.queued == 0
 
     @property
     def crash_loop(self) -> bool:
-        """Replicas have failed and none runs, with nothing waiting for capacity:
-        they start and die (Nomad keeps rescheduling them, with growing delays)."""
-        return bool(self.count) and self.failed > 0 and self.running == 0 and self.queued == 0
+        """Replicas of the current version have failed and none of them runs, with nothing
+        waiting for capacity: they start and die (Nomad keeps rescheduling them)."""
+        c = self.current
+        return (self.may_crash_loop and c is not None and c.failed > 0 and c.running == 0)
 
 
 @dataclass
@@ -66,8 +140,10 @@ class Actions:
     register: list[str] = field(default_factory=list)          # model names
     scale: dict[str, int] = field(default_factory=dict)         # model → count
     deregister: list[str] = field(default_factory=list)         # job IDs
+    recover: dict[str, int] = field(default_factory=dict)       # model → count, via /scale
     stale: dict[str, str] = field(default_factory=dict)         # model → why
     waiting: list[str] = field(default_factory=list)            # models with queued allocs
+    deployment_failed: dict[str, str] = field(default_factory=dict)   # model → what happened
 
 
 def job_state(stub: wire.JobListStub, count: int | None = None) -> JobState | None:
@@ -81,8 +157,83 @@ def job_state(stub: wire.JobListStub, count: int | None = None) -> JobState | No
         fingerprint=meta.get(META_FINGERPRINT, ""), spec=meta.get(META_SPEC, ""),
         stopped=stub.Stop,
         queued=summary.Queued if summary else 0, count=count,
-        running=summary.Running if summary else 0, failed=summary.Failed if summary else 0,
+        running=summary.Running if summary else 0,
+        starting=summary.Starting if summary else 0,
+        failed=summary.Failed if summary else 0,
+        create_index=stub.CreateIndex, job_modify_index=stub.JobModifyIndex,
     )
+
+
+def latest_deployments(deployments: Iterable[wire.Deployment]) -> dict[str, wire.Deployment]:
+    """Job ID → its most recent deployment (by CreateIndex)."""
+    out: dict[str, wire.Deployment] = {}
+    for d in deployments:
+        seen = out.get(d.JobID)
+        if seen is None or (d.CreateIndex, d.ModifyIndex) > (seen.CreateIndex, seen.ModifyIndex):
+            out[d.JobID] = d
+    return out
+
+
+def version_allocs(version: int, allocs: Iterable[wire.Allocation]) -> VersionAllocs:
+    """Count the allocations of ``version`` that Nomad still means to run."""
+    running = pending = failed = 0
+    last: tuple[int, str] = (-1, "")
+    for a in allocs:
+        if a.JobVersion != version or a.TaskGroup != GROUP:
+            continue
+        if a.ClientStatus == "running" and a.DesiredStatus == "run":
+            running += 1
+        elif a.ClientStatus == "pending" and a.DesiredStatus == "run":
+            pending += 1
+        elif a.ClientStatus == "failed":
+            failed += 1
+            if a.ModifyIndex > last[0]:
+                last = (a.ModifyIndex, failure_text(a))
+    return VersionAllocs(version=version, running=running, pending=pending, failed=failed,
+                         last_failure=last[1])
+
+
+def failure_text(a: wire.Allocation) -> str:
+    """The client's description and the engine's last event, as Nomad reported them."""
+    events = [e.DisplayMessage for state in (a.TaskStates or {}).values()
+              for e in (state.Events or ()) if e.DisplayMessage]
+    return "; ".join(p for p in (a.ClientDescription, events[-1] if events else "") if p)
+
+
+def deployment_text(d: wire.Deployment) -> str:
+    g = (d.TaskGroups or {}).get(GROUP)
+    healthy = f" with {g.HealthyAllocs} of {g.DesiredTotal} healthy" if g else ""
+    return (f"Nomad's deployment of job version {d.JobVersion} failed{healthy} "
+            f"({d.StatusDescription or 'no reason given'})")
+
+
+def shortfall(st: JobState, waiting: str | None) -> str | None:
+    """Why the job runs fewer replicas than its count, in one sentence; None if it does not.
+
+    A crash loop counts as short even while Nomad has a replacement starting: none of
+    the current version's replicas runs.
+    """
+    c = st.current
+    if not st.short and not (st.crash_loop and c is not None):
+        return None
+    head = f"runs {st.live} of {st.count} replicas"
+    d = st.current_deployment
+    if st.short and d is not None and d.Status == "failed":
+        return (f"{head}: {deployment_text(d)}, and Nomad places no more replicas of a "
+                "failed deployment's version; llmgw submits the job again (same spec, a new "
+                "version) to place them")
+    if st.crash_loop and c is not None:
+        last = f" (last: {c.last_failure})" if c.last_failure else ""
+        return (f"runs {c.running} of {st.count} replicas: crash loop: {c.failed} "
+                f"replica{'s' if c.failed != 1 else ''} of job version {c.version} failed "
+                f"after starting and none runs{last}; `llmgw ctl replicas` shows each one's "
+                "message")
+    if waiting:
+        return f"{head}: waiting for capacity: {waiting}"
+    if c is not None and c.failed:
+        return (f"{head}: Nomad is replacing failed replicas (its reschedule delay grows "
+                "with each failure)")
+    return f"{head}: Nomad has not placed the others yet"
 
 
 def desired_count(model: Model, current: int | None) -> int | None:
@@ -116,6 +267,18 @@ def decide(catalog: Catalog, jobs: Mapping[str, JobState],
             out.scale[m.name] = want
         if st.queued > 0:
             out.waiting.append(m.name)
+        if st.deployment_failed:
+            d = st.current_deployment
+            assert d is not None
+            if st.short and st.count and m.name not in out.scale:
+                out.recover[m.name] = st.count
+                out.deployment_failed[m.name] = (
+                    f"{deployment_text(d)}; llmgw submitted the job again to place the "
+                    "missing replicas")
+            elif not st.short:
+                out.deployment_failed[m.name] = (
+                    f"{deployment_text(d)}; replicas of the earlier version keep serving; "
+                    f"`llmgw ctl rollout {m.name}` tries again")
         current = spec_of(m, st.profile)
         if current is None:
             out.stale[m.name] = (

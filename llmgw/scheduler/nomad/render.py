@@ -14,9 +14,32 @@ silently never run or never become healthy (docs/nomad-api.md §9):
   constraints on ``${device.model}`` (the NVML string, matched exactly) and
   ``${device.attr.memory}`` written from what the card *reports*, because an
   "80GB" H100 reports 81559 MiB and ``>= 80 GiB`` matches none (docs/nomad-api.md §2);
-* durations are nanoseconds and the deployment deadlines are raised to hours:
-  with Nomad's 5 and 10 minute defaults a 70B load fails its own deployment
-  (surprise 4);
+* durations are nanoseconds, and the deadlines are sized from the model
+  (``deadlines``): with Nomad's 5 and 10 minute defaults a 70B load fails its
+  own deployment (surprise 4);
+* the service and its check belong to the **engine task**, not the group. A
+  group service registers in the alloc runner's ``Prerun``
+  (client/allocrunner/group_service_hook.go ``Prerun``), before the fetch has
+  downloaded a byte, and ``check_restart`` starts its grace at registration
+  (client/serviceregistration/watcher.go ``Watch``) and restarts every running
+  task when it expires (client/allocrunner/alloc_runner.go ``Restart``) — the
+  fetch, mid-download, an hour into 140 GB. A task service registers in the
+  engine's ``Poststart`` (client/allocrunner/taskrunner/service_hook.go), once
+  the image is pulled and the weights are on the node, so the grace only has to
+  cover the load, and a restart restarts the engine alone;
+* replicas keep off each other's nodes, so one node failure never takes a
+  model down: the group spreads them on ``${node.unique.id}`` (Nomad's job
+  anti-affinity alone is one score among the bin-packing ones, and loses to
+  it: it stacks three of four replicas on the busier of two nodes
+  — scheduler/feasible/spread.go ``evenSpreadScoreBoost`` is what evens
+  them), or — ``distinct_hosts: true`` on the profile —
+  forbids sharing a node at all (scheduler/feasible/feasible.go
+  ``DistinctHostsIterator``), leaving a replica unplaced rather than beside
+  another;
+* a CPU profile keeps off GPU nodes (``${meta.llmgw_gpu_class}`` unset, the
+  meta every GPU client carries, nomad/client-gpu.hcl): a job constraint cannot
+  see devices, and a llama.cpp replica there takes the cores and memory that
+  node's GPUs need. ``gpu_nodes: true`` on the profile lifts that;
 * job meta records model, profile, fingerprint and a hash of the rendered
   spec. Changing meta replaces every allocation (surprise 8), so the
   reconciler never re-registers a job whose spec hash changed; it waits for
@@ -52,6 +75,7 @@ from llmgw.catalog.source import HfSource, UrlSource, strip_userinfo
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
 from llmgw.scheduler.nomad import credentials
 from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad.fleet import GPU_CLASS_META
 from llmgw.scheduler.nomad.jobspec import ns
 from llmgw.weights import layout
 
@@ -72,7 +96,21 @@ META_FINGERPRINT = "llmgw_fingerprint"
 META_SPEC = "llmgw_spec"
 
 MIB = 1024 * 1024
+# Loading weights from the node's cache (local NVMe, per the client config) into
+# GPU or host memory: vLLM and llama.cpp read safetensors/GGUF at 1-2 GiB/s there;
+# half of the low end, because a deadline that fires during a healthy load costs
+# a whole download and load again, and one that fires late costs a few minutes.
+LOAD_RATE = 512 * MIB            # bytes per second
+# What an engine does before it answers /health besides reading weights: CUDA
+# graph capture and torch.compile for vLLM take minutes on large models.
+ENGINE_START = 600.0             # seconds
 _ENGINE_PORT = {"vllm": 8000, "llama.cpp": 8080}
+# The same for every job, so built once (frozen structs with no mutable fields).
+_CHECK_INTERVAL, _CHECK_TIMEOUT = ns(10), ns(5)
+_MIN_HEALTHY, _STAGGER, _SHUTDOWN_DELAY = ns(MIN_HEALTHY_TIME), ns(30), ns(10)
+_RESTART = js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail")
+_RESCHEDULE = js.ReschedulePolicy(Unlimited=True, Delay=ns(60), DelayFunction="exponential",
+                                  MaxDelay=ns(3600))
 # Both servers answer 200 on /health only once the model is loaded, which is
 # what makes the check a readiness signal rather than a liveness one.
 HEALTH_PATH = {"vllm": "/health", "llama.cpp": "/health"}
@@ -94,6 +132,7 @@ class Need(msgspec.Struct, frozen=True, kw_only=True):
     fabric: str | None
     cores: int
     memory: int              # bytes
+    gpu_nodes: bool = False  # a CPU replica may use GPU nodes
 
 
 def job_id(model_name: str) -> str:
@@ -123,7 +162,57 @@ def need_of(model: Model, profile: Profile, cfg: NomadConfig,
         gpu_memory=int(gc.memory) if gc and profile.gpus > 0 else None,
         gpu_vendor=gc.vendor if gc else "nvidia",
         fabric=profile.fabric, cores=cores, memory=memory,
+        gpu_nodes=profile.gpus == 0 and profile.gpu_nodes,
     )
+
+
+class Deadlines(msgspec.Struct, frozen=True):
+    """How long a replica may take, in seconds: to turn healthy from when the client
+    starts it (``healthy``, Nomad's clock starts at the alloc's ``Prerun``:
+    client/allocrunner/health_hook.go ``init``), for the deployment to make progress
+    (``progress``), and for the engine to answer its check once started (``grace``)."""
+
+    healthy: int
+    progress: int
+    grace: int
+
+
+def weight_bytes(need: Need) -> int:
+    """An upper bound of the bytes a replica downloads and loads.
+
+    The weights have to fit in what a replica reserves — its cards' memory for a
+    GPU profile, its ``memory`` for a CPU one (llama.cpp maps the GGUF into it) —
+    so that bounds them without reading the model. A bound from above is the safe
+    side for a deadline: too long a deadline costs minutes when a replica hangs;
+    too short a one fails a healthy load and starts the download over.
+    """
+    if need.gpus and need.gpu_memory:
+        return need.gpus * need.gpu_memory
+    return need.memory
+
+
+def deadlines(need: Need, cfg: NomadConfig, *, engine_downloads: bool) -> Deadlines:
+    """The deadlines of one replica of ``need``, from the bytes it moves.
+
+    healthy  = the image pull's own timeout + download + load, and at least
+               ``healthy_deadline``: the clock runs from before the pull;
+    progress = twice that, and at least ``progress_deadline``: room for one
+               unhealthy replica to be replaced within the same deployment;
+    grace    = load (+ download, when the engine downloads the weights itself
+               because there is no fetch task): the clock runs from the engine's start.
+    """
+    weights = weight_bytes(need)
+    fetch = weights / cfg.download_rate
+    load = weights / LOAD_RATE + ENGINE_START
+    healthy = math.ceil(max(cfg.healthy_deadline, cfg.image_pull_timeout + fetch + load))
+    progress = max(math.ceil(cfg.progress_deadline), 2 * healthy)
+    grace = load + (fetch if engine_downloads else 0.0)
+    return Deadlines(healthy=healthy, progress=progress, grace=math.ceil(grace))
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.ParseDuration reads it, in whole seconds (rounded up)."""
+    return f"{math.ceil(seconds)}s"
 
 
 class _Source(msgspec.Struct, frozen=True):
@@ -175,7 +264,8 @@ def _secrets(job: str, keys: tuple[str, ...], name: str) -> list[js.Template]:
 
 
 def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
-                 src: _Source, keys: tuple[str, ...] = ()) -> js.Task:
+                 src: _Source, service: js.Service,
+                 keys: tuple[str, ...] = ()) -> js.Task:
     port = _ENGINE_PORT[model.engine or "vllm"]
     served = model.engine_model_name
     config: dict[str, object]
@@ -186,6 +276,7 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         if profile.gpus > 0:
             args += ["--n-gpu-layers", "999"]
         config = {"image": cfg.llama_cpp_image, "ports": [PORT_LABEL],
+                  "image_pull_timeout": go_duration(cfg.image_pull_timeout),
                   "args": [*args, *profile.engine_args]}
     else:
         args = ["--model", src.model_arg]
@@ -197,6 +288,7 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         if profile.quantization:
             args += ["--quantization", profile.quantization]
         config = {"image": cfg.vllm_image, "ports": [PORT_LABEL],
+                  "image_pull_timeout": go_duration(cfg.image_pull_timeout),
                   "args": [*args, *profile.engine_args]}
         if profile.gpus > 1:
             # Tensor-parallel workers exchange tensors through /dev/shm;
@@ -221,7 +313,7 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         Devices=devices,
     )
     return js.Task(
-        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env,
+        Name=ENGINE_TASK, Driver="docker", Config=config, Env=env, Services=[service],
         Templates=_secrets(job_id(model.name), keys, "llmgw-engine"), Resources=resources,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,
                                      ReadOnly=src.fetch_url is not None)],
@@ -245,6 +337,25 @@ def _fetch_task(cfg: NomadConfig, url: str, dest: str, job: str,
     )
 
 
+def _placement(profile: Profile) -> tuple[list[js.Constraint], list[js.Spread]]:
+    """Where the group's replicas may go, besides what they reserve.
+
+    The spread is there whatever the count: with one replica it scores nothing, and
+    a spread that came and went with the count would change the spec on every
+    scale — which reads as a stale profile and waits for a rollout.
+    """
+    constraints: list[js.Constraint] = []
+    spreads: list[js.Spread] = []
+    if profile.gpus == 0 and not profile.gpu_nodes:
+        constraints.append(js.Constraint(LTarget=f"${{meta.{GPU_CLASS_META}}}",
+                                         Operand="is_not_set"))
+    if profile.distinct_hosts:
+        constraints.append(js.Constraint(Operand="distinct_hosts", RTarget="true"))
+    else:
+        spreads.append(js.Spread(Attribute="${node.unique.id}", Weight=100))
+    return constraints, spreads
+
+
 def tags(model: str, profile: str, fp: str) -> list[str]:
     return ["llmgw", f"model={model}", f"profile={profile}", f"fingerprint={fp}"]
 
@@ -261,48 +372,47 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     need = need_of(model, profile, cfg, gpu_classes)
     src = _source(model, mirror)
     fp = fingerprint(model, profile)
-    healthy, progress = ns(cfg.healthy_deadline), ns(cfg.progress_deadline)
+    limits = deadlines(need, cfg, engine_downloads=src.fetch_url is None)
+    healthy, progress = ns(limits.healthy), ns(limits.progress)
     engine = model.engine
     check = js.ServiceCheck(
         Name="health", Type="http", Path=HEALTH_PATH[engine], Method="GET",
-        Interval=ns(10), Timeout=ns(5),
-        # Restart an engine that stops answering, but only after it had the
-        # whole deployment window to load.
-        CheckRestart=js.CheckRestart(Limit=3, Grace=healthy),
+        Interval=_CHECK_INTERVAL, Timeout=_CHECK_TIMEOUT,
+        # Restart an engine that stops answering, once it has had the time a load
+        # of its weights takes: the grace starts when the engine does.
+        CheckRestart=js.CheckRestart(Limit=3, Grace=ns(limits.grace)),
     )
     service = js.Service(Name=job_id(model.name), Provider="nomad", PortLabel=PORT_LABEL,
                          Tags=tags(model.name, profile.name, fp), Checks=[check])
-    constraints = []
+    constraints, spreads = _placement(profile)
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
                                          Operand="=", RTarget=profile.fabric))
     wants = credentials.needs(model, cfg, mirror)
-    tasks = [_engine_task(model, profile, need, cfg, src, wants.engine)]
+    tasks = [_engine_task(model, profile, need, cfg, src, service, wants.engine)]
     if src.fetch_url is not None:
         tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg, job_id(model.name),
                                     wants.fetch))
     group = js.TaskGroup(
-        Name=GROUP, Count=count, Constraints=constraints,
+        Name=GROUP, Count=count, Constraints=constraints, Spreads=spreads,
         Networks=[js.NetworkResource(Mode="host", DynamicPorts=[
             js.Port(Label=PORT_LABEL, To=_ENGINE_PORT[engine])])],
-        Services=[service],
         Volumes={CACHE_VOLUME: js.VolumeRequest(Name=CACHE_VOLUME, Type="host",
                                                 Source=cfg.cache_volume, ReadOnly=False)},
         Tasks=tasks,
         Update=js.UpdateStrategy(
-            MaxParallel=1, HealthCheck="checks", MinHealthyTime=ns(MIN_HEALTHY_TIME),
+            MaxParallel=1, HealthCheck="checks", MinHealthyTime=_MIN_HEALTHY,
             HealthyDeadline=healthy, ProgressDeadline=progress,
             # A load that fails its deadline is usually a node or a mirror
             # problem; reverting would restart the previous version's load too.
-            AutoRevert=False, Canary=0, Stagger=ns(30),
+            AutoRevert=False, Canary=0, Stagger=_STAGGER,
         ),
         Migrate=js.MigrateStrategy(MaxParallel=1, HealthCheck="checks",
-                                   MinHealthyTime=ns(MIN_HEALTHY_TIME), HealthyDeadline=healthy),
-        RestartPolicy=js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail"),
-        ReschedulePolicy=js.ReschedulePolicy(Unlimited=True, Delay=ns(60),
-                                             DelayFunction="exponential", MaxDelay=ns(3600)),
+                                   MinHealthyTime=_MIN_HEALTHY, HealthyDeadline=healthy),
+        RestartPolicy=_RESTART,
+        ReschedulePolicy=_RESCHEDULE,
         # Time for the gateway to see the registration go before the engine dies.
-        ShutdownDelay=ns(10),
+        ShutdownDelay=_SHUTDOWN_DELAY,
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}

@@ -8,10 +8,15 @@ carried and its reserved memory. Both are fixed for an allocation's life,
 so they are cached by allocation ID. Measured memory comes from the node's
 live statistics (``/v1/client/allocation/:id/stats``) on every call.
 
-Reads for different models run at once on different threads, so the cache is
-guarded by a lock (held only around the dictionary, never across a Nomad
-call), and a read evicts only entries of the jobs it has just listed: a read
-of one model must not drop what a read of another has cached.
+The per-allocation reads run at once, each on its own: statistics and checks
+are forwarded to the allocation's node, and one wedged node must cost its own
+replicas their figures, not the whole listing its answer. A replica whose node
+does not answer is listed with what the servers know and a note saying so.
+
+Reads for different models run at once too, so the cache is guarded by a lock
+(held only around the dictionary, never across a Nomad call), and a read
+evicts only entries of the jobs it has just listed: a read of one model must
+not drop what a read of another has cached.
 
 The fingerprint is read from the allocation's own copy of the job, not the
 job as it is now: after a rollout starts, old and new allocations carry
@@ -20,6 +25,7 @@ different ones, and that difference is exactly "stale profile".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,8 +34,9 @@ from dataclasses import dataclass
 from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError
 from llmgw.scheduler.base import Replica, ReplicaState
 from llmgw.scheduler.nomad import wire
-from llmgw.scheduler.nomad.client import NomadClient
+from llmgw.scheduler.nomad.client import NodeUnreachableError, NomadClient
 from llmgw.scheduler.nomad.discovery import checks_pass, endpoint_url
+from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.render import (
     ENGINE_TASK,
     META_FINGERPRINT,
@@ -109,35 +116,30 @@ def _detail(a: wire.Allocation) -> _Detail:
 
 
 class ReplicaReader:
-    """Reads replicas with blocking calls; run it off the event loop."""
+    """Reads replicas: one call per job, then each allocation's reads at once."""
 
-    def __init__(self, client: NomadClient) -> None:
+    def __init__(self, client: NomadClient, offload: Offloader) -> None:
         self._client = client
+        self._offload = offload
         self._details: dict[str, _Detail] = {}   # allocation ID → detail
         self._lock = threading.Lock()
 
-    def read(self, job_ids: Sequence[str], health: Mapping[str, bool],
-             registrations: Mapping[str, wire.ServiceRegistration], *,
-             every_job: bool = False) -> list[Replica]:
-        """The replicas of ``job_ids``. ``every_job``: these are all of llmgw's live
-        jobs, so cached entries of any other job are dropped too."""
-        out: list[Replica] = []
-        seen: set[str] = set()
+    async def read(self, job_ids: Sequence[str], health: Mapping[str, bool],
+                   unknown: Mapping[str, str],
+                   registrations: Mapping[str, wire.ServiceRegistration], *,
+                   every_job: bool = False) -> list[Replica]:
+        """The replicas of ``job_ids``. ``health``: what discovery last read of each
+        allocation's checks; ``unknown``: allocations whose node does not answer, and why.
+        ``every_job``: these are all of llmgw's live jobs, so cached entries of any other
+        job are dropped too."""
+        listed_allocs: list[wire.Allocation] = []
         for jid in job_ids:
-            for a in self._client.job_allocations(jid):
-                if not listed(a):
-                    continue
-                with self._lock:
-                    detail = self._details.get(a.ID)
-                if detail is None:
-                    try:
-                        detail = _detail(self._client.allocation(a.ID))
-                    except NotFoundError:
-                        continue  # garbage-collected between the list and the read
-                    with self._lock:
-                        self._details[a.ID] = detail
-                seen.add(a.ID)
-                out.append(self._replica(a, detail, health, registrations))
+            allocs = await self._offload.run(self._client.job_allocations, jid)
+            listed_allocs += [a for a in allocs if listed(a)]
+        found = await asyncio.gather(*(self._one(a, health, unknown, registrations)
+                                       for a in listed_allocs))
+        out = [r for r in found if r is not None]
+        seen = {r.id for r in out}
         read = set(job_ids)
         with self._lock:
             gone = [aid for aid, d in self._details.items()
@@ -146,30 +148,58 @@ class ReplicaReader:
                 del self._details[aid]
         return out
 
-    def _replica(self, a: wire.Allocation, d: _Detail, health: Mapping[str, bool],
-                 registrations: Mapping[str, wire.ServiceRegistration]) -> Replica:
-        running = a.ClientStatus == "running"
-        healthy = health.get(a.ID)
-        if healthy is None and running:
+    async def _one(self, a: wire.Allocation, health: Mapping[str, bool],
+                   unknown: Mapping[str, str],
+                   registrations: Mapping[str, wire.ServiceRegistration]) -> Replica | None:
+        with self._lock:
+            detail = self._details.get(a.ID)
+        if detail is None:
             try:
-                healthy = checks_pass(self._client.alloc_checks(a.ID))
+                detail = _detail(await self._offload.run(self._client.allocation, a.ID))
+            except NotFoundError:
+                return None  # garbage-collected between the list and the read
+            with self._lock:
+                self._details[a.ID] = detail
+        running = a.ClientStatus == "running"
+        notes: list[str] = []
+        healthy = health.get(a.ID)
+        if a.ID in unknown:
+            healthy = False
+            notes.append(f"health unknown, no traffic: {unknown[a.ID]}")
+        elif healthy is None and running:
+            try:
+                healthy = checks_pass(await self._offload.run(self._client.alloc_checks, a.ID))
             except NotFoundError:
                 healthy = False
+            except NodeUnreachableError as exc:
+                healthy = False
+                notes.append(f"health unknown: {exc.message}")
         measured = None
         if running:
             try:
-                measured = measured_memory(self._client.alloc_stats(a.ID))
+                measured = measured_memory(
+                    await self._offload.run(self._client.alloc_stats, a.ID))
+            except NodeUnreachableError as exc:
+                if a.ID not in unknown:
+                    notes.append(f"no memory figures: {exc.message}")
             except BackendUnavailableError:
-                raise
-            except LlmgwError as exc:  # the node is unreachable from the server, or gone
+                raise   # the agent itself: the listing cannot be answered
+            except LlmgwError as exc:  # gone from the node, or refused: no figures
                 log.info("no statistics for allocation %s: %s", a.ID, exc)
+        return self._replica(a, detail, bool(healthy), measured, registrations, notes)
+
+    @staticmethod
+    def _replica(a: wire.Allocation, d: _Detail, healthy: bool, measured: int | None,
+                 registrations: Mapping[str, wire.ServiceRegistration],
+                 notes: list[str]) -> Replica:
+        running = a.ClientStatus == "running"
         reg = registrations.get(a.ID)
         restarts, message = _message(a)
         return Replica(
             id=a.ID, model=d.model, profile=d.profile, fingerprint=d.fingerprint,
-            node=a.NodeName or a.NodeID, state=replica_state(a, bool(healthy)),
-            healthy=bool(healthy) and running,
+            node=a.NodeName or a.NodeID, state=replica_state(a, healthy),
+            healthy=healthy and running,
             address=endpoint_url(reg) if reg else d.address,
             reserved_memory=d.reserved, measured_memory=measured,
-            restarts=restarts, message=message,
+            restarts=restarts, message="; ".join(p for p in (message, *notes) if p),
         )

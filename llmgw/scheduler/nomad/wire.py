@@ -52,8 +52,44 @@ class JobListStub(_R, frozen=True):
     Status: str = ""
     Meta: dict[str, str] | None = None
     JobSummary: JobSummary | None = None
+    CreateIndex: int = 0
     ModifyIndex: int = 0
+    JobModifyIndex: int = 0   # moves with every new job version (a /scale too)
+
+
+class JobVersion(_R, frozen=True):
+    """The part of ``GET /v1/job/:id`` read to learn which version is current."""
+
+    ID: str = ""
+    Version: int = 0
     JobModifyIndex: int = 0
+
+
+class DeploymentState(_R, frozen=True):
+    ProgressDeadline: int = 0
+    RequireProgressBy: str = ""
+    DesiredTotal: int = 0
+    PlacedAllocs: int = 0
+    HealthyAllocs: int = 0
+    UnhealthyAllocs: int = 0
+
+
+class Deployment(_R, frozen=True):
+    """``GET /v1/deployments`` (§5.2 item 5). ``JobSpecModifyIndex`` and ``JobCreateIndex``
+    are the job's ``JobModifyIndex`` and ``CreateIndex`` when the deployment was made
+    (nomad/structs/deployment.go ``NewDeployment``): equal to the job's now, it is the
+    deployment of the job's current version."""
+
+    ID: str
+    JobID: str = ""
+    JobVersion: int = 0
+    JobSpecModifyIndex: int = 0
+    JobCreateIndex: int = 0
+    Status: str = ""
+    StatusDescription: str = ""
+    TaskGroups: dict[str, DeploymentState] | None = None
+    CreateIndex: int = 0
+    ModifyIndex: int = 0
 
 
 class RegisterResponse(_R, frozen=True):

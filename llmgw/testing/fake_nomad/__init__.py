@@ -6,11 +6,13 @@ request decoding with a strict mode (``decode``, ``schema``), Nomad's defaults a
 validation (``canonical``, ``validate``, ``rules``), a scheduler that places allocations
 by devices, cores and memory and explains failures with Nomad's own metric keys
 (``scheduler``, ``devices``, ``attributes``, ``reconcile``), a raft-like index with
-blocking queries (``state``, ``cluster``), ACL policies, tokens and workload identities
-with Nomad's capability rules (``acl``), Nomad Variables and the templates that read them
-(``variables``), and clients that tests drive (``commit``, ``lifecycle``), all behind
-``FakeNomad`` (``fake``). Behaviour is taken from
-docs/nomad-api.md and cited by section where it is subtle.
+blocking queries (``state``, ``cluster``), deployments with progress deadlines on a
+clock tests move (``deployments``), ACL policies, tokens and workload identities with
+Nomad's capability rules (``acl``), Nomad Variables and the templates that read them
+(``variables``), clients that tests drive (``commit``, ``lifecycle``) with their
+``check_restart`` watcher (``checkwatch``), all behind ``FakeNomad`` (``fake``).
+Behaviour is taken from docs/nomad-api.md and from Nomad's source, cited by section or
+by file and function where it is subtle.
 
 The dangerous direction is the obvious one: making the fake agree with llmgw. When the
 two disagree, the reference decides.

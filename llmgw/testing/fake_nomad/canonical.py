@@ -91,6 +91,8 @@ def canonicalize(job: Json) -> Json:
         _group(tg, job)
     for a in job.get("Affinities", []):
         a.setdefault("Weight", 50)
+    for sp in job.get("Spreads", []):  # api/tasks.go Spread.Canonicalize
+        sp.setdefault("Weight", 50)
     _implied_constraints(job)
     return job
 
@@ -127,6 +129,8 @@ def _group(tg: Json, job: Json) -> None:
         _task(task, tg, job)
     for a in tg.get("Affinities", []):
         a.setdefault("Weight", 50)
+    for sp in tg.get("Spreads", []):
+        sp.setdefault("Weight", 50)
     for net in tg.get("Networks", []):  # structs.NetworkResource.Canonicalize; Mode stays ""
         for port in net.get("DynamicPorts", []) + net.get("ReservedPorts", []):
             if not port.get("HostNetwork"):

@@ -116,7 +116,7 @@ class Cluster:
     def new_eval(self, namespace: str, job_id: str, priority: int, trigger: str, *,
                  index: int, job_modify_index: int = 0, job_type: str = "service",
                  deployment_id: str = "", node_id: str = "") -> Eval:
-        now = time.time_ns()
+        now = self.store.now()
         ev = Eval(id=str(uuid.uuid4()), namespace=namespace, priority=priority, type=job_type,
                   triggered_by=trigger, job_id=job_id, job_modify_index=job_modify_index,
                   deployment_id=deployment_id, node_id=node_id, create_index=index,
@@ -145,8 +145,8 @@ class Cluster:
                 rec, self.store.job_allocs(ev.namespace, ev.job_id), self.store.nodes,
                 list(self.store.allocs.values()),
                 self.store.job_deployments(ev.namespace, ev.job_id))
-            placed, stopped = self.committer.commit(ev, rec, plan)
-        self.committer.client_step(placed, stopped)
+            placed, stopped, updated = self.committer.commit(ev, rec, plan)
+        self.committer.client_step(placed, stopped, updated)
 
     def unblock(self) -> None:
         """Capacity changed: blocked evaluations go back to the broker (§5.2 item 2)."""
@@ -156,7 +156,7 @@ class Cluster:
                 return
             idx = self.store.write("evals")
             for ev in blocked:
-                ev.status, ev.modify_index, ev.modify_time = "pending", idx, time.time_ns()
+                ev.status, ev.modify_index, ev.modify_time = "pending", idx, self.store.now()
                 self.submit(lambda eid=ev.id: self.process(eid))  # type: ignore[misc]
 
     # -- job writes ---------------------------------------------------------------
@@ -193,7 +193,7 @@ class Cluster:
         idx = self.store.write("jobs", "job_version", "job_summary", "evals")
         job.update({"Version": existing.spec["Version"] + 1 if existing else 0,
                     "CreateIndex": existing.create_index if existing else idx,
-                    "ModifyIndex": idx, "JobModifyIndex": idx, "SubmitTime": time.time_ns(),
+                    "ModifyIndex": idx, "JobModifyIndex": idx, "SubmitTime": self.store.now(),
                     "Stable": False, "Status": "pending", "StatusDescription": ""})
         versions = [*existing.versions, copy.deepcopy(job)] if existing else [copy.deepcopy(job)]
         self.store.jobs[(job["Namespace"], job["ID"])] = JobRecord(
@@ -235,7 +235,7 @@ class Cluster:
                                       "exist in job")
             event = {"Count": count, "PreviousCount": tg["Count"],
                      "Message": request.get("Message", ""), "Error": request.get("Error", False),
-                     "Meta": request.get("Meta"), "EvalID": None, "Time": time.time_ns(),
+                     "Meta": request.get("Meta"), "EvalID": None, "Time": self.store.now(),
                      "CreateIndex": 0}
             if count is None:
                 idx = store.write("scaling_event")

@@ -8,13 +8,17 @@ blocking a follow-up evaluation when allocations could not be placed
 Group services (Nomad provider only) are registered in that same write, before the
 task has started and long before any check passes: the client's group-service hook
 runs in ``Prerun`` (§4.4), so service discovery returns replicas that are
-still loading. Task-level services follow when the task runs (``Poststart``).
+still loading. Task-level services follow when their task has started (``Poststart``),
+which for a main task is after every prestart task has finished. Either registration
+starts the ``check_restart`` watch of its checks (``checkwatch``).
 
 ``client_step`` plays the client: stopped allocations become ``complete`` and leave
 the service catalog; with ``auto_run`` new allocations become ``running``. Health is
 judged per deployment from the check results the tests set (``HealthCheck: checks``:
 every healthiness check ``success``; ``task_states``: running; ``manual``: only
-``finish_deployment``) — ``MinHealthyTime`` and the deadlines are not simulated. A
+``finish_deployment``) — ``MinHealthyTime`` is not simulated; the progress deadline is
+(``deployments``), on the fake's clock. An allocation updated in place into a new
+deployment is judged again, as the client's health hook does on ``Update``. A
 deployment turns ``successful`` when every group has ``DesiredTotal`` healthy allocs,
 which marks the job version stable and lets a rolling update take its next batch.
 """
@@ -22,11 +26,11 @@ which marks the job version stable and lets a rolling update take its next batch
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from llmgw.testing.fake_nomad import checkwatch, deployments
 from llmgw.testing.fake_nomad.gotext import quote
 from llmgw.testing.fake_nomad.reconcile import Plan
 from llmgw.testing.fake_nomad.records import (
@@ -50,9 +54,10 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 
 
-def event(kind: str, message: str, **details: str) -> Json:
-    return {"Type": kind, "Time": time.time_ns(), "DisplayMessage": message,
-            "Details": details or None, "Message": "", "FailsTask": False, "ExitCode": 0}
+def event(kind: str, message: str, *, at: int | None = None, **details: str) -> Json:
+    return {"Type": kind, "Time": at if at is not None else time.time_ns(),
+            "DisplayMessage": message, "Details": details or None, "Message": "",
+            "FailsTask": False, "ExitCode": 0}
 
 
 class Committer:
@@ -60,9 +65,10 @@ class Committer:
         self.cluster = cluster
         self.store = cluster.store
 
-    def commit(self, ev: Eval, rec: JobRecord | None, plan: Plan) -> tuple[list[str], list[str]]:
-        """Apply ``plan`` in one write; returns (placed alloc IDs, stopped alloc IDs)."""
-        store, now = self.store, time.time_ns()
+    def commit(self, ev: Eval, rec: JobRecord | None, plan: Plan
+               ) -> tuple[list[str], list[str], list[str]]:
+        """Apply ``plan`` in one write; returns the placed, stopped and in-place alloc IDs."""
+        store, now = self.store, self.store.now()
         idx = store.write("allocs", "evals", "deployment", "service_registrations",
                           "job_summary")
         deployment = store.latest_deployment(ev.namespace, ev.job_id)
@@ -88,24 +94,25 @@ class Committer:
             a = store.allocs[alloc_id]
             a.job, a.job_version = snapshot, snapshot["Version"]
             a.modify_index, a.modify_time = idx, now
-            if current is not None and a.task_group in current.task_groups:
+            if current is not None and a.task_group in current.task_groups and \
+                    a.deployment_id != current.id:
                 a.deployment_id, a.healthy, a.health_time = current.id, None, None
-                current.task_groups[a.task_group].placed_allocs += 1
+                a.reschedule_allowed = False
+                deployments.placed(current, a.task_group, now)
         placed = [self._place(p, ev, snapshot, current, idx, now).id for p in plan.places]
         self._finish_eval(ev, rec, plan, current, idx, now)
-        return placed, [s[0] for s in plan.stops]
+        return placed, [s[0] for s in plan.stops], list(plan.inplace)
 
     def _deployment(self, rec: JobRecord, idx: int, now: int) -> Deployment:
         groups = {}
         for tg in rec.spec.get("TaskGroups", []):
             u = tg.get("Update")
-            if u is None:
+            if u is None or u.get("MaxParallel", 0) == 0:  # UpdateStrategy.IsEmpty
                 continue
+            # The progress clock starts with the first placement, not here.
             groups[tg["Name"]] = GroupDeployment(
                 auto_revert=u["AutoRevert"], auto_promote=u["AutoPromote"],
-                progress_deadline=u["ProgressDeadline"],
-                require_progress_by=rfc3339(now + u["ProgressDeadline"]),
-                desired_total=tg["Count"])
+                progress_deadline=u["ProgressDeadline"], desired_total=tg["Count"])
         d = Deployment(id=str(uuid.uuid4()), namespace=rec.namespace, job_id=rec.id,
                        job_version=rec.spec["Version"], job_modify_index=rec.job_modify_index,
                        job_spec_modify_index=rec.job_modify_index,
@@ -122,13 +129,13 @@ class Committer:
                   node_name=pl.node.name, job_id=ev.job_id, job_version=job["Version"], job=job,
                   task_group=p.group, tasks=pl.tasks, disk_mb=pl.disk_mb, ports=pl.ports,
                   task_states={t: TaskState(events=[event("Received",
-                                                          "Task received by client")])
+                                                          "Task received by client", at=now)])
                                for t in pl.tasks},
                   previous_allocation=p.previous, metrics=pl.metric, create_index=idx,
                   modify_index=idx, alloc_modify_index=idx, create_time=now, modify_time=now)
         if current is not None and p.group in current.task_groups:
             a.deployment_id = current.id
-            current.task_groups[p.group].placed_allocs += 1
+            deployments.placed(current, p.group, now)
             current.modify_index = idx
         if p.previous:
             prev = store.allocs[p.previous]
@@ -139,20 +146,21 @@ class Committer:
                     "Delay": 0}]
         store.allocs[a.id] = a
         tg = next(g for g in job["TaskGroups"] if g["Name"] == p.group)
-        self.register_services(a, tg.get("Services", []), None, idx)
+        # The checks hook observes group and task services from Prerun alike.
         checks: dict[str, CheckResult] = {}
         for svc, task in [(s, None) for s in tg.get("Services", [])] + [
                 (s, t["Name"]) for t in tg.get("Tasks", []) for s in t.get("Services", [])]:
             if svc.get("Provider") != "nomad":
                 continue
             for c in svc.get("Checks", []):
-                cid = hashlib.md5(f"{a.id}|{task or 'group'}|{svc['Name']}|{c['Name']}".encode(),
-                                  usedforsecurity=False).hexdigest()
+                cid = checkwatch.check_id(a.id, task, svc["Name"], c["Name"])
                 checks[cid] = CheckResult(
                     id=cid, check=c["Name"], group=a.name, service=svc["Name"], task=task or "",
                     mode="readiness" if c.get("OnUpdate") == "ignore" else "healthiness",
                     timestamp=now // 1_000_000_000)
         store.checks[a.id] = checks
+        self.register_services(a, tg.get("Services", []), None, idx)
+        checkwatch.watch(store, a, tg.get("Services", []), None, now)
         return a
 
     def register_services(self, a: Alloc, services: list[Json], task: str | None,
@@ -172,6 +180,15 @@ class Committer:
                              address=svc.get("Address") or node.address, port=port,
                              create_index=idx, modify_index=idx)
             self.store.services[reg.id] = reg
+
+    def reregister_services(self, a: Alloc, services: list[Json], task: str | None,
+                            idx: int) -> None:
+        """A restarted workload deregisters its services and registers them again."""
+        owner = f"-{task}-" if task else f"-group-{a.task_group}-"
+        for k in [k for k, s in self.store.services.items()
+                  if s.alloc_id == a.id and k.startswith(f"_nomad-task-{a.id}{owner}")]:
+            del self.store.services[k]
+        self.register_services(a, services, task, idx)
 
     def remove_services(self, alloc_id: str) -> bool:
         gone = [k for k, s in self.store.services.items() if s.alloc_id == alloc_id]
@@ -214,13 +231,14 @@ class Committer:
             e.modify_index, e.modify_time = idx, now
 
     # -- the clients --------------------------------------------------------------
-    def client_step(self, placed: list[str], stopped: list[str]) -> None:
+    def client_step(self, placed: list[str], stopped: list[str],
+                    updated: list[str] | None = None) -> None:
         store, freed = self.store, False
         with store.cond:
             done = [store.allocs[i] for i in stopped if not store.allocs[i].client_terminal]
             if done:
                 idx = store.write("allocs", "service_registrations", "job_summary")
-                now = time.time_ns()
+                now = store.now()
                 for a in done:
                     a.client_status = "complete"
                     a.client_description = "All tasks have completed"
@@ -228,17 +246,24 @@ class Committer:
                         if state.state != "dead":
                             state.state, state.finished_at = "dead", rfc3339(now)
                             state.events = [*state.events, event("Killed", "Task successfully "
-                                                                           "killed")]
+                                                                           "killed", at=now)]
                     a.modify_index, a.modify_time = idx, now
                     self.remove_services(a.id)
                 freed = True
         if freed:
             self.cluster.unblock()
+        if updated:
+            self.judge_health(updated)
         if placed and self.cluster.auto_run:
             self.run(placed)
 
-    def run(self, alloc_ids: list[str]) -> None:
-        """The client starts allocations: pending → running, task services register."""
+    def run(self, alloc_ids: list[str], *, through_prestart: bool = True) -> None:
+        """The client starts allocations: pending → running, prestart tasks first.
+
+        With ``through_prestart`` the prestart tasks also finish at once and the main
+        tasks start; otherwise they stay running (a fetch downloading) until
+        ``finish_prestart``.
+        """
         store = self.store
         with store.cond:
             allocs = [store.allocs[i] for i in alloc_ids if store.allocs[i].client_status ==
@@ -246,33 +271,62 @@ class Committer:
             if not allocs:
                 return
             idx = store.write("allocs", "service_registrations", "job_summary")
-            now = time.time_ns()
+            now = store.now()
             for a in allocs:
                 a.client_status = "running"
                 a.client_description = "Tasks are running"
                 a.modify_index, a.modify_time = idx, now
                 for name, t in a.tasks.items():
-                    state = a.task_states[name]
-                    state.started_at = rfc3339(now)
-                    state.events = [*state.events, event("Task Setup", "Building Task Directory"),
-                                    event("Started", "Task started by client")]
-                    if t.stage in ("prestart", "poststop"):
-                        state.state = "dead" if t.stage == "prestart" else "pending"
-                        if t.stage == "prestart":
-                            state.finished_at = rfc3339(now)
-                            state.events.append(event("Terminated", "Exit Code: 0",
-                                                      exit_code="0"))
-                    else:
-                        state.state = "running"
-                tg = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
-                for task in tg.get("Tasks", []):
-                    self.register_services(a, task.get("Services", []), task["Name"], idx)
+                    if t.stage in ("prestart", "sidecar"):
+                        self._start_task(a, name, now)
+                if through_prestart:
+                    self._start_main(a, idx, now)
             self.judge_health([a.id for a in allocs])
+
+    def finish_prestart(self, alloc_ids: list[str]) -> None:
+        """The prestart tasks exit 0; the main tasks start and register their services."""
+        store = self.store
+        with store.cond:
+            allocs = [store.allocs[i] for i in alloc_ids if store.allocs[i].client_status ==
+                      "running" and not store.allocs[i].terminal]
+            if not allocs:
+                return
+            idx = store.write("allocs", "service_registrations")
+            now = store.now()
+            for a in allocs:
+                a.modify_index, a.modify_time = idx, now
+                self._start_main(a, idx, now)
+            self.judge_health([a.id for a in allocs])
+
+    @staticmethod
+    def _start_task(a: Alloc, name: str, now: int) -> None:
+        state = a.task_states[name]
+        state.state, state.started_at = "running", rfc3339(now)
+        state.events = [*state.events, event("Task Setup", "Building Task Directory", at=now),
+                        event("Started", "Task started by client", at=now)]
+
+    def _start_main(self, a: Alloc, idx: int, now: int) -> None:
+        """Prestart tasks done; main (and poststart) tasks run, then Poststart registers."""
+        for name, t in a.tasks.items():
+            state = a.task_states[name]
+            if t.stage == "prestart" and state.state != "dead":
+                if state.state != "running":
+                    self._start_task(a, name, now)
+                state.state, state.finished_at = "dead", rfc3339(now)
+                state.events.append(event("Terminated", "Exit Code: 0", at=now, exit_code="0"))
+            elif t.stage in ("main", "poststart") and state.state == "pending":
+                self._start_task(a, name, now)
+        tg = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
+        for task in tg.get("Tasks", []):
+            if a.tasks.get(task["Name"]) and a.tasks[task["Name"]].stage in ("main", "poststart"):
+                self.register_services(a, task.get("Services", []), task["Name"], idx)
+                checkwatch.watch(self.store, a, task.get("Services", []), task["Name"], now)
 
     def judge_health(self, alloc_ids: list[str]) -> None:
         """Set deployment health where it is now decided, and advance deployments."""
-        store, now = self.store, time.time_ns()
+        store = self.store
         with store.cond:
+            now = store.now()
             changed = []
             for i in alloc_ids:
                 a = store.allocs.get(i)
@@ -288,7 +342,7 @@ class Committer:
                                         any(c.status != "success" for c in checks)):
                     continue
                 a.healthy, a.health_time = True, rfc3339(now)
-                d.task_groups[a.task_group].healthy_allocs += 1
+                deployments.became_healthy(d, a.task_group, now)
                 changed.append((a, d))
             if not changed:
                 return

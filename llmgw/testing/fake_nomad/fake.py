@@ -11,12 +11,19 @@ What the fake does on its own, and what is left to the test:
 * evaluations run on a background worker, as in Nomad; ``settle()`` waits for it;
 * placed allocations start ``pending``; with ``auto_run=True`` (the default) the
   client moves them to ``running`` right after (a separate index), otherwise call
-  ``run_alloc``. Group services are registered at placement, before checks pass;
+  ``run_alloc`` — with ``through_prestart=False`` the prestart fetch keeps running
+  until ``finish_prestart``. Group services are registered at placement (the client's
+  ``Prerun``), before checks pass; task services when their task has started;
+* ``check_restart`` restarts a workload whose check is still failing once the grace
+  that began at its service's registration is over — evaluated when ``advance`` moves
+  the clock;
 * every Nomad-provider check starts ``pending`` and stays so until ``set_check`` /
   ``set_job_checks`` changes it — nothing probes real endpoints;
 * a deployment stays ``running`` until all its allocations are healthy (running, and
-  with ``HealthCheck: checks`` every healthiness check ``success``) or until
-  ``finish_deployment``; while it runs, ``POST /v1/job/:id/scale`` is refused;
+  with ``HealthCheck: checks`` every healthiness check ``success``), until
+  ``finish_deployment``, or until its progress deadline passes on the fake's clock
+  (``advance``) with too few healthy — then it fails, and Nomad places nothing more of
+  that job version; while it runs, ``POST /v1/job/:id/scale`` is refused;
 * ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events;
 * ``inject`` answers matching requests with any status and body (errors, garbage);
   ``requests`` records every request received.
@@ -29,7 +36,15 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from llmgw.testing.fake_nomad import acl, lifecycle, routes_cluster, routes_jobs, variables
+from llmgw.testing.fake_nomad import (
+    acl,
+    checkwatch,
+    deployments,
+    lifecycle,
+    routes_cluster,
+    routes_jobs,
+    variables,
+)
 from llmgw.testing.fake_nomad.cluster import Cluster
 from llmgw.testing.fake_nomad.fixtures import default_fleet
 from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
@@ -86,6 +101,22 @@ class FakeNomad:
     def settle(self, timeout: float = 30.0) -> None:
         """Wait until every queued evaluation is processed; re-raises a worker failure."""
         self._cluster.settle(timeout)
+
+    def now(self) -> int:
+        """The fake's clock, Unix nanoseconds: what its deadlines and timestamps read."""
+        return self._cluster.store.now()
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock ``seconds`` ahead and fire what fell due meanwhile —
+        ``check_restart`` restarts, then progress deadlines of deployments — and wait for
+        the evaluations that follow."""
+        if seconds < 0:
+            raise ValueError("the fake's clock only moves forward")
+        with self._cluster.store.cond:
+            self._cluster.store.skipped_ns += round(seconds * 1e9)
+        checkwatch.tick(self._cluster)
+        deployments.expire(self._cluster)
+        self._cluster.settle()
 
     # -- what was asked, and faults to answer with -------------------------------------
     @property
@@ -196,9 +227,16 @@ class FakeNomad:
                     if name is None or s.service_name == name]
 
     # -- playing the clients -----------------------------------------------------------
-    def run_alloc(self, alloc_id: str) -> None:
-        """Move a ``pending`` allocation to ``running`` (for ``auto_run=False``)."""
-        lifecycle.run_alloc(self._cluster, alloc_id)
+    def run_alloc(self, alloc_id: str, *, through_prestart: bool = True) -> None:
+        """Move a ``pending`` allocation to ``running`` (for ``auto_run=False``); with
+        ``through_prestart=False`` its prestart tasks start and keep running, as a fetch
+        does while it downloads, and no main task has started yet."""
+        lifecycle.run_alloc(self._cluster, alloc_id, through_prestart=through_prestart)
+
+    def finish_prestart(self, alloc_id: str) -> None:
+        """The allocation's prestart tasks exit 0 and its main tasks start (``Poststart``
+        registers their services)."""
+        lifecycle.finish_prestart(self._cluster, alloc_id)
 
     def set_check(self, alloc_id: str, status: str, *, check: str | None = None,
                   output: str | None = None, status_code: int | None = None) -> None:
@@ -220,10 +258,20 @@ class FakeNomad:
         lifecycle.set_alloc_memory(self._cluster, alloc_id, nbytes)
 
     def set_node(self, name: str, *, status: str | None = None, eligible: bool | None = None,
-                 drain: bool | None = None) -> None:
+                 drain: bool | None = None, meta: dict[str, str] | None = None) -> None:
         """Change a node (by name or ID): ``status="down"`` loses its allocations,
-        ``drain=True`` migrates them, ``eligible=False`` only stops new placements."""
-        lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain)
+        ``drain=True`` migrates them, ``eligible=False`` only stops new placements;
+        ``meta`` replaces its metadata (as a client restarted with new ``meta`` does),
+        which changes what constraints on ``${meta.*}`` match."""
+        lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain,
+                           meta=meta)
+
+    def set_node_rpc(self, name: str, *, delay: float = 0.0, error: str | None = None) -> None:
+        """Trouble on the server's connection to a node's client: requests forwarded there
+        (``/v1/allocation/:id/checks``, ``/v1/client/allocation/:id/stats``) wait ``delay``
+        seconds, then answer 500 ``error`` when given — Nomad's text for a dead session is
+        ``session open: session shutdown``. ``set_node_rpc(name)`` heals it."""
+        lifecycle.set_node_rpc(self._cluster, name, delay=delay, error=error)
 
     def finish_deployment(self, job_id: str, status: str = "successful",
                           namespace: str = "default") -> None:

@@ -4,9 +4,11 @@ Nomad learns these from its client agents; the fake has none, so tests drive the
 Each control changes state the way the corresponding client update would, and leaves
 the consequences to the same machinery a real server runs:
 
-* a failed allocation leaves the service catalog, fails an active deployment it was
-  part of (auto-reverting to the last stable version when the group asks for it), and
-  gets an ``alloc-failure`` evaluation that reschedules it;
+* a failed allocation leaves the service catalog and turns unhealthy in an active
+  deployment it was part of; that fails the deployment at once only when the group has
+  no progress deadline or no reschedule attempt left (auto-reverting to the last stable
+  version when the group asks for it), otherwise the deployment goes on and the
+  allocation may be replaced (``deployments``); an ``alloc-failure`` evaluation follows;
 * a node that goes ``down`` loses its allocations (``lost``, "alloc is lost since its
   node is down") and their replacements are placed elsewhere; a draining node has its
   allocations migrated; a node that becomes usable again unblocks waiting evaluations;
@@ -17,17 +19,14 @@ the consequences to the same machinery a real server runs:
 
 from __future__ import annotations
 
-import copy
-import time
 from typing import TYPE_CHECKING
 
+from llmgw.testing.fake_nomad import checkwatch, deployments
 from llmgw.testing.fake_nomad.commit import event
 from llmgw.testing.fake_nomad.records import (
     ALLOC_LOST,
-    DEPLOYMENT_FAILED_ALLOCS,
     DEPLOYMENT_FAILED_BY_USER,
     Alloc,
-    Deployment,
 )
 from llmgw.testing.fake_nomad.wire import rfc3339
 
@@ -45,12 +44,23 @@ def _alloc(cluster: Cluster, alloc_id: str) -> Alloc:
     return a
 
 
-def run_alloc(cluster: Cluster, alloc_id: str) -> None:
+def run_alloc(cluster: Cluster, alloc_id: str, *, through_prestart: bool) -> None:
     with cluster.store.cond:
         a = _alloc(cluster, alloc_id)
         if a.client_status != "pending":
             raise ValueError(f"allocation {a.name} is {a.client_status}, not pending")
-    cluster.committer.run([alloc_id])
+    cluster.committer.run([alloc_id], through_prestart=through_prestart)
+
+
+def finish_prestart(cluster: Cluster, alloc_id: str) -> None:
+    with cluster.store.cond:
+        a = _alloc(cluster, alloc_id)
+        waiting = [n for n, t in a.tasks.items()
+                   if t.stage == "prestart" and a.task_states[n].state == "running"]
+        if a.client_status != "running" or not waiting:
+            raise ValueError(f"allocation {a.name} has no prestart task running "
+                             "(start it with run_alloc(..., through_prestart=False))")
+    cluster.committer.finish_prestart([alloc_id])
 
 
 def set_checks(cluster: Cluster, alloc_id: str, status: str, *, check: str | None = None,
@@ -68,8 +78,9 @@ def set_checks(cluster: Cluster, alloc_id: str, status: str, *, check: str | Non
             raise ValueError(f"allocation {a.name} has no {what}")
         node = store.nodes[a.node_id]
         for c in results:
+            checkwatch.status_changed(store, a.id, c.id, status, store.now())
             c.status = status
-            c.timestamp = time.time_ns() // 1_000_000_000
+            c.timestamp = store.now() // 1_000_000_000
             c.status_code = status_code if status_code is not None else (
                 200 if status == "success" else 0)
             c.output = output if output is not None else {
@@ -96,40 +107,26 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
         if a.client_terminal:
             raise ValueError(f"allocation {a.name} is already {a.client_status}")
         idx = store.write("allocs", "service_registrations", "job_summary", "deployment")
-        now = time.time_ns()
+        now = store.now()
         a.client_status, a.client_description = "failed", "Failed tasks"
         a.modify_index, a.modify_time = idx, now
         for name, t in a.tasks.items():
             state = a.task_states[name]
             if t.stage in ("main", "sidecar", "poststart") and state.state != "dead":
                 state.state, state.failed, state.finished_at = "dead", True, rfc3339(now)
-                state.events = [*state.events, event("Terminated", reason, exit_code="1"),
+                state.events = [*state.events,
+                                event("Terminated", reason, at=now, exit_code="1"),
                                 event("Not Restarting", "Exceeded allowed attempts 2 in interval "
-                                                        "30m0s and mode is \"fail\"")]
+                                                        "30m0s and mode is \"fail\"", at=now)]
         cluster.committer.remove_services(a.id)
         d = store.deployments.get(a.deployment_id) if a.deployment_id else None
         if d is not None and d.active and a.healthy is None:
             a.healthy, a.health_time = False, rfc3339(now)
-            group = d.task_groups[a.task_group]
-            group.unhealthy_allocs += 1
-            d.status, d.status_description = "failed", DEPLOYMENT_FAILED_ALLOCS
-            d.modify_index, d.modify_time = idx, now
-            revert = _rollback(cluster, d) if group.auto_revert else None
+            revert = deployments.turned_unhealthy(cluster, a, d, idx, now)
     if revert is not None:
         cluster.register(revert, trigger="deployment-watcher")
     cluster.trigger(a.namespace, a.job_id, "alloc-failure")
     cluster.unblock()
-
-
-def _rollback(cluster: Cluster, d: Deployment) -> dict[str, object] | None:
-    rec = cluster.store.jobs.get((d.namespace, d.job_id))
-    if rec is None:
-        return None
-    stable = [v for v in rec.versions if v.get("Stable") and v["Version"] < d.job_version]
-    if not stable:
-        return None
-    d.status_description += f" - rolling back to job version {stable[-1]['Version']}"
-    return copy.deepcopy(stable[-1])
 
 
 def set_alloc_memory(cluster: Cluster, alloc_id: str, nbytes: int) -> None:
@@ -137,8 +134,15 @@ def set_alloc_memory(cluster: Cluster, alloc_id: str, nbytes: int) -> None:
         _alloc(cluster, alloc_id).memory_usage = int(nbytes)
 
 
+def set_node_rpc(cluster: Cluster, name: str, *, delay: float, error: str | None) -> None:
+    with cluster.store.cond:
+        node = cluster.store.node_by_name(name)
+        node.rpc_delay, node.rpc_error = max(0.0, delay), error or ""
+        cluster.store.cond.notify_all()  # requests waiting on the old fault move on
+
+
 def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool | None,
-             drain: bool | None) -> None:
+             drain: bool | None, meta: dict[str, str] | None = None) -> None:
     store = cluster.store
     if status not in (None, "ready", "down", "disconnected", "initializing"):
         raise ValueError(f"node status must be ready, down, disconnected or initializing; "
@@ -147,13 +151,18 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
         node = store.node_by_name(name)
         before = node.schedulable
         idx = store.write("nodes")
-        now = time.time_ns()
+        now = store.now()
         if status is not None:
             node.status = status
         if eligible is not None:
             node.eligibility = "eligible" if eligible else "ineligible"
         if drain is not None:
             node.drain = drain
+        reclassed = meta is not None and meta != node.meta
+        if meta is not None:
+            # Node.Meta is part of the computed class (nomad/structs/node_class.go
+            # HashInclude), so a change re-runs feasibility for waiting evaluations.
+            node.meta = dict(meta)
         node.modify_index, node.status_updated_at = idx, now
         on_node = [a for a in store.allocs.values() if a.node_id == node.id and not a.terminal]
         jobs: set[tuple[str, str]] = set()
@@ -173,7 +182,7 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
                 a.migrate, a.modify_index, a.modify_time = True, idx, now
                 jobs.add((a.namespace, a.job_id))
             trigger = "node-drain"
-        freed = node.schedulable and not before
+        freed = (node.schedulable and not before) or (reclassed and node.schedulable)
     for namespace, job_id in sorted(jobs):
         cluster.trigger(namespace, job_id, trigger, node_id=node.id)
     if freed:
@@ -189,7 +198,7 @@ def finish_deployment(cluster: Cluster, namespace: str, job_id: str, status: str
         if d is None or not d.active:
             raise ValueError(f"job {job_id!r} has no active deployment")
         idx = store.write("deployment", "allocs")
-        now = time.time_ns()
+        now = store.now()
         if status == "failed":
             d.status, d.status_description = "failed", DEPLOYMENT_FAILED_BY_USER
             d.modify_index, d.modify_time = idx, now

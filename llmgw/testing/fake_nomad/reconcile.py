@@ -14,11 +14,20 @@ and the eval worker commits it with ``commit``. The rules are Nomad's
   at a time: the next batch waits until the previous one is healthy;
 * a replacement that cannot be placed leaves the old allocation running;
 * a failed allocation is rescheduled (with no delay in the fake) when its reschedule
-  policy allows and its deployment has not failed, and replaced by any newer job
-  version; an alloc on a draining node is migrated;
+  policy allows — but not while it belongs to the active deployment unless the watcher
+  allowed its replacement, nor once that deployment has failed (filters.go
+  ``updateByReschedulable``, reconcile_cluster.go ``placeAllocs``) — and replaced by any
+  newer job version; an alloc on a draining node is migrated;
+* once the deployment of the job's current version has **failed**, nothing more of that
+  version is placed: no missing allocation, no destructive update — only replacements
+  of lost ones (reconcile_cluster.go ``computeGroup``: ``deploymentPlaceReady``). A model
+  left short stays short, with nothing queued, until a new job version is registered;
 * a new job version with work to do gets a deployment — even when nothing can be
   placed yet, which is why ``/scale`` is refused while a job waits for capacity;
   an older active deployment is cancelled ("Cancelled due to newer version of job").
+  A group whose ``Update.MaxParallel`` is 0 has no update strategy at all
+  (structs.go ``UpdateStrategy.IsEmpty``): no deployment, and a destructive update
+  replaces every allocation at once (reconcile_cluster.go ``computeUnderProvisionedBy``).
 """
 
 from __future__ import annotations
@@ -121,9 +130,14 @@ def compute(job: JobRecord | None, allocs: list[Alloc], nodes: dict[str, Node],
     elig = Eligibility()
     node_list = list(nodes.values())
     latest = deployments[0] if deployments else None
-    failed_deployments = {d.id for d in deployments if d.status == "failed"}
     new_version = latest is None or latest.job_version != version or \
         latest.job_create_index != job.create_index
+    # cancelUnneededDeployments: the deployment of this version, unless it succeeded
+    current = None if new_version or latest is None or latest.status == "successful" \
+        else latest
+    failed = current is not None and current.status == "failed"
+    place_ready = current is None or current.status not in ("failed", "paused", "pending",
+                                                              "initializing")
     changes = 0
     for tg in spec.get("TaskGroups", []):
         name, count = tg["Name"], int(tg.get("Count", 0))
@@ -140,9 +154,11 @@ def compute(job: JobRecord | None, allocs: list[Alloc], nodes: dict[str, Node],
             if a.task_group != name or a.client_status != "failed" or \
                     a.desired_status != "run" or a.next_allocation:
                 continue
+            held = current is not None and a.deployment_id == current.id and (
+                failed or (current.active and not a.reschedule_allowed))
             if a.job_version != version:
                 replace.append((a, "replace"))  # a new version replaces it whatever happened
-            elif a.deployment_id not in failed_deployments and _reschedulable(a, tg):
+            elif not held and _reschedulable(a, tg):
                 replace.append((a, "reschedule"))
             elif a.index < count:
                 stuck.add(a.index)  # "untainted": holds its slot, neither replaced nor re-placed
@@ -154,8 +170,8 @@ def compute(job: JobRecord | None, allocs: list[Alloc], nodes: dict[str, Node],
                 desired["InPlaceUpdate"] += 1
         desired["Ignore"] += len(keep) - len(old)
         update = tg.get("Update") or {}
-        limit = len(rolling)
-        if update.get("MaxParallel", 0) > 0:
+        limit = len(rolling) if place_ready else 0
+        if place_ready and update.get("MaxParallel", 0) > 0:
             in_flight = sum(1 for a in keep if a.job_version == version and a.healthy is None
                             and a.deployment_id)
             limit = max(0, update["MaxParallel"] - in_flight)
@@ -173,13 +189,17 @@ def compute(job: JobRecord | None, allocs: list[Alloc], nodes: dict[str, Node],
                 desired[{"destructive": "DestructiveUpdate", "replace": "DestructiveUpdate",
                          "migrate": "Migrate", "reschedule": "Place"}[reason]] += 1
         missing = [i for i in range(count) if i not in used][: max(0, count - len(used))]
+        if not place_ready:  # only what was lost is replaced
+            lost = {a.index for a in allocs if a.task_group == name and
+                    a.client_status == "lost" and a.job_version == version}
+            missing = [i for i in missing if i in lost]
         for i in missing:
             desired["Place"] += 1
             _try(plan, usage, spec, tg, node_list, elig, i, None, "place")
         # Work *wanted*, placed or not: a version nothing can place still gets its deployment.
         changes += desired["Place"] + desired["InPlaceUpdate"] + len(rolling) + len(replace)
     has_update = spec.get("Type") == "service" and any(
-        "Update" in tg for tg in spec.get("TaskGroups", []))
+        (tg.get("Update") or {}).get("MaxParallel", 0) > 0 for tg in spec.get("TaskGroups", []))
     plan.deploy = has_update and new_version and changes > 0
     return plan
 

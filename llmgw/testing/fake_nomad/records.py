@@ -25,6 +25,7 @@ CLIENT_TERMINAL = frozenset({"complete", "failed", "lost"})
 DEPLOYMENT_RUNNING = "Deployment is running"
 DEPLOYMENT_SUCCESSFUL = "Deployment completed successfully"
 DEPLOYMENT_FAILED_ALLOCS = "Failed due to unhealthy allocations"
+DEPLOYMENT_PROGRESS_DEADLINE = "Failed due to progress deadline"
 DEPLOYMENT_FAILED_BY_USER = "Deployment marked as failed"
 DEPLOYMENT_NEWER_JOB = "Cancelled due to newer version of job"
 DEPLOYMENT_STOPPED_JOB = "Cancelled because job is stopped"
@@ -123,6 +124,11 @@ class Node(msgspec.Struct, kw_only=True):
     create_index: int = 0
     modify_index: int = 0
     status_updated_at: int = 0
+    # The server's RPC connection to this node's client, as requests forwarded there
+    # (allocation checks and stats) see it: answered after rpc_delay seconds, with a
+    # 500 of rpc_error when set (FakeNomad.set_node_rpc).
+    rpc_delay: float = 0.0
+    rpc_error: str = ""
 
     @property
     def schedulable(self) -> bool:
@@ -186,6 +192,9 @@ class Alloc(msgspec.Struct, kw_only=True):
     deployment_id: str = ""
     healthy: bool | None = None
     health_time: str | None = None
+    # DesiredTransition.Reschedule: the deployment watcher lets an unhealthy alloc of an
+    # active, progress-based deployment be replaced (deployment_watcher.go handleAllocUpdate)
+    reschedule_allowed: bool = False
     previous_allocation: str = ""
     next_allocation: str = ""
     followup_eval_id: str = ""
@@ -243,7 +252,7 @@ class GroupDeployment(msgspec.Struct, kw_only=True):
     auto_revert: bool = False
     auto_promote: bool = False
     progress_deadline: int = 0
-    require_progress_by: str = "0001-01-01T00:00:00Z"
+    require_progress_by: int = 0  # Unix ns on the fake's clock; 0 = not started
     desired_total: int = 0
     placed_allocs: int = 0
     healthy_allocs: int = 0

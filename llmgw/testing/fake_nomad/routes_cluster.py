@@ -2,7 +2,13 @@
 
 The allocation-check endpoints answer from the *client* (docs/nomad-api.md §4.4): a map keyed
 by check ID, ``null`` for an allocation without checks, 404 ``Unknown allocation "id"``
-for an unknown one and 404 ``No path to node`` when its node is down. Service reads
+for an unknown one and 404 ``No path to node`` when its node is down. The server
+forwards them over its connection to the node (nomad/client_alloc_endpoint.go
+``ClientAllocations.Checks`` → nomad/client_rpc.go ``NodeRpc``), and the agent turns
+only "no path to node", "unknown allocation" and "unknown node" into 404
+(command/agent/alloc_endpoint.go ``allocChecks``); anything else that connection
+returns — a stream that times out or a session that shut down — is a **500** with the
+error's text, and a wedged node makes the request wait. ``set_node_rpc`` plays that. Service reads
 (§4.1) return every registration — healthy or not — and ``[]`` for an unknown name.
 ``filter=`` accepts the go-bexpr subset clients use for these lists:
 ``Field == "value"`` / ``!=`` clauses joined by ``and``.
@@ -94,10 +100,24 @@ def alloc_services(api: Api, req: Request) -> Response:
 
 
 def _client_alloc(api: Api, alloc_id: str) -> Alloc:
-    """ClientAllocations.*: the server forwards to the node running the allocation."""
+    """ClientAllocations.*: the server forwards to the node running the allocation.
+
+    The caller holds the store's lock; waiting on a slow node releases it.
+    """
     a = _alloc(api, alloc_id, f'Unknown allocation "{alloc_id}"')
-    if api.store.nodes[a.node_id].status == "down":
+    node = api.store.nodes[a.node_id]
+    if node.status == "down":
         raise NomadError(404, "No path to node")
+    if node.rpc_delay > 0:
+        deadline = time.monotonic() + node.rpc_delay
+        delay, error = node.rpc_delay, node.rpc_error
+        while api.running and (node.rpc_delay, node.rpc_error) == (delay, error):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            api.store.cond.wait(remaining)
+    if node.rpc_error:
+        raise NomadError(500, node.rpc_error)
     return a
 
 
@@ -171,6 +191,15 @@ def list_evals(api: Api, req: Request) -> Response:
                                                           key=lambda e: e.create_index)
                       if _in_ns(req, e.namespace) and e.id.startswith(req.query.get("prefix", "")))
         if _matches(ev, clauses)])
+
+
+def list_deployments(api: Api, req: Request) -> Response:
+    """Deployment.List (nomad/deployment_endpoint.go): the namespace's deployments (``*``
+    for all) oldest first by CreateIndex, or those whose ID starts with ``prefix``."""
+    return api.blocking(req, lambda: api.store.read_index("deployment"), lambda: [
+        wire.deployment(d) for d in sorted(api.store.deployments.values(),
+                                           key=lambda d: (d.create_index, d.id))
+        if _in_ns(req, d.namespace) and d.id.startswith(req.query.get("prefix", ""))])
 
 
 def get_deployment(api: Api, req: Request) -> Response:
@@ -287,6 +316,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Route]]] = [
     (re.compile(r"/v1/evaluations"), {"GET": list_evals}),
     (re.compile(r"/v1/evaluation/(?P<id>[^/]+)"), {"GET": get_eval}),
     (re.compile(r"/v1/evaluation/(?P<id>[^/]+)/allocations"), {"GET": eval_allocations}),
+    (re.compile(r"/v1/deployments"), {"GET": list_deployments}),
     (re.compile(r"/v1/deployment/(?P<id>[^/]+)"), {"GET": get_deployment}),
     (re.compile(r"/v1/nodes"), {"GET": list_nodes}),
     (re.compile(r"/v1/node/(?P<id>[^/]+)"), {"GET": get_node}),

@@ -1,7 +1,7 @@
 """Nomad's validation rules for the blocks of a job: constraints, policies, services.
 
 Each function mirrors one ``Validate`` method of nomad/structs at the reference commit
-(``Constraint``, ``Affinity``, ``UpdateStrategy``, ``RestartPolicy``,
+(``Constraint``, ``Affinity``, ``Spread``, ``UpdateStrategy``, ``RestartPolicy``,
 ``ReschedulePolicy``, ``Service``, ``ServiceCheck``) and returns that method's error
 list with Nomad's wording; ``validate.py`` nests them the way their callers do.
 """
@@ -102,6 +102,29 @@ def update_strategy(u: Json) -> list[str]:
         errs.append(f"Healthy deadline must be less than progress deadline: {d(hd)} > {d(pd)}")
     if u["Stagger"] <= 0:
         errs.append(f"Stagger must be greater than zero: {d(u['Stagger'])}")
+    return errs
+
+
+def spread(sp: Json) -> list[str]:
+    errs = []
+    if not sp.get("Attribute"):
+        errs.append("Missing spread attribute")
+    if not 0 < sp.get("Weight", 0) <= 100:
+        errs.append("Spread block must have a positive weight from 0 to 100")
+    seen: set[str] = set()
+    total = 0
+    for t in sp.get("SpreadTarget", []):
+        value = t.get("Value", "")
+        if value in seen:
+            errs.append(f"Spread target value {q(value)} already defined")
+        seen.add(value)
+        if t.get("Percent", 0) > 100:
+            errs.append(f"Spread target percentage for value {q(value)} must be between 0 "
+                        "and 100")
+        total += t.get("Percent", 0)
+    if total > 100:
+        errs.append(f"Sum of spread target percentages must not be greater than 100%; "
+                    f"got {total}%")
     return errs
 
 

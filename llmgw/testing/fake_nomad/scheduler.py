@@ -12,10 +12,16 @@ feasibility (``ConstraintFiltered``, a node that could never run the group):
   Results are cached per *computed class* for the evaluation, so a second node identical
   to a rejected one is filtered as "computed class ineligible" — as in Nomad.
 
+then ``distinct_hosts`` (a node already running the job's group, or the job when the
+constraint is at job level: ``ConstraintFiltered["distinct_hosts"]``, never cached);
+
 ranking (``DimensionExhausted``, a node that could run it but is full now):
   ports ("network: port collision") → per task: devices ("devices: no devices match
   request" when the matching GPUs are all taken) → cores ("cores") → AllocsFit over
-  CPU MHz ("cpu"), memory ("memory"), disk ("disk").
+  CPU MHz ("cpu"), memory ("memory"), disk ("disk"). The node's score averages
+  bin-packing, job anti-affinity, node affinities and spreads (``allocation-spread``:
+  with no targets, scheduler/feasible/spread.go ``evenSpreadScoreBoost`` gives an
+  unused value +1 and a value already as used as the least used one −1).
 
 Capacity follows §3.3: node resources minus reserved minus the comparable resources of
 every allocation that is not client-terminal (an alloc told to stop but still running
@@ -313,6 +319,76 @@ def _rank(job: Json, tg: Json, node: Node, usage: Usage, metric: AllocMetric
     return tasks, ports, binpack
 
 
+def _distinct(constraints: list[Json]) -> bool:
+    """hasDistinctHostsConstraint: present, with RTarget empty or a true bool."""
+    for c in constraints:
+        if c.get("Operand") == "distinct_hosts":
+            value = c.get("RTarget", "")
+            return value == "" or value.lower() not in ("0", "f", "false")
+    return False
+
+
+def _distinct_hosts(job: Json, tg: Json, used: Usage) -> bool:
+    """DistinctHostsIterator (feasible.go): after the class-cached checks, per node."""
+    ns, jid = job.get("Namespace", "default"), job["ID"]
+    if _distinct(job.get("Constraints", [])):
+        return not any(k[:2] == (ns, jid) and n > 0 for k, n in used.groups.items())
+    if _distinct(tg.get("Constraints", [])):
+        return used.groups.get((ns, jid, tg["Name"]), 0) <= 0
+    return True
+
+
+def _even_spread(used: dict[str, int], value: str | None) -> float:
+    """evenSpreadScoreBoost (spread.go): favour the least used values of the attribute."""
+    if not used:
+        return 0.0
+    if value is None:
+        return -1.0
+    current, low, high = used.get(value, 0), min(used.values()), max(used.values())
+    if current != low:
+        return (low - current) / low if low else -1.0
+    if low == high:
+        return -1.0
+    return (high - low) / low
+
+
+def _spread(job: Json, tg: Json, node: Node, nodes: list[Node],
+            usage: dict[str, Usage]) -> float:
+    """SpreadIterator.Next: the summed boost of the group's and the job's spreads."""
+    spreads = list(tg.get("Spreads", [])) + list(job.get("Spreads", []))
+    if not spreads:
+        return 0.0
+    key = (job.get("Namespace", "default"), job["ID"], tg["Name"])
+    weights = sum(sp.get("Weight", 50) for sp in spreads) or 1
+    total = 0.0
+    for sp in spreads:
+        attribute = sp["Attribute"]
+        used: dict[str, int] = {}
+        for n in nodes:
+            count = usage[n.id].groups.get(key, 0) if n.id in usage else 0
+            value = resolve(attribute, n)
+            if count > 0 and value is not None:
+                used[value] = used.get(value, 0) + count
+        value = resolve(attribute, node)
+        targets = sp.get("SpreadTarget", [])
+        if not targets:
+            total += _even_spread(used, value)
+            continue
+        group_count = int(tg.get("Count", 1))
+        desired = {t["Value"]: t.get("Percent", 0) / 100 * group_count for t in targets}
+        if 0 < sum(desired.values()) < group_count:
+            desired["*"] = group_count - sum(desired.values())
+        want = desired.get(value or "", desired.get("*"))
+        if want is None:
+            total -= 1.0
+        elif want == 0:
+            total -= 1.0  # lowestSpreadBoost starts at -1
+        else:
+            have = used.get(value or "", 0) + 1
+            total += (want - have) / want * sp.get("Weight", 50) / weights
+    return total
+
+
 def place(job: Json, tg: Json, nodes: list[Node], usage: dict[str, Usage],
           elig: Eligibility) -> Placement | AllocMetric:
     """Find the best node for one more allocation of ``tg``; the metric explains a miss."""
@@ -335,6 +411,9 @@ def place(job: Json, tg: Json, nodes: list[Node], usage: dict[str, Usage],
         metric.nodes_evaluated += 1
         if not _feasible(job, tg, node, metric, elig):
             continue
+        if not _distinct_hosts(job, tg, usage.get(node.id, Usage())):
+            metric.filter_node(node, "distinct_hosts")
+            continue
         ranked = _rank(job, tg, node, usage.get(node.id, Usage()), metric)
         if ranked is None:
             continue
@@ -348,6 +427,9 @@ def place(job: Json, tg: Json, nodes: list[Node], usage: dict[str, Usage],
             total = sum(abs(a.get("Weight", 50)) for a in affinities) or 1
             scores["node-affinity"] = sum(a.get("Weight", 50) for a in affinities
                                           if meets(a, node)) / total
+        spread = _spread(job, tg, node, nodes, usage)
+        if spread:
+            scores["allocation-spread"] = spread
         final = sum(scores.values()) / len(scores)
         scored.append({"NodeID": node.id, "Scores": scores, "NormScore": final})
         if best is None or final > best[0]:

@@ -9,6 +9,10 @@ and returning does not guarantee the part you care about changed.
 
 One condition variable guards everything. Handlers hold it only to read or write; a
 blocking query waits on it, which releases it, so a long poll never stalls a writer.
+
+The store also keeps the fake's clock (``now``): wall time plus whatever tests have
+skipped ahead with ``FakeNomad.advance``, so a deadline of hours can pass in a test
+without anyone waiting for it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from llmgw.testing.fake_nomad.checkwatch import Watch
 from llmgw.testing.fake_nomad.records import (
     Alloc,
     CheckResult,
@@ -44,13 +49,20 @@ class Store:
         self.deployments: dict[str, Deployment] = {}
         self.services: dict[str, ServiceReg] = {}
         self.checks: dict[str, dict[str, CheckResult]] = {}
+        # alloc ID → check ID → the client's check_restart watch (checkwatch.py)
+        self.watches: dict[str, dict[str, Watch]] = {}
         # JobSummary.Queued: the queued counts of the job's latest processed evaluation
         self.queued: dict[tuple[str, str], dict[str, int]] = {}
+        self.skipped_ns = 0
         for node in nodes:
             idx = self.write("nodes")
             node.create_index = node.modify_index = idx
-            node.status_updated_at = time.time_ns()
+            node.status_updated_at = self.now()
             self.nodes[node.id] = node
+
+    def now(self) -> int:
+        """The fake's clock in Unix nanoseconds: wall time plus what ``advance`` skipped."""
+        return time.time_ns() + self.skipped_ns
 
     def write(self, *tables: str) -> int:
         """Take the next index for a write to ``tables``; the caller holds ``cond``."""

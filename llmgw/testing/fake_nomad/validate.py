@@ -71,6 +71,7 @@ def validate_job(job: Json, namespaces: set[str], max_priority: int = 100) -> li
         tg_errs = _group(tg, job)
         if tg_errs:
             errs.append(f"Task group {tg.get('Name', '')} validation failed: {multi(tg_errs)}")
+    errs += _numbered("Spread", job.get("Spreads", []), rules.spread)
     if jtype == "_core":
         errs.append("job type cannot be core")
     if not 1 <= job.get("Priority", 50) <= max_priority:
@@ -107,6 +108,7 @@ def _group(tg: Json, job: Json) -> list[str]:
     errs += _numbered("Constraint", tg.get("Constraints", []), rules.constraint)
     errs += _numbered("Affinity", tg.get("Affinities", []), rules.affinity)
     errs += rules.restart_policy(tg["RestartPolicy"])
+    errs += _numbered("Spread", tg.get("Spreads", []), rules.spread)
     if "ReschedulePolicy" in tg and job["Type"] not in ("system", "sysbatch"):
         errs += rules.reschedule_policy(tg["ReschedulePolicy"])
     if tg["EphemeralDisk"]["SizeMB"] < 10:

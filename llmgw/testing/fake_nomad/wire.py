@@ -182,7 +182,8 @@ def deployment(d: Deployment) -> Json:
         "JobCreateIndex": d.job_create_index, "IsMultiregion": False,
         "TaskGroups": {name: {
             "AutoRevert": g.auto_revert, "AutoPromote": g.auto_promote,
-            "ProgressDeadline": g.progress_deadline, "RequireProgressBy": g.require_progress_by,
+            "ProgressDeadline": g.progress_deadline,
+            "RequireProgressBy": rfc3339(g.require_progress_by),
             "Promoted": False, "PlacedCanaries": None, "DesiredCanaries": 0,
             "DesiredTotal": g.desired_total, "PlacedAllocs": g.placed_allocs,
             "HealthyAllocs": g.healthy_allocs, "UnhealthyAllocs": g.unhealthy_allocs,

@@ -1,0 +1,99 @@
+"""Node metadata, and a node whose connection to the servers is in trouble.
+
+The checks and stats endpoints are forwarded to the node running the allocation
+(nomad/client_alloc_endpoint.go ``ClientAllocations.Checks``); errors on that
+connection other than "no path to node" are 500s (command/agent/alloc_endpoint.go
+``allocChecks``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from llmgw.testing import FakeNomad
+from tests.testing.jobspec import cpu_job, gpu_job, register
+
+SHUTDOWN = "session open: session shutdown"
+
+
+def _two_replicas(http: httpx.Client, nomad: FakeNomad) -> tuple[str, str]:
+    """A replica on an H100 node and one on the L40S node."""
+    register(http, gpu_job("llmgw-a", gpus=1, fabric=None))
+    job = gpu_job("llmgw-b", gpus=1, fabric=None)
+    job["TaskGroups"][0]["Tasks"][1]["Resources"]["Devices"] = [
+        {"Name": "nvidia/gpu/NVIDIA L40S", "Count": 1}]
+    register(http, job)
+    nomad.settle()
+    [a] = nomad.allocations("llmgw-a")
+    [b] = nomad.allocations("llmgw-b")
+    assert a.node_name != b.node_name
+    return a.id, b.id
+
+
+def test_a_broken_node_connection_is_a_500_for_its_allocations_only(
+        http: httpx.Client, nomad: FakeNomad) -> None:
+    """Checks and stats of allocs on the troubled node fail; the others answer."""
+    a, b = _two_replicas(http, nomad)
+    nomad.set_node_rpc(nomad.allocations("llmgw-a")[0].node_name, error=SHUTDOWN)
+    for path in (f"/v1/allocation/{a}/checks", f"/v1/client/allocation/{a}/checks",
+                 f"/v1/client/allocation/{a}/stats"):
+        r = http.get(path)
+        assert (r.status_code, r.text) == (500, SHUTDOWN), path
+    assert http.get(f"/v1/allocation/{b}/checks").status_code == 200
+    assert http.get(f"/v1/allocation/{a}").status_code == 200   # a server read: unaffected
+    nomad.set_node_rpc(nomad.allocations("llmgw-a")[0].node_name)
+    assert http.get(f"/v1/allocation/{a}/checks").status_code == 200
+
+
+def test_a_slow_node_holds_only_its_own_requests(http: httpx.Client,
+                                                 nomad: FakeNomad) -> None:
+    """A wedged node's check read waits; another node's answers meanwhile; healing frees it."""
+    a, b = _two_replicas(http, nomad)
+    node = nomad.allocations("llmgw-a")[0].node_name
+    nomad.set_node_rpc(node, delay=60)
+    answered: list[int] = []
+    waiter = threading.Thread(target=lambda: answered.append(
+        httpx.get(f"{nomad.address}/v1/allocation/{a}/checks", timeout=30).status_code))
+    waiter.start()
+    started = time.monotonic()
+    assert http.get(f"/v1/allocation/{b}/checks").status_code == 200
+    assert time.monotonic() - started < 5
+    assert answered == []                    # still held: its node has not answered
+    nomad.set_node_rpc(node)
+    waiter.join(timeout=30)
+    assert answered == [200]
+
+
+def test_node_meta_can_change_and_constraints_follow(http: httpx.Client,
+                                                     nomad: FakeNomad) -> None:
+    """New meta shows on /v1/node/:id and lets a job waiting on ${meta.*} place."""
+    job = cpu_job()
+    job["TaskGroups"][0]["Constraints"] = [
+        {"LTarget": "${meta.llmgw_role}", "Operand": "=", "RTarget": "embeddings"}]
+    register(http, job)
+    nomad.settle()
+    assert nomad.allocations("llmgw-tiny") == []
+    cpu = nomad.node("cpu-01")
+    before = http.get(f"/v1/node/{cpu.id}").json()["ModifyIndex"]
+    nomad.set_node("cpu-01", meta={**cpu.meta, "llmgw_role": "embeddings"})
+    nomad.settle()
+    node = http.get(f"/v1/node/{cpu.id}").json()
+    assert node["Meta"]["llmgw_role"] == "embeddings"
+    assert node["ModifyIndex"] > before
+    [alloc] = nomad.allocations("llmgw-tiny")
+    assert alloc.node_name == "cpu-01"
+
+
+def test_deployments_list_the_namespace_oldest_first(http: httpx.Client,
+                                                     nomad: FakeNomad) -> None:
+    """GET /v1/deployments: every deployment of the namespace, by CreateIndex."""
+    register(http, cpu_job("llmgw-one"))
+    register(http, cpu_job("llmgw-two"))
+    nomad.settle()
+    listed = http.get("/v1/deployments").json()
+    assert [d["JobID"] for d in listed] == ["llmgw-one", "llmgw-two"]
+    assert listed[0]["CreateIndex"] < listed[1]["CreateIndex"]
+    assert http.get("/v1/deployments", params={"namespace": "other"}).json() == []
