@@ -136,18 +136,19 @@ def _request(url: str, headers: dict[str, str], timeout: float
     """GET ``url`` (following redirects); yields the final URL and the response."""
     for _ in range(MAX_REDIRECTS + 1):
         conn, target, auth = _connection(url, timeout)
-        try:
+        # The response holds its own reference to the socket: closing only the
+        # connection leaves the descriptor open for as long as anything (an
+        # error's traceback, say) still refers to the response.
+        with contextlib.closing(conn):
             conn.request("GET", target,
                          headers={"Accept-Encoding": "identity", **auth, **headers})
-            resp = conn.getresponse()
-            location = resp.getheader("Location")
-            if resp.status in (301, 302, 303, 307, 308) and location:
-                url = _follow(url, location)
-                continue
-            yield url, resp
-            return
-        finally:
-            conn.close()
+            with conn.getresponse() as resp:
+                location = resp.getheader("Location")
+                if resp.status in (301, 302, 303, 307, 308) and location:
+                    url = _follow(url, location)
+                    continue
+                yield url, resp
+                return
     raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the "
                            "mirror URL")
 
@@ -171,20 +172,19 @@ def head_length(url: str, timeout: float = 60.0) -> int | None:
     for _ in range(MAX_REDIRECTS + 1):
         conn, target, auth = _connection(url, timeout)
         try:
-            conn.request("HEAD", target, headers={"Accept-Encoding": "identity", **auth})
-            resp = conn.getresponse()
-            location = resp.getheader("Location")
-            if resp.status in (301, 302, 303, 307, 308) and location:
-                url = _follow(url, location)
-                continue
-            if resp.status >= 400:
-                raise _status_error(url, resp.status, resp.reason)
-            length = resp.getheader("Content-Length")
-            return int(length) if length and length.isdigit() else None
+            with contextlib.closing(conn):   # the response too: see _request
+                conn.request("HEAD", target, headers={"Accept-Encoding": "identity", **auth})
+                with conn.getresponse() as resp:
+                    location = resp.getheader("Location")
+                    if resp.status in (301, 302, 303, 307, 308) and location:
+                        url = _follow(url, location)
+                        continue
+                    if resp.status >= 400:
+                        raise _status_error(url, resp.status, resp.reason)
+                    length = resp.getheader("Content-Length")
+                    return int(length) if length and length.isdigit() else None
         except _TRANSPORT as exc:
             raise UnavailableError(f"cannot reach {redact_url(url)}: {exc}") from None
-        finally:
-            conn.close()
     raise UnavailableError(f"{redact_url(url)}: more than {MAX_REDIRECTS} redirects; check the URL")
 
 

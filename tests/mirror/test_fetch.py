@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.errors import LlmgwError, NotFoundError, UnavailableError
-from llmgw.weights.fetch import fetch, fetch_file, read_range
+from llmgw.weights.fetch import fetch, fetch_file, head_length, read_range
 
 from .conftest import LLMGW, wait_for
 from .servers import FileServer, ThreadedMirror, closed_port_url, running, sha
@@ -118,6 +120,34 @@ def test_a_missing_file_is_not_found_and_not_retried(tmp_path: Path) -> None:
             fetch_file(srv.url.replace("model.bin", "missing.bin"), tmp_path / "x",
                        backoff=0)
         assert len([s for s in srv.seen if s.path == "/missing.bin"]) == 1
+
+
+def sockets_to(port: int) -> int:
+    """How many TCP sockets this process holds open towards ``port`` (as the client)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                mine.add(target.removeprefix("socket:[").removesuffix("]"))
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if int(row[2].rsplit(":", 1)[1], 16) == port and row[9] in mine)
+
+
+@pytest.mark.parametrize("call", [
+    lambda url, dest: fetch(url, dest, retries=0, backoff=0),
+    lambda url, dest: head_length(url),
+    lambda url, dest: read_range(url, 0, 64),
+], ids=["fetch", "head_length", "read_range"])
+def test_an_error_answer_closes_the_connection_before_the_error_is_raised(
+        call: Callable[[str, Path], object], tmp_path: Path) -> None:
+    """The socket of a request answered 404 is closed while the caller still holds the
+    error, not later, when the garbage collector reaches the traceback."""
+    with running(lambda: FileServer(CONTENT)) as srv:
+        port = int(srv.url.split(":")[2].split("/")[0])
+        with pytest.raises(NotFoundError) as missing:
+            call(srv.url + ".nothing", tmp_path / "other.bin")
+        assert sockets_to(port) == 0, missing.value
 
 
 def test_an_unreachable_mirror_gives_up_with_the_reason(tmp_path: Path) -> None:
