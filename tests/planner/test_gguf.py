@@ -4,8 +4,6 @@ figures llama.cpp reports for the real Gemma 3 270M file."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -20,6 +18,7 @@ from llmgw.planner.tensors import inventory
 from llmgw.weights.gguf import GgufInfo, read_gguf
 from tests.planner.fixtures import MODELS, load_config
 from tests.planner.gguf_headers import header_of
+from tests.planner.llama_log import llama_cpp_log
 
 MiB = 1024**2
 def as_llama_cpp_runs_it(a: Architecture) -> Architecture:
@@ -135,12 +134,7 @@ _COMPUTE = re.compile(r"llama_context: +CPU compute buffer size = +([\d.]+) MiB"
 
 
 def llama_cpp_loads(path: Path, n_ctx: int) -> str:
-    pytest.importorskip("llama_cpp")
-    script = ("from llama_cpp import Llama\n"
-              f"Llama(model_path={str(path)!r}, n_ctx={n_ctx}, n_threads=1, verbose=True)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, check=True)
-    return done.stderr
+    return llama_cpp_log(model_path=str(path), n_ctx=n_ctx, n_threads=1)
 
 
 def test_planner_figures_from_the_gemma_header_are_what_llama_cpp_reports() -> None:

