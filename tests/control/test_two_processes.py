@@ -47,17 +47,18 @@ def two_servers(schema_url: str, tmp_path: Path) -> Iterator[list[str]]:
         port = _free_port()
         env = {**os.environ, "LLMGW_DATABASE_URL": schema_url,
                "LLMGW_ADMIN_TOKENS": f"proc{i}={TOKEN}"}
-        log = open(tmp_path / f"serve{i}.log", "w")  # noqa: SIM115
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "llmgw.cli", "serve", "--config", str(config),
-             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-            env=env, stdout=log, stderr=subprocess.STDOUT))
+        # The child holds its own copy of the descriptor; ours closes at once.
+        with open(tmp_path / f"serve{i}.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "llmgw.cli", "serve", "--config", str(config),
+                 "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+                env=env, stdout=log, stderr=subprocess.STDOUT))
         urls.append(f"http://127.0.0.1:{port}")
     try:
-        for url, proc in zip(urls, procs, strict=True):
+        for i, (url, proc) in enumerate(zip(urls, procs, strict=True)):
             deadline = time.monotonic() + 60
             while True:
-                assert proc.poll() is None, (tmp_path / "serve0.log").read_text()
+                assert proc.poll() is None, (tmp_path / f"serve{i}.log").read_text()
                 try:
                     if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                         break
