@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
@@ -13,15 +14,15 @@ from tests.gateway.conftest import GatewayFactory, GatewayHandle, chat_model
 
 @pytest.fixture
 async def setup(make_gateway: GatewayFactory, engines, tmp_path: Path
-                ) -> tuple[GatewayHandle, openai.AsyncOpenAI, object]:
+                ) -> AsyncIterator[tuple[GatewayHandle, openai.AsyncOpenAI, object]]:
     engine = await engines("e")
     engine.chunks = 4
     keys = tmp_path / "keys.json"
     key = add_key(keys, "client", ["chat", "dying"])
     gw = await make_gateway([chat_model("chat", upstream=[engine.url], served_name="org/chat"),
                              chat_model("other", upstream=[engine.url])], keys_file=keys)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
-    return gw, client, engine
+    async with openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as client:
+        yield gw, client, engine
 
 
 async def test_chat_completion(setup) -> None:  # type: ignore[no-untyped-def]
@@ -82,10 +83,10 @@ async def test_errors_become_the_matching_openai_exceptions(  # type: ignore[no-
         setup) -> None:
     """401, 403, 404 and 400 raise the openai package's typed errors with our message."""
     gw, client, _ = setup
-    bad_key = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-llmgw-wrong",
-                                 max_retries=0)
-    with pytest.raises(openai.AuthenticationError, match="not valid"):
-        await bad_key.chat.completions.create(model="chat", messages=[])
+    async with openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="sk-llmgw-wrong",
+                                  max_retries=0) as bad_key:
+        with pytest.raises(openai.AuthenticationError, match="not valid"):
+            await bad_key.chat.completions.create(model="chat", messages=[])
     with pytest.raises(openai.PermissionDeniedError, match="may not use"):
         await client.chat.completions.create(model="other", messages=[])
     with pytest.raises(openai.NotFoundError) as not_found:
@@ -103,14 +104,15 @@ async def test_a_broken_stream_raises_in_the_client(make_gateway: GatewayFactory
     dying.chunks = 6
     dying.die_after_chunks = 2
     gw = await make_gateway([chat_model("m", upstream=[dying.url])])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
-    stream = await client.chat.completions.create(model="m", messages=[], stream=True)
     received: list[str | None] = []
+    async with openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused",
+                                  max_retries=0) as client:
+        stream = await client.chat.completions.create(model="m", messages=[], stream=True)
 
-    async def consume() -> None:
-        async for chunk in stream:
-            received.append(chunk.choices[0].delta.content)  # noqa: PERF401 - kept on error
+        async def consume() -> None:
+            async for chunk in stream:
+                received.append(chunk.choices[0].delta.content)  # noqa: PERF401 - kept on error
 
-    with pytest.raises(openai.APIError, match="stream broke"):
-        await consume()
+        with pytest.raises(openai.APIError, match="stream broke"):
+            await consume()
     assert received == ["tok0 ", "tok1 "]
