@@ -91,7 +91,8 @@ class Served:
             [str(exe), "serve", "--config", str(EXAMPLE)], cwd=tmp_path, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         self.api = httpx.Client(base_url=self.url, timeout=120,
                                 headers={"Authorization": f"Bearer {TOKEN}"})
 
@@ -132,6 +133,12 @@ class Served:
         finally:
             self.api.close()
 
+    def close(self) -> None:
+        """Close the output pipe once llmgw is gone and the reader has seen its end."""
+        self.reader.join(30)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
     def diagnose(self) -> str:
         return "\n".join(self.output[-60:])
 
@@ -149,6 +156,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         for pid in engines:   # do not leave engines behind even when a test failed
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        s.close()
 
 
 def content(answer: httpx.Response) -> str:

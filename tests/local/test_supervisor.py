@@ -175,18 +175,18 @@ def test_an_engine_dies_with_a_sigkilled_llmgw(tmp_path: Path) -> None:
 
         asyncio.run(main())
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).parents[2])
-    try:
-        assert parent.stdout is not None
-        engine = int(parent.stdout.readline())
-        assert alive(engine)
-        parent.kill()
-        parent.wait(30)
-        asyncio.run(until(lambda: not alive(engine), "the orphaned engine to die", 30))
-    finally:
-        parent.kill()
-        parent.wait(30)
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).parents[2]) as parent:
+        try:
+            assert parent.stdout is not None
+            engine = int(parent.stdout.readline())
+            assert alive(engine)
+            parent.kill()
+            parent.wait(30)
+            asyncio.run(until(lambda: not alive(engine), "the orphaned engine to die", 30))
+        finally:
+            parent.kill()
+            parent.wait(30)
 
 
 async def test_a_replica_becomes_healthy_and_is_restarted_after_a_kill(tmp_path: Path) -> None:

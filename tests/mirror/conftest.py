@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -77,8 +78,9 @@ class CliMirror:
         line = self.proc.stdout.readline()  # blocks until the server has bound its port
         if " on http://" not in line:
             self.proc.kill()
-            raise AssertionError(f"mirror serve did not start: {line!r} "
-                                 f"{self.proc.stderr.read() if self.proc.stderr else ''}")
+            with self.proc:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"mirror serve did not start: {line!r} {err}")
         self.url = line.rsplit(" on ", 1)[1].strip()
         self.pid = self.proc.pid
 
@@ -89,13 +91,15 @@ class CliMirror:
                 return int(line.split()[1]) * 1024
         raise AssertionError(f"no {field} in /proc/{self.pid}/status")
 
-    def stop(self) -> int:
-        self.proc.send_signal(2)  # SIGINT: what Ctrl-C sends
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(30)
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> int:
+        """Send ``sig`` (by default what Ctrl-C sends), reap the server, close its pipes."""
+        with self.proc:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(30)
 
 
 @pytest.fixture

@@ -230,17 +230,17 @@ def test_python_nomad_talks_to_the_fake(nomad: FakeNomad) -> None:
 
 def test_command_line_entry_point() -> None:
     """``python -m llmgw.testing.fake_nomad --port 0`` serves the default fleet by hand."""
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw.testing.fake_nomad", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        address = line.split(" on ")[1].split(" ")[0]
-        with httpx.Client(base_url=address, timeout=30) as c:
-            assert len(c.get("/v1/nodes").json()) == 5
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with subprocess.Popen([sys.executable, "-m", "llmgw.testing.fake_nomad", "--port", "0"],
+                          stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            address = line.split(" on ")[1].split(" ")[0]
+            with httpx.Client(base_url=address, timeout=30) as c:
+                assert len(c.get("/v1/nodes").json()) == 5
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
     assert proc.returncode == 0
 
 
