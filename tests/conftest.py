@@ -1,4 +1,5 @@
-"""Shared by the whole suite: the Postgres DSN, and no silent skips in CI.
+"""Shared by the whole suite: the Postgres DSN, no silent skips in CI, and no
+asyncio error that only reached a log (tests/asyncio_errors.py).
 
 Tests that need PostgreSQL read its DSN from LLMGW_TEST_POSTGRES and skip when
 it is unset, so the suite runs on a laptop without one. CI sets
@@ -12,6 +13,8 @@ import os
 from collections.abc import Generator
 
 import pytest
+
+pytest_plugins = ["tests.asyncio_errors"]
 
 POSTGRES_ENV = "LLMGW_TEST_POSTGRES"
 
