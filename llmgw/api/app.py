@@ -26,7 +26,7 @@ from llmgw import __version__
 from llmgw.api import models, plan, sourcecheck
 from llmgw.api.auth import admin_guard
 from llmgw.api.errors import error_response, exception_handlers
-from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedValuesSchema
+from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
 from llmgw.errors import BackendUnavailableError, LlmgwError
 from llmgw.scheduler.base import BackendHealth, Fleet
@@ -100,6 +100,7 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         exception_handlers=exception_handlers,
         request_max_body_size=MAX_BODY,
         type_encoders=TYPE_ENCODERS,
+        response_class=TypedResponse,
         type_decoders=TYPE_DECODERS,
         plugins=[TypedValuesSchema()],
         openapi_config=OpenAPIConfig(

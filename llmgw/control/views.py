@@ -17,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from llmgw.catalog.fingerprint import fingerprint, is_stale
+from llmgw.catalog.fingerprint import fingerprints, is_stale
 from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
 from llmgw.control.context import AppContext
@@ -111,7 +111,7 @@ def replica_view(r: Replica, model: Model | None) -> ReplicaView:
     current = None
     if model is not None:
         profile = model.profile(r.profile)
-        current = fingerprint(model, profile) if profile else None
+        current = fingerprints(model).get(profile.name) if profile else None
     if current is None:
         stale, reason = bool(r.fingerprint), "its profile is no longer in the catalog"
     else:
@@ -148,7 +148,7 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> Mod
         updated_by=row.updated_by if row else None,
         updated_at=row.updated_at if row else None,
         scaling=ScalingInForce.of(m.scaling),
-        fingerprints={p.name: fingerprint(m, p) for p in m.profiles},
+        fingerprints=fingerprints(m),
         status=ctx.backend.status(m.name),
         stale_replicas=sum(1 for v in views if v.stale),
         memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
