@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from llmgw.cli import main
 from llmgw.weights import cache
+
 from .servers import ThreadedMirror
 
 
@@ -43,7 +44,9 @@ def test_the_sweep_evicts_least_recently_used_first_until_within_the_bound(
     new = _entry(tmp_path, "new", 1000, used=30.0)
     report = cache.sweep(tmp_path, 2000)
     assert [e.path for e in report.evicted] == [old]
-    assert not Path(old).exists() and Path(mid).exists() and Path(new).exists()
+    assert not Path(old).exists()
+    assert Path(mid).exists()
+    assert Path(new).exists()
     assert [e.path for e in report.entries] == [mid, new]
     assert report.total == 2000
 
@@ -54,7 +57,8 @@ def test_the_sweep_never_removes_what_a_replica_uses(tmp_path: Path) -> None:
     recent = _entry(tmp_path, "recent", 1000, used=100.0)
     report = cache.sweep(tmp_path, 500, keep=[kept.rstrip("/")], since=90.0)
     assert report.evicted == []
-    assert Path(kept).exists() and Path(recent).exists()
+    assert Path(kept).exists()
+    assert Path(recent).exists()
     assert report.kept_over_bound == 1500
 
 
@@ -63,7 +67,8 @@ def test_the_sweep_leaves_an_entry_a_fetch_is_using(tmp_path: Path) -> None:
     busy = _entry(tmp_path, "busy", 1000, used=10.0)
     with cache.using(busy):
         report = cache.sweep(tmp_path, 0)
-    assert report.evicted == [] and Path(busy).exists()
+    assert report.evicted == []
+    assert Path(busy).exists()
     assert [e.path for e in cache.sweep(tmp_path, 0).evicted] == [busy]
 
 
@@ -77,7 +82,8 @@ def test_cache_sweep_writes_its_report(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"evicted {old}" in result.output
     got = msgspec.json.decode(report.read_bytes(), type=cache.Report)
-    assert [e.path for e in got.evicted] == [old] and len(got.entries) == 1
+    assert [e.path for e in got.evicted] == [old]
+    assert len(got.entries) == 1
 
 
 def test_a_bad_bound_is_refused_with_the_option_named(tmp_path: Path) -> None:
@@ -100,12 +106,14 @@ def test_the_progress_file_counts_bytes_on_disk_and_the_rate(tmp_path: Path) -> 
     got = cache.read_progress((tmp_path / "p.json").read_bytes())
     assert got is not None
     assert (got.done, got.total, got.rate) == (1000, 4000, 500.0)
-    assert got.percent == 25.0 and got.eta == 6.0
+    assert got.percent == 25.0
+    assert got.eta == 6.0
     now[0] = 102.5
     (dest / "a.part").write_bytes(b"x" * 2000)
     pf(2000, 4000)   # within the interval: not written again
     again = cache.read_progress((tmp_path / "p.json").read_bytes())
-    assert again is not None and again.done == 1000
+    assert again is not None
+    assert again.done == 1000
 
 
 def test_fetch_keeps_a_progress_file_and_stamps_the_entry(threaded_mirror: ThreadedMirror,
@@ -121,7 +129,8 @@ def test_fetch_keeps_a_progress_file_and_stamps_the_entry(threaded_mirror: Threa
     assert got["finished"] is True
     assert got["done"] == got["total"] > 300_000
     [e] = cache.entries(tmp_path / "cache")
-    assert e.path == f"{dest}/" and e.size == got["total"]
+    assert e.path == f"{dest}/"
+    assert e.size == got["total"]
 
 
 def test_a_fetch_waits_for_a_sweep_deleting_its_entry(tmp_path: Path) -> None:

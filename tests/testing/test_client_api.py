@@ -26,7 +26,8 @@ def test_dynamic_metadata_merges_over_the_static_and_unsets_with_null(
                                                "Meta": {"llmgw_cache_qwen": "abc", "rack": None}})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["Meta"]["llmgw_cache_qwen"] == "abc" and "rack" not in body["Meta"]
+    assert body["Meta"]["llmgw_cache_qwen"] == "abc"
+    assert "rack" not in body["Meta"]
     assert body["Static"]["rack"] == "r03"
     assert body["Dynamic"] == {"llmgw_cache_qwen": "abc", "rack": None}
     node = http.get(f"/v1/node/{nid}").json()
@@ -156,7 +157,8 @@ def test_a_completed_batch_allocation_is_not_placed_again() -> None:
         nomad.settle()
         assert nomad.allocations("llmgw-prefetch-tiny") == []
         every = nomad.allocations("llmgw-prefetch-tiny", include_terminal=True)
-        assert {a.client_status for a in every} == {"complete"} and len(every) == 2
+        assert {a.client_status for a in every} == {"complete"}
+        assert len(every) == 2
         job = _batch()
         job["Meta"] = {"llmgw_model": "tiny", "run": "2"}
         register(http, job)
