@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.testing.fake_nomad import FakeNomad, default_fleet
 
-from .conftest import applied, catalog, config, cpu_model, make_backend
+from .conftest import applied, catalog, config, cpu_model, eventually, make_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "nomad" / "llmgw-policy.hcl"
@@ -106,7 +106,8 @@ def test_applying_it_to_the_namespace_would_hand_it_to_every_workload(cluster):
 
 async def test_the_policy_grants_llmgw_what_its_backend_does(cluster):
     """The backend, holding only the documented token, registers a model's job in llm,
-    sees it placed and reads the fleet; a token without the policy is refused."""
+    sees it placed, records the weights on the node's metadata and reads the fleet; a
+    token without the policy is refused."""
     fake, token = cluster
     m = cpu_model("embed")
     backend = make_backend(fake, cfg=config(fake, [m], namespace="llm", token=token))
@@ -116,6 +117,9 @@ async def test_the_policy_grants_llmgw_what_its_backend_does(cluster):
         fake.settle()
         assert fake.allocations("llmgw-embed", namespace="llm")
         assert backend.status("embed").last_error is None
+        [a] = fake.allocations("llmgw-embed", namespace="llm")
+        await eventually(lambda: "llmgw_cache_embed" in fake.node(a.node_name).meta,
+                         what="the node's cache metadata, written with node:write")
         fleet = await backend.fleet()
         assert fleet.nodes
     finally:

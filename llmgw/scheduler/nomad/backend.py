@@ -141,6 +141,7 @@ class NomadBackend:
             backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
         self._replicas = ReplicaReader(self._client, self._offload)
         self._keeper = credentials.Keeper(self._client, self._cfg, config.mirror)
+        self._cache_failure: str | None = None
         self._caches = CacheKeeper(self._client, self._cfg, self._classes, config.mirror,
                                    self._keeper)
         self._catalog: Catalog | None = None
@@ -468,10 +469,14 @@ class NomadBackend:
         logged and retried next pass, never a reason to stop reconciling models."""
         try:
             await self._offload.run(self._caches.observe, catalog)
-        except BackendUnavailableError:
-            raise
         except LlmgwError as exc:
-            log.warning("keeping the nodes' cache metadata: %s", exc.message)
+            # A token without node:write (nomad/llmgw-policy.hcl allows that choice)
+            # refuses every write: say so once, not every pass.
+            if exc.message != self._cache_failure:
+                log.warning("keeping the nodes' cache metadata: %s", exc.message)
+            self._cache_failure = exc.message
+        else:
+            self._cache_failure = None
 
     async def _guard(self, model: str, action: object) -> None:
         """Run one model's action; a failure of that model is recorded, not raised."""
