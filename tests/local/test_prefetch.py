@@ -68,7 +68,7 @@ async def test_scaling_prefetch_assembles_at_apply(
     m = msgspec.structs.replace(cpu_model("lazy", f"pkg:{dist}", min_=0),
                                 scaling=Scaling(min=0, prefetch=1))
     await backend.apply(build_catalog([m]))
-    await until(lambda: target.is_file(), "the file assembled at apply")
+    await until(target.is_file, "the file assembled at apply")
 
 
 async def test_a_remote_source_cannot_be_prefetched_here(backend: LocalBackend) -> None:
