@@ -389,7 +389,7 @@ RULES: list[tuple[str, str, Check]] = [
     ("PUT|POST", r"/v1/validate/job", _ns("read-job")),
     ("GET", r"/v1/client/fs/.*", _ns("read-fs")),
     ("GET", r"/v1/(job|allocation|evaluation|deployment|client/allocation)/.*", _ns("read-job")),
-    ("GET", r"/v1/(allocations|evaluations|services|service/.*)", _ns("read-job")),
+    ("GET", r"/v1/(allocations|evaluations|deployments|services|service/.*)", _ns("read-job")),
     ("GET", r"/v1/nodes?(/.*)?", _node),
     ("GET", r"/v1/client/metadata", _node),
     ("PUT|POST", r"/v1/client/metadata", _node_write),
