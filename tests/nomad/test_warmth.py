@@ -330,3 +330,34 @@ def test_scaling_prefetch_keeps_weights_on_spare_nodes() -> None:
             assert len(two.allocations("llmgw.prefetch.embed", include_terminal=True)) == 1
         finally:
             client.close()
+
+
+async def test_replicas_show_the_phase_and_the_fetchs_percentage() -> None:
+    """While the fetch runs, the replica reads "fetching weights 40%" from its progress
+    file; once the engine runs it is "loading", and "healthy" when its check passes."""
+    from .conftest import make_backend
+
+    m = cpu_model("embed", cores=4)
+    with FakeNomad(default_fleet(), auto_run=False) as fake:
+        backend = make_backend(fake, cfg=config(fake, [m]))
+        await backend.start()
+        try:
+            await applied(backend, catalog(m))
+            fake.settle()
+            [a] = fake.allocations("llmgw-embed")
+            fake.run_alloc(a.id, through_prestart=False)
+            fake.write_alloc_file(a.id, render.PROGRESS_FILE, msgspec.json.encode(
+                cache.Progress(url="u", done=40, total=100, rate=1.0, started=0, updated=1)))
+            [r] = await backend.replicas("embed")
+            assert r.phase == "fetching weights 40%"
+            fake.finish_prestart(a.id)
+            [r] = await backend.replicas("embed")
+            assert r.phase == "loading"
+            fake.set_check(a.id, "success")
+
+            async def healthy() -> bool:
+                [r] = await backend.replicas("embed")
+                return r.phase == "healthy"
+            await eventually(healthy, what="the replica healthy")
+        finally:
+            await backend.close()
