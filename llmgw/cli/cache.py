@@ -37,7 +37,8 @@ def cache() -> None:
               help="Remove least-recently-used entries until the cache holds at most this "
                    "much, e.g. 2TiB (default: remove nothing, only report).")
 @click.option("--keep", multiple=True,
-              help="An entry a running or starting replica uses: never removed (repeat).")
+              help="An entry a running or starting replica uses, by path or tag: never "
+                   "removed (repeat).")
 @click.option("--since", type=float, default=None,
               help="Unix time: an entry used at or after it is never removed (a replica "
                    "placed after the --keep list was made has used its entry since).")

@@ -183,7 +183,8 @@ def _remove(entry: Path) -> None:
 def sweep(root: str | Path, max_bytes: int | None, *, keep: Iterable[str] = (),
           since: float = float("inf")) -> Report:
     """Remove least-recently-used entries until the cache is within ``max_bytes``
-    (None: remove nothing, only report), sparing kept, recently used and locked ones."""
+    (None: remove nothing, only report), sparing kept (by path or by tag), recently used
+    and locked ones."""
     kept = {str(_entry_path(k)) for k in keep}
     held = entries(root)
     total = sum(e.size for e in held)
@@ -193,7 +194,7 @@ def sweep(root: str | Path, max_bytes: int | None, *, keep: Iterable[str] = (),
             if total <= max_bytes:
                 break
             path = _entry_path(e.path)
-            if str(path) in kept or e.used >= since:
+            if str(path) in kept or e.tag in kept or e.used >= since:
                 continue
             with using(path, exclusive=True, wait=False) as mine:
                 if not mine:

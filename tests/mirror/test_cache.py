@@ -62,6 +62,14 @@ def test_the_sweep_never_removes_what_a_replica_uses(tmp_path: Path) -> None:
     assert report.kept_over_bound == 1500
 
 
+def test_an_entry_kept_by_its_tag_stays(tmp_path: Path) -> None:
+    """--keep takes a tag as well as a path: the entry of that tag is not removed."""
+    kept = _entry(tmp_path, "kept", 1000, used=10.0)
+    report = cache.sweep(tmp_path, 0, keep=[cache.tag(kept)])
+    assert report.evicted == []
+    assert Path(kept).exists()
+
+
 def test_the_sweep_leaves_an_entry_a_fetch_is_using(tmp_path: Path) -> None:
     """An entry whose lock a running fetch holds is not removed under it."""
     busy = _entry(tmp_path, "busy", 1000, used=10.0)

@@ -290,7 +290,8 @@ def test_the_sweep_keeps_what_running_replicas_use_and_evictions_clear_keys(
         spec = fake.job("llmgw.cache-sweep")
         assert spec is not None
         args = spec["TaskGroups"][0]["Tasks"][0]["Config"]["args"]
-        assert [args[i + 1] for i, x in enumerate(args) if x == "--keep"] == [_entry(serving)]
+        assert {args[i + 1] for i, x in enumerate(args) if x == "--keep"} == {
+            _entry(serving), cache.tag(_entry(serving))}
         [sweep] = [s for s in fake.allocations("llmgw.cache-sweep")
                    if s.node_name == a.node_name]
         kept = cache.Entry(path=_entry(serving), tag=cache.tag(_entry(serving)), size=1,
@@ -361,3 +362,28 @@ async def test_replicas_show_the_phase_and_the_fetchs_percentage() -> None:
             await eventually(healthy, what="the replica healthy")
         finally:
             await backend.close()
+
+
+def test_a_replica_of_an_older_source_keeps_the_weights_it_uses(fake: FakeNomad) -> None:
+    """After a model's source changes, its running replica of the older version still has
+    its weights kept by the sweep (by the tag its own job carried), and its finished fetch
+    does not mark the node warm for the new source."""
+    old = cpu_model("embed", cores=4)
+    new = msgspec.structs.replace(old, source=Source.parse(f"{MIRROR}/embed/q4/embed.gguf"))
+    now = [1000.0]
+    keeper, client = _keeper(fake, [new], clock=now)
+    try:
+        client.register(render.render_job(old, old.profiles[0], client.cfg, GPU_CLASSES, 1,
+                                          MIRROR))
+        fake.settle()
+        [a] = fake.allocations("llmgw-embed")
+        now[0] += 3600
+        keeper.observe(catalog(new))
+        fake.settle()
+        spec = fake.job("llmgw.cache-sweep")
+        assert spec is not None
+        args = spec["TaskGroups"][0]["Tasks"][0]["Config"]["args"]
+        assert cache.tag(_entry(old)) in args
+        assert "llmgw_cache_embed" not in fake.node(a.node_name).meta
+    finally:
+        client.close()

@@ -53,6 +53,10 @@ class CacheKeeper:
         # submit one to every node each time it starts.
         self._last_sweep = clock()
         self._reports_read: set[str] = set()   # sweep allocations already applied
+        # allocation ID → the weights tag its job version fetches (its job's meta, fixed
+        # for the allocation's life): what a finished fetch proves, and what a running
+        # replica of an older version still uses after its model's source changed.
+        self._tags: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
     # ---- each pass ------------------------------------------------------------
@@ -63,6 +67,9 @@ class CacheKeeper:
         allocs = [a for a in self._client.namespace_allocations()
                   if a.JobID.startswith(("llmgw-", warmth.PREFETCH_PREFIX, warmth.SWEEP_JOB))]
         models = list(catalog)
+        listed = {a.ID for a in allocs}
+        for gone in set(self._tags) - listed:
+            del self._tags[gone]
         self._record_fetches(allocs, nodes, catalog)
         self._apply_reports(allocs, nodes, models)
         self._maybe_sweep(allocs, nodes, catalog)
@@ -82,6 +89,17 @@ class CacheKeeper:
         log.info("node %s: cache metadata %s", node.Name or node.ID,
                  ", ".join(f"{k}={v or '(unset)'}" for k, v in sorted(body.items())))
 
+    def _tag(self, a: wire.Allocation) -> str | None:
+        """The weights tag of the allocation's own job version (read once per allocation)."""
+        if a.ID not in self._tags:
+            try:
+                full = self._client.allocation(a.ID)
+            except NotFoundError:
+                return None
+            self._tags[a.ID] = ((full.Job.Meta if full.Job else None) or {}).get(
+                render.META_WEIGHTS)
+        return self._tags[a.ID]
+
     def _record_fetches(self, allocs: Sequence[wire.Allocation], nodes: Mapping[str, wire.Node],
                         catalog: Catalog) -> None:
         found: dict[str, set[str]] = {}
@@ -89,9 +107,9 @@ class CacheKeeper:
             m = self._model_of(a.JobID, catalog)
             if m is None or m.external or a.NodeID not in nodes or not warmth.fetched(a):
                 continue
-            entry = render.weights_entry(m, self._mirror)
-            if entry is not None:
-                found.setdefault(a.NodeID, set()).add(cache.tag(entry))
+            tag = self._tag(a)
+            if tag is not None:
+                found.setdefault(a.NodeID, set()).add(tag)
         for node_id, tags in found.items():
             node = nodes[node_id]
             wanted = warmth.keys_for(tags, catalog, self._mirror)
@@ -128,11 +146,16 @@ class CacheKeeper:
                          and self._cfg.cache_volume in (n.HostVolumes or {}))
         keep = set()
         for a in allocs:
-            m = self._model_of(a.JobID, catalog) if a.JobID.startswith("llmgw-") else None
-            if m is not None and not m.external and a.ClientStatus in _LIVE:
-                entry = render.weights_entry(m, self._mirror)
-                if entry is not None:
-                    keep.add(entry)
+            if render.model_of_job(a.JobID) is None or a.ClientStatus not in _LIVE:
+                continue
+            m = self._model_of(a.JobID, catalog)
+            entry = render.weights_entry(m, self._mirror) if m and not m.external else None
+            if entry is not None:
+                keep.add(entry)
+            # What this allocation's own version fetched, whatever the catalog says now.
+            tag = self._tag(a)
+            if tag is not None:
+                keep.add(tag)
         self._last_sweep = now
         if not targets:
             return
