@@ -34,6 +34,7 @@ from llmgw.errors import ConfigError, DefinitionError
 
 GiB = 1024**3
 MiB = 1024**2
+GiB = 1024**3
 
 
 class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -78,6 +79,11 @@ class NomadConfig(_Conf, frozen=True):
     # What one replica fetches per second from the mirror (or the Hub), used to
     # size the deadlines of a model from the bytes it has to download.
     download_rate: Size = Size(100 * MiB, "100MiB")
+    # The most each node's weight cache may hold: a sweep evicts least-recently-used
+    # weights no running or starting replica uses beyond it. None: never evict.
+    cache_max: Size | None = None
+    # How often the cache of every node is swept (and its metadata checked against it).
+    cache_sweep: Duration = Duration(900, "15m")
 
 
 class LocalConfig(_Conf, frozen=True):
@@ -235,6 +241,17 @@ def _check_nomad(cfg: NomadConfig) -> None:
             f"scheduler.nomad.download_rate: {cfg.download_rate.text} per second is less "
             "than 1MiB; write what a node fetches from the mirror per second, e.g. 100MiB",
             field="scheduler.nomad.download_rate")
+    if cfg.cache_max is not None and cfg.cache_max < GiB:
+        raise ConfigError(
+            f"scheduler.nomad.cache_max: {cfg.cache_max.text} is less than 1GiB, smaller than "
+            "the weights of any model worth caching; write the bytes a node's cache volume "
+            "may hold, e.g. 2TiB, or leave it out to never evict",
+            field="scheduler.nomad.cache_max")
+    if cfg.cache_sweep < 60:
+        raise ConfigError(
+            f"scheduler.nomad.cache_sweep: {cfg.cache_sweep.text} is shorter than a minute; "
+            "each sweep submits a job to every node, so write e.g. 15m",
+            field="scheduler.nomad.cache_sweep")
 
 
 def _check_local(cfg: LocalConfig) -> None:

@@ -18,7 +18,10 @@ namespace "llm" {
   # register, plan, validate and deregister jobs; scale them and read their
   # scale status; read jobs, allocations, their checks and statistics,
   # evaluations, deployments and services.
-  capabilities = ["list-jobs", "read-job", "submit-job", "scale-job", "read-job-scaling"]
+  capabilities = ["list-jobs", "read-job", "submit-job", "scale-job", "read-job-scaling",
+                  # read a file of llmgw's own allocations: the fetch's progress and the
+                  # cache sweep's report (command/agent/fs_endpoint.go, the cat/ case)
+                  "read-fs"]
 
   # The credentials each model's fetch task reads (a mirror or source password,
   # HF_TOKEN), kept at nomad/jobs/llmgw-<model>: llmgw writes them there, and a
@@ -26,6 +29,10 @@ namespace "llm" {
   # access, acl/acl.go matchingVariablesCapabilitySet). "*" matches "/" too.
   variables {
     path "nomad/jobs/llmgw-*" {
+      capabilities = ["write", "read", "destroy"]
+    }
+    # The same credentials, for the batch job that fetches a model's weights ahead.
+    path "nomad/jobs/llmgw.prefetch.*" {
       capabilities = ["write", "read", "destroy"]
     }
   }
@@ -46,6 +53,14 @@ namespace "*" {
   capabilities = ["read-job"]
 }
 
+# Write, to record which model weights each node's cache holds in the node's
+# dynamic metadata (llmgw_cache_<model>), which the jobs' affinities read. Nomad
+# asks node:write of /v1/client/metadata (nomad/client_meta_endpoint.go,
+# NodeMeta.Apply) and has nothing narrower: the same level drains nodes and marks
+# them ineligible. llmgw holds it here, in the one process that already submits
+# jobs, rather than handing it to every fetch task on every node
+# (llmgw/scheduler/nomad/warmth.py argues it). Set it to "read" to do without: jobs
+# then never prefer warm nodes, and prefetched weights only help by chance.
 node {
-  policy = "read"
+  policy = "write"
 }

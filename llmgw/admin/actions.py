@@ -1,4 +1,4 @@
-"""What the admin page changes: add, scale, remove, roll out.
+"""What the admin page changes: add, scale, remove, roll out, prefetch.
 
 Each action calls the model service — the same calls the JSON API makes — so
 the rules (configuration wins, the whole catalog is validated first, a
@@ -36,8 +36,8 @@ from llmgw.admin.render import page, scaling_text
 from llmgw.admin.session import flash_cookie
 from llmgw.catalog.decode import decode_model_file
 from llmgw.catalog.model import Model
+from llmgw.control.actions import PrefetchRequest, roll_out, start_prefetch
 from llmgw.control.actions import add_model as add
-from llmgw.control.actions import roll_out
 from llmgw.control.context import Ctx
 from llmgw.errors import DefinitionError, LlmgwError
 
@@ -126,4 +126,18 @@ async def rollout_model(request: Request[Any, Any, Any], ctx: Ctx,
     return done(request, f"/admin/models/{name}", answer.message)
 
 
-route_handlers = [add_model, scale_model, remove_model, rollout_model]
+@post("/models/{name:str}/prefetch")
+async def prefetch_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
+                         data: Form) -> Redirect:
+    count = str(data.get("count") or "1")
+    if not count.isdigit() or int(count) < 1:
+        return done(request, f"/admin/models/{name}",
+                    f"nodes: {count!r} is not a number of nodes (1 or more)", kind="error")
+    try:
+        answer = await start_prefetch(ctx, name, PrefetchRequest(count=int(count)))
+    except LlmgwError as exc:
+        return done(request, f"/admin/models/{name}", exc.message, kind="error")
+    return done(request, f"/admin/models/{name}", answer.message)
+
+
+route_handlers = [add_model, scale_model, remove_model, rollout_model, prefetch_model]

@@ -86,8 +86,15 @@ async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
     replicas = await replicas_of(ctx, name)
     view: ModelView = model_view(ctx, m, replicas)
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
+    prefetch = None
+    if not m.external:
+        try:
+            prefetch = await asyncio.wait_for(ctx.backend.prefetch_status(name),
+                                              FLEET_TIMEOUT)
+        except Exception as exc:  # the page answers without it when the scheduler does not
+            log.info("prefetch status of %s: %s", name, exc)
     return {"m": view, "replicas": rows, "replicas_unknown": replicas is None,
-            "backend": ctx.backend.health()}
+            "backend": ctx.backend.health(), "prefetch": prefetch}
 
 
 def definition_yaml(view: ModelView) -> str:

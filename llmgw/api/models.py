@@ -1,4 +1,5 @@
-"""/api/v1/models: list, show, add, remove, scale, resources, rollout; /api/v1/replicas."""
+"""/api/v1/models: list, show, add, remove, scale, resources, rollout, prefetch;
+/api/v1/replicas."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from llmgw.api.auth import actor
 from llmgw.catalog.decode import decode_json
 from llmgw.catalog.model import Model, Profile
 from llmgw.catalog.units import Size
-from llmgw.control.actions import RolloutAnswer, roll_out
+from llmgw.control.actions import (
+    PrefetchRequest,
+    RolloutAnswer,
+    prefetch_progress,
+    roll_out,
+    start_prefetch,
+)
 from llmgw.control.actions import add_model as add
 from llmgw.control.context import Ctx
 from llmgw.control.views import (
@@ -26,6 +33,7 @@ from llmgw.control.views import (
     replica_view,
     replicas_of,
 )
+from llmgw.scheduler.base import Prefetch
 
 T = TypeVar("T")
 
@@ -108,6 +116,19 @@ async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
     return await roll_out(ctx, name)
 
 
+@post("/models/{name:str}/prefetch", status_code=HTTP_200_OK,
+      summary="Fetch a model's weights onto nodes ahead of its replicas")
+async def prefetch_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+                         data: JSONBody[PrefetchRequest]) -> Prefetch:
+    data = await strict_body(request, PrefetchRequest)
+    return await start_prefetch(ctx, name, data)
+
+
+@get("/models/{name:str}/prefetch", summary="A model's prefetch, node by node")
+async def prefetch_status(ctx: Ctx, name: FromPath[str]) -> Prefetch:
+    return await prefetch_progress(ctx, name)
+
+
 @get("/replicas", summary="Replicas of every model, or of one")
 async def list_replicas(
     ctx: Ctx, model: FromQuery[str | None] = None,
@@ -120,4 +141,5 @@ async def list_replicas(
 
 
 route_handlers = [list_models, show_model, add_model, remove_model, scale_model,
-                  model_resources, rollout_model, list_replicas]
+                  model_resources, rollout_model, prefetch_model, prefetch_status,
+                  list_replicas]

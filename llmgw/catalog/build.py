@@ -242,6 +242,19 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
     s = m.scaling
     if s.min < 0:
         raise DefinitionError(f"scaling.min: {s.min} is negative", field="scaling.min")
+    if s.prefetch < 0:
+        raise DefinitionError(f"scaling.prefetch: {s.prefetch} is negative; write how many "
+                              "nodes beyond those running a replica keep the weights",
+                              field="scaling.prefetch")
+    rt = runtime or Runtime()
+    if s.prefetch and (m.external or (rt.scheduler == "nomad" and not rt.mirror
+                                      and isinstance(m.source, HfSource))):
+        why = ("the model is external (upstream): no node holds its weights" if m.external
+               else "its weights come from the Hugging Face Hub and no mirror is configured, "
+                    "so vLLM downloads them inside each replica; set mirror in server.yaml "
+                    "and add them with `llmgw mirror add`")
+        raise DefinitionError(f"scaling.prefetch: {s.prefetch} cannot be kept: {why}",
+                              field="scaling.prefetch")
     if s.max is not None and s.max < s.min:
         raise DefinitionError(
             f"scaling.max: {s.max} is below scaling.min {s.min}", field="scaling.max"

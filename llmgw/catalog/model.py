@@ -73,6 +73,9 @@ class Scaling(_Spec, frozen=True):
     max: int | None = None
     idle_timeout: Duration = Duration(900, "15m")
     wait: Duration = Duration(600, "10m")
+    # Keep the weights on this many nodes beyond those running a replica, so the next
+    # replica (a scale-up, a replacement) starts without downloading them (Nomad only).
+    prefetch: int = 0
 
 
 class Timeouts(_Spec, frozen=True):

@@ -4,7 +4,7 @@ Each command lives in the module of its noun; this one only assembles them,
 and it is the one place where a command is attached to a group, so the
 whole tree reads here. ``ctl`` talks to a running llmgw through its API
 (``--url``/``LLMGW_URL``, ``--token``/``LLMGW_ADMIN_TOKEN``); ``serve``, ``keys``,
-``mirror``, ``fetch`` and ``jobspec`` work on this host.
+``mirror``, ``fetch``, ``cache`` and ``jobspec`` work on this host.
 
 Command modules import their heavy dependencies inside the commands, so
 ``llmgw --help`` starts without loading the server.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import click
 
 from llmgw import __version__
-from llmgw.cli import ctl, jobspec, keys, mirror, plan, replicas, serve
+from llmgw.cli import cache, ctl, jobspec, keys, mirror, plan, replicas, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -37,3 +37,4 @@ main.add_command(jobspec.jobspec)
 main.add_command(keys.keys)
 main.add_command(mirror.mirror)
 main.add_command(mirror.fetch)
+main.add_command(cache.cache)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -196,3 +197,53 @@ def scale(client: ApiClient, name: str, min_: int, max_: int | None, output: str
         print_json(s)
     else:
         click.echo(f"{name}: scaling {_scaling_text(s)}")
+
+
+@model.command("prefetch")
+@click.argument("name")
+@click.option("--nodes", "count", type=click.IntRange(min=1), default=None,
+              help="Fetch onto this many nodes the scheduler chooses: ones that could run "
+                   "the model and do not hold its weights yet, those with room first "
+                   "(default 1).")
+@click.option("--node", "nodes", multiple=True, metavar="ID",
+              help="Fetch onto this node (name, ID or ID prefix; repeat for more).")
+@click.option("--status", "status_only", is_flag=True,
+              help="Only show the latest prefetch's progress and the nodes holding the "
+                   "weights.")
+@output_option
+@pass_client
+def model_prefetch(client: ApiClient, name: str, count: int | None, nodes: tuple[str, ...],
+                   status_only: bool, output: str) -> None:
+    """Fetch a model's weights onto nodes ahead of a scale-up.
+
+    A replica placed on a node that holds its weights starts without downloading them,
+    and new replicas prefer such nodes. The fetch runs as a Nomad batch job (on the
+    embedded scheduler: into this machine's cache); run again with --status to follow
+    it. A model whose weights no node can fetch (a Hub model with no mirror, which
+    vLLM downloads inside each replica) is refused with the reason.
+    """
+    if count is not None and nodes:
+        raise click.UsageError("give --nodes N or --node ID, not both")
+    path = f"/api/v1/models/{quote(name)}/prefetch"
+    with failures():
+        if status_only:
+            answer = client.get(path)
+        else:
+            body: dict[str, Any] = {"nodes": list(nodes)} if nodes else {"count": count or 1}
+            answer = client.post(path, json=body)
+    if output == "json":
+        print_json(answer)
+        return
+    print_prefetch(answer)
+
+
+def print_prefetch(p: dict[str, Any]) -> None:
+    if p.get("message"):
+        click.echo(f"{p['model']}: {p['message']}")
+    if p.get("nodes"):
+        print_table([(n["node"], n["state"],
+                      f"{n['percent']:.0f}%" if n.get("percent") is not None else "-",
+                      n.get("message") or "") for n in p["nodes"]],
+                    ["node", "state", "done", "note"])
+    warm = p.get("warm") or []
+    click.echo(f"nodes holding its weights: {', '.join(warm) if warm else 'none yet'}")

@@ -11,7 +11,7 @@ through the control API (``--url``/``LLMGW_URL``, ``--token``/
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
@@ -191,8 +191,12 @@ def remove(path: str, mirror_dir: str, mirror_url: str | None, url: str,
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds to wait for the server on each read.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, even on a terminal.")
+@click.option("--progress-file", default=None, type=click.Path(dir_okay=False),
+              help="Keep this JSON file current with the bytes fetched, the rate and the "
+                   "total (a Nomad job points it into the allocation directory, where the "
+                   "control plane reads it).")
 def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
-          quiet: bool) -> None:
+          quiet: bool, progress_file: str | None) -> None:
     """Fetch URL to DEST: resumed, verified, renamed into place (the prestart task).
 
     A URL ending in '/' is a mirror directory: every file below it is fetched into
@@ -202,6 +206,7 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
     """
     import os
 
+    from llmgw.weights import cache
     from llmgw.weights.fetch import fetch as fetch_url
     from llmgw.weights.fetch import with_userinfo
     from llmgw.weights.mirror.add import ProgressBar
@@ -209,13 +214,43 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
     url = with_userinfo(url, os.environ.get("LLMGW_FETCH_USERINFO"))
 
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
-    with failures():
+    with failures(), cache.using(dest):   # a cache sweep leaves this entry alone meanwhile
+        tracker = cache_progress(progress_file, url, dest, timeout)
+        progress = _both(bar, tracker)
         try:
             results = fetch_url(url, dest, sha256=sha256, retries=retries, timeout=timeout,
-                                notify=lambda m: click.echo(m, err=True), progress=bar)
+                                notify=lambda m: click.echo(m, err=True), progress=progress)
         finally:
             if bar is not None:
                 bar.close()
+        if tracker is not None:
+            tracker.write(finished=True)
+        cache.record_use(dest)
     for r in results:
         note = "" if r.transferred else "  (already in place)"
         click.echo(f"{r.sha256 or '-'}  {r.path}{note}")
+
+
+def cache_progress(path: str | None, url: str, dest: str, timeout: float) -> Any:
+    """The progress file of a fetch, sized from the mirror's listing; None without a path."""
+    if path is None:
+        return None
+    from llmgw.redact import redact_url
+    from llmgw.weights.cache import ProgressFile
+    from llmgw.weights.fetch import remote_size
+
+    return ProgressFile(path, redact_url(url), dest, remote_size(url, timeout))
+
+
+def _both(*callbacks: Any) -> Any:
+    """One progress callback calling each given one."""
+    live = [c for c in callbacks if c is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def call(done: int, total: int | None) -> None:
+        for c in live:
+            c(done, total)
+    return call

@@ -151,3 +151,30 @@ def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: in
         print_json(msgspec.to_builtins(result.candidates))
     else:
         _print(result)
+        if not pools:
+            with failures():
+                for line in warm_lines(client, source.removeprefix("hf://").split("@")[0]):
+                    click.echo(line)
+
+
+def warm_lines(client: ApiClient, repo: str) -> list[str]:
+    """For each catalog model of this repository, the live nodes holding its weights."""
+    models = [m for m in client.get("/api/v1/models")
+              if _repo_of(m.get("definition", {}).get("source")) == repo.lower()]
+    if not models:
+        return []
+    fleet = client.get("/api/v1/fleet")
+    out = []
+    for m in models:
+        warm = [n["name"] for n in fleet.get("nodes", []) if m["name"] in (n.get("warm") or [])]
+        held = ", ".join(warm) if warm else "none yet (`llmgw ctl model prefetch` fetches ahead)"
+        out.append(f"warm for {m['name']}: {held}")
+    return out
+
+
+def _repo_of(source: object) -> str | None:
+    """The Hub repository an hf:// source names, lower-cased (the Hub ignores case)."""
+    if not isinstance(source, str) or not source.startswith("hf://"):
+        return None
+    org, _, rest = source[5:].partition("/")
+    return f"{org}/{rest.split('@')[0].split('/')[0]}".lower()

@@ -61,7 +61,10 @@ def _note(r: dict[str, Any]) -> str:
 @output_option
 @pass_client
 def replicas(client: ApiClient, name: str | None, output: str) -> None:
-    """List replicas: node, state, health, profile, memory used against reserved.
+    """List replicas: node, state, phase, health, profile, memory used against reserved.
+
+    A starting replica's phase says where it is: pulling image, fetching weights
+    (with the share on disk), loading, healthy.
 
     "stale profile" marks a replica started with an older definition of its
     profile; `llmgw ctl rollout MODEL` replaces it. Below the table, each model
@@ -77,10 +80,10 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
         print_json(rows)
         return
     print_table(
-        [(r["model"], _short_id(r["id"]), r["node"], r["state"], "yes" if r["healthy"] else "no",
-          r["profile"], _memory(r), _note(r)) for r in rows],
-        ["model", "replica", "node", "state", "healthy", "profile", "memory used/reserved",
-         "note"],
+        [(r["model"], _short_id(r["id"]), r["node"], r["state"], r.get("phase") or "-",
+          "yes" if r["healthy"] else "no", r["profile"], _memory(r), _note(r)) for r in rows],
+        ["model", "replica", "node", "state", "phase", "healthy", "profile",
+         "memory used/reserved", "note"],
     )
     notes = [line for m in models for line in _model_notes(m)]
     if notes:
@@ -114,8 +117,9 @@ def fleet(client: ApiClient, output: str) -> None:
     """Show pools (gpu class and fabric) and nodes with their free capacity.
 
     Free is what Nomad could place now: down, draining and ineligible nodes
-    are listed with their state and count nothing free. Configuration the fleet
-    contradicts — a gpu class declaring more memory than its cards report,
+    are listed with their state and count nothing free. "weights held" names the
+    models whose weights a node's cache holds: their next replica prefers it.
+    Configuration the fleet contradicts — a gpu class declaring more memory than its cards report,
     which keeps every job off them — is printed below, with the fix.
     """
     with failures():
@@ -134,9 +138,11 @@ def fleet(client: ApiClient, output: str) -> None:
         [(n["name"], n["status"], n.get("gpu_class") or n.get("gpu_device") or "-",
           n.get("fabric") or "-", f"{n['gpus_free']}/{n['gpus_total']}",
           f"{n['cores_free']}/{n['cores_total']}",
-          f"{format_size(n['memory_free'])}/{format_size(n['memory_total'])}")
+          f"{format_size(n['memory_free'])}/{format_size(n['memory_total'])}",
+          ", ".join(n.get("warm") or []) or "-")
          for n in f["nodes"]],
-        ["node", "status", "gpu class", "fabric", "gpus free", "cores free", "memory free"],
+        ["node", "status", "gpu class", "fabric", "gpus free", "cores free", "memory free",
+         "weights held"],
     )
     if f.get("warnings"):
         click.echo()

@@ -1,4 +1,5 @@
-"""What both faces of the control plane change the same way: adding a model, a rollout.
+"""What both faces of the control plane change the same way: adding a model, a rollout,
+a prefetch.
 
 The JSON API and the admin page call these, so a model added from the page is
 checked (and warned about) exactly as one added with ``llmgw ctl model add``,
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 
@@ -17,7 +19,8 @@ from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model
 from llmgw.control.context import AppContext
 from llmgw.control.views import find_model
-from llmgw.errors import BackendUnavailableError, NotFoundError
+from llmgw.errors import BackendUnavailableError, DefinitionError, NotFoundError, RefusedError
+from llmgw.scheduler.base import Prefetch
 
 # A rollout registers one job (or marks local replicas); a minute without an
 # answer means the scheduler is not answering, which the caller should hear.
@@ -53,6 +56,38 @@ async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
     return RolloutAnswer(model=name, fingerprint=fp, profile=chosen.name,
                          message=f"replicas of {name} are being replaced with profile "
                                  f"{chosen.name} ({fp})")
+
+
+class PrefetchRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Onto the named nodes (names or IDs), or onto ``count`` nodes the scheduler chooses:
+    able to run the model, not holding its weights yet, with room for a replica first."""
+
+    nodes: list[str] | None = None
+    count: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+async def start_prefetch(ctx: AppContext, name: str, req: PrefetchRequest) -> Prefetch:
+    m = find_model(ctx, name)
+    if req.nodes and req.count is not None:
+        raise DefinitionError("give nodes or count, not both", field="count")
+    if m.external:
+        raise RefusedError(f"model {name!r} is external (upstream); no node holds its weights")
+    try:
+        async with asyncio.timeout(ROLLOUT_TIMEOUT):
+            return await ctx.backend.prefetch(name, nodes=req.nodes or None,
+                                              count=req.count if not req.nodes else None)
+    except TimeoutError:
+        raise BackendUnavailableError(
+            f"the scheduler did not take the prefetch of {name!r} within "
+            f"{ROLLOUT_TIMEOUT:.0f} s; `llmgw ctl model prefetch {name} --status` shows "
+            "whether it went ahead") from None
+
+
+async def prefetch_progress(ctx: AppContext, name: str) -> Prefetch:
+    m = find_model(ctx, name)
+    if m.external:
+        raise RefusedError(f"model {name!r} is external (upstream); no node holds its weights")
+    return await ctx.backend.prefetch_status(name)
 
 
 @dataclass(frozen=True)

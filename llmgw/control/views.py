@@ -92,6 +92,7 @@ class ReplicaView(msgspec.Struct, kw_only=True):
     memory_warning: str | None
     restarts: int
     message: str
+    phase: str = ""
 
 
 def memory_warning(r: Replica) -> str | None:
@@ -123,7 +124,7 @@ def replica_view(r: Replica, model: Model | None) -> ReplicaView:
         state=r.state, healthy=r.healthy, address=r.address, stale=stale,
         stale_reason=reason if stale else None, reserved_memory=r.reserved_memory,
         measured_memory=r.measured_memory, memory_warning=memory_warning(r),
-        restarts=r.restarts, message=r.message,
+        restarts=r.restarts, message=r.message, phase=r.phase,
     )
 
 

@@ -44,6 +44,8 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     measured_memory: int | None = None   # bytes, from allocation stats / the process
     restarts: int = 0
     message: str = ""         # last failure, with the engine's last output lines
+    # Where a starting replica is: pulling image, fetching weights 42%, loading, healthy
+    phase: str = ""
 
 
 class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +83,9 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     # Why jobs will not come here though its numbers say they fit (e.g. its cards
     # report less memory than their gpu class declares)
     warning: str | None = None
+    # The models whose weights this node's cache holds (a replica starts here without
+    # downloading them)
+    warm: list[str] = []
 
 
 class Pool(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +105,24 @@ class Fleet(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[NodeView]
     pools: list[Pool]
     warnings: list[str] = []    # configuration the fleet contradicts, and the fix
+
+
+class PrefetchNode(msgspec.Struct, frozen=True, kw_only=True):
+    """One node a prefetch brings a model's weights to."""
+
+    node: str
+    state: Literal["queued", "fetching", "done", "failed"]
+    percent: float | None = None   # of the weights on disk, while fetching
+    message: str = ""
+
+
+class Prefetch(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's weights fetched onto nodes ahead of its replicas, and where they are."""
+
+    model: str
+    nodes: list[PrefetchNode] = []
+    warm: list[str] = []       # every node holding the weights now, replicas' included
+    message: str = ""
 
 
 class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,6 +185,15 @@ class Control(Protocol):
     async def fleet(self) -> Fleet: ...
 
     def health(self) -> BackendHealth: ...
+
+    async def prefetch(self, model: str, *, nodes: list[str] | None = None,
+                       count: int | None = None) -> Prefetch:
+        """Bring the model's weights onto ``nodes`` (names or IDs), or onto ``count`` nodes
+        that could run it and do not hold them yet, ahead of a scale-up. RefusedError
+        when the model's weights cannot be fetched ahead (the reason says why)."""
+
+    async def prefetch_status(self, model: str) -> Prefetch:
+        """The model's latest prefetch, node by node, and which nodes hold its weights."""
 
 
 class Backend(Routing, Control, Protocol):

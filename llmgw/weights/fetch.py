@@ -581,3 +581,34 @@ def fetch(url: str, dest: str | Path, *, sha256: str | None = None, retries: int
                 continue  # a checksum, used by the fetch of its file
             results.append(one(url + quote(name), target / name))
     return results
+
+
+def remote_size(url: str, timeout: float = 60.0) -> int | None:
+    """The bytes a fetch of ``url`` moves: a file's length, or the sum of a mirror
+    directory's listed files (their checksum files left out); None when unknown."""
+    if not url.endswith("/"):
+        try:
+            return head_length(url, timeout)
+        except LlmgwError:
+            return None
+    try:
+        entries = _listing(url, timeout).entries
+    except LlmgwError:
+        return None
+    names = {str(e.get("name")) for e in entries if e.get("type") == "file"}
+    total = 0
+    for e in entries:
+        name = str(e.get("name"))
+        if e.get("type") == "directory":
+            sub = remote_size(url + quote(name) + "/", timeout)
+            if sub is None:
+                return None
+            total += sub
+        elif e.get("type") == "file":
+            if name.endswith(layout.SIDECAR) and name[: -len(layout.SIDECAR)] in names:
+                continue
+            size = e.get("size")
+            if not isinstance(size, int):
+                return None
+            total += size
+    return total

@@ -27,7 +27,16 @@ from llmgw.config import AdminToken, ServerConfig
 from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, PlacementError
 from llmgw.modelsvc import ModelService
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
+from llmgw.scheduler.base import (
+    BackendHealth,
+    Fleet,
+    ModelStatus,
+    NodeView,
+    Pool,
+    Prefetch,
+    PrefetchNode,
+    Replica,
+)
 from llmgw.server import control_app
 from llmgw.store import open_store
 
@@ -99,6 +108,7 @@ class FleetBackend:
     deployments_failed: dict[str, str] = field(default_factory=dict)
     rollouts: list[str] = field(default_factory=list)
     fleet_warnings: list[str] = field(default_factory=list)
+    prefetched: dict[str, int] = field(default_factory=dict)   # model → nodes asked for
 
     async def start(self) -> None:
         return None
@@ -173,6 +183,8 @@ class FleetBackend:
             Pool(name="cpu", gpu_class=None, fabric=None, gpu_memory=None, nodes=["cpu-64c-1"],
                  gpus_total=0, gpus_free=0, largest_free_gpus_on_a_node=0),
         ]
+        nodes = [msgspec.structs.replace(n, warm=sorted(self.prefetched))
+                 if n.name == "cpu-64c-1" else n for n in nodes]
         if self.fleet_warnings:
             nodes = [msgspec.structs.replace(n, warning=self.fleet_warnings[0])
                      if n.gpu_class else n for n in nodes]
@@ -186,6 +198,20 @@ class FleetBackend:
 
     async def wait_changed(self, timeout: float) -> None:
         return None
+
+    async def prefetch(self, model: str, *, nodes: list[str] | None = None,
+                       count: int | None = None) -> Prefetch:
+        self.prefetched[model] = count or len(nodes or [])
+        return Prefetch(model=model, message=f"fetching {model}'s weights onto "
+                                             f"{self.prefetched[model]} nodes")
+
+    async def prefetch_status(self, model: str) -> Prefetch:
+        asked = self.prefetched.get(model)
+        if asked is None:
+            return Prefetch(model=model)
+        return Prefetch(model=model, warm=["cpu-64c-1"], nodes=[
+            PrefetchNode(node=f"cpu-64c-{i + 2}", state="fetching", percent=37.0)
+            for i in range(asked)])
 
 
 def make_config(tokens: list[AdminToken | str] | None = None) -> ServerConfig:

@@ -257,3 +257,27 @@ def test_an_expectation_waits_as_long_as_an_action_does(page: Page) -> None:
     page.evaluate("() => setTimeout(() => { document.getElementById('late').dataset.ready = "
                   "'yes'; }, 6000)")
     expect(page.locator("#late")).to_have_attribute("data-ready", "yes")
+
+
+def test_prefetch_from_the_model_page_shows_each_nodes_progress(
+        live: tuple[str, AppContext], backend: FleetBackend, page: Page,
+        errors: list[str]) -> None:
+    """Fetching weights ahead from the model page asks the scheduler for that many nodes,
+    says so, and the refreshed status shows each node's share done and the nodes holding
+    the weights."""
+    base, _ = live
+    sign_in(page, base)
+    page.goto(f"{base}/admin/models/prod-chat")
+    page.fill("#prefetch-form input[name=count]", "2")
+    page.click("#prefetch-form button[type=submit]")
+    expect(page.locator(".flash.ok")).to_have_text("fetching prod-chat's weights onto 2 nodes")
+    assert backend.prefetched == {"prod-chat": 2}
+    row = page.locator("tr[data-prefetch-node='cpu-64c-3']")
+    expect(row).to_contain_text("fetching", timeout=WAIT_MS)
+    expect(row).to_contain_text("37%")
+    expect(page.locator(".prefetch-warm")).to_contain_text("cpu-64c-1")
+    shot(page, "10-prefetch")
+    page.click("nav >> text=Fleet")
+    expect(page.locator("tr[data-node='cpu-64c-1'] td.warm")).to_have_text("prod-chat")
+    expect(page.locator("tr[data-node='gpu-h100-a1'] td.warm")).to_have_text("—")
+    assert errors == []

@@ -16,7 +16,14 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.catalog.units import Size
 from llmgw.errors import PlacementError
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
+from llmgw.scheduler.base import (
+    BackendHealth,
+    Fleet,
+    ModelStatus,
+    Prefetch,
+    PrefetchNode,
+    Replica,
+)
 from llmgw.store import open_store
 from llmgw.store.base import Store
 
@@ -34,6 +41,7 @@ class RecordingBackend:
         self.applied: list[Catalog] = []
         self.replica_list: list[Replica] = []
         self.rollouts: list[str] = []
+        self.prefetches: list[tuple[str, list[str] | None, int | None]] = []
         self.healthy = BackendHealth(ok=True)
 
     async def start(self) -> None:
@@ -78,6 +86,20 @@ class RecordingBackend:
 
     async def wait_changed(self, timeout: float) -> None:
         return None
+
+    async def prefetch(self, model: str, *, nodes: list[str] | None = None,
+                       count: int | None = None) -> Prefetch:
+        self.prefetches.append((model, nodes, count))
+        return await self.prefetch_status(model)
+
+    async def prefetch_status(self, model: str) -> Prefetch:
+        if not self.prefetches:
+            return Prefetch(model=model, message="no prefetch has run")
+        _, nodes, count = self.prefetches[-1]
+        names = nodes or [f"node-{i + 1}" for i in range(count or 1)]
+        return Prefetch(model=model, warm=["node-9"], message=f"fetching onto {len(names)}",
+                        nodes=[PrefetchNode(node=n, state="fetching", percent=40.0)
+                               for n in names])
 
 
 @pytest.fixture

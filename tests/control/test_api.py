@@ -271,3 +271,34 @@ async def test_a_rollout_the_scheduler_never_answers_is_503(
     r = await client.post("/api/v1/models/trial/rollout", headers=ADMIN)
     assert r.status_code == 503
     assert "llmgw ctl replicas trial" in r.json()["error"]["message"]
+
+
+async def test_a_prefetch_is_handed_to_the_scheduler_and_its_progress_read_back(
+        client: AsyncTestClient, backend: RecordingBackend) -> None:
+    """POST /prefetch passes the count (or the nodes) to the scheduler; GET shows the
+    latest prefetch node by node."""
+    r = await client.post("/api/v1/models/prod-chat/prefetch", json={"count": 2},
+                          headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert backend.prefetches == [("prod-chat", None, 2)]
+    r = await client.post("/api/v1/models/prod-chat/prefetch", json={"nodes": ["gpu-7"]},
+                          headers=ADMIN)
+    assert backend.prefetches[-1] == ("prod-chat", ["gpu-7"], None)
+    got = (await client.get("/api/v1/models/prod-chat/prefetch", headers=ADMIN)).json()
+    assert [(n["node"], n["state"], n["percent"]) for n in got["nodes"]] == [
+        ("gpu-7", "fetching", 40.0)]
+    assert got["warm"] == ["node-9"]
+
+
+async def test_a_prefetch_naming_nodes_and_a_count_is_refused(
+        client: AsyncTestClient, backend: RecordingBackend) -> None:
+    """Nodes and a count together, or a count below 1, are 400s naming the field."""
+    r = await client.post("/api/v1/models/prod-chat/prefetch",
+                          json={"nodes": ["a"], "count": 2}, headers=ADMIN)
+    assert r.status_code == 400
+    assert "nodes or count, not both" in r.text
+    r = await client.post("/api/v1/models/prod-chat/prefetch", json={"count": 0},
+                          headers=ADMIN)
+    assert r.status_code == 400
+    assert "count" in r.text
+    assert backend.prefetches == []

@@ -187,3 +187,20 @@ def test_the_checked_in_cli_reference_is_current() -> None:
     checked_in = Path(__file__).resolve().parents[2] / "cli" / "llmgw.md"
     assert checked_in.read_text() == render(), (
         "cli/llmgw.md is stale: run `python -m llmgw.cli.reference > cli/llmgw.md`")
+
+
+def test_prefetch_prints_each_nodes_progress_and_the_warm_nodes(api_url: str) -> None:
+    """`ctl model prefetch NAME --nodes 2` starts one and prints the nodes' states; --status
+    only reads it; --nodes with --node is a usage error."""
+    code, out = ctl(api_url, "model", "prefetch", "prod-chat", "--nodes", "2")
+    assert code == 0, out
+    assert "node-1" in out
+    assert "node-2" in out
+    assert "40%" in out
+    assert "nodes holding its weights: node-9" in out
+    code, out = ctl(api_url, "model", "prefetch", "prod-chat", "--status")
+    assert code == 0
+    assert "fetching" in out
+    code, out = ctl(api_url, "model", "prefetch", "prod-chat", "--nodes", "2", "--node", "x")
+    assert code == 2
+    assert "not both" in out

@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.testing.fake_nomad import FakeNomad, default_fleet
 
-from .conftest import applied, catalog, config, cpu_model, make_backend
+from .conftest import applied, catalog, config, cpu_model, eventually, make_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "nomad" / "llmgw-policy.hcl"
@@ -106,7 +106,8 @@ def test_applying_it_to_the_namespace_would_hand_it_to_every_workload(cluster):
 
 async def test_the_policy_grants_llmgw_what_its_backend_does(cluster):
     """The backend, holding only the documented token, registers a model's job in llm,
-    sees it placed and reads the fleet; a token without the policy is refused."""
+    sees it placed, records the weights on the node's metadata and reads the fleet; a
+    token without the policy is refused."""
     fake, token = cluster
     m = cpu_model("embed")
     backend = make_backend(fake, cfg=config(fake, [m], namespace="llm", token=token))
@@ -116,6 +117,9 @@ async def test_the_policy_grants_llmgw_what_its_backend_does(cluster):
         fake.settle()
         assert fake.allocations("llmgw-embed", namespace="llm")
         assert backend.status("embed").last_error is None
+        [a] = fake.allocations("llmgw-embed", namespace="llm")
+        await eventually(lambda: "llmgw_cache_embed" in fake.node(a.node_name).meta,
+                         what="the node's cache metadata, written with node:write")
         fleet = await backend.fleet()
         assert fleet.nodes
     finally:
@@ -132,3 +136,28 @@ def test_the_policy_parses_as_nomad_parses_it(cluster):
     with pytest.raises(NomadError, match="Invalid namespace capability 'read-jobs'"):
         fake.apply_policy("typo", 'namespace "llm" { capabilities = ["read-jobs"] }')
     assert re.search(r'namespace "\*"', POLICY_FILE.read_text())
+
+
+async def test_with_node_read_only_models_still_run_and_the_refusal_is_said_once(caplog):
+    """The choice the policy offers — node "read" — leaves nodes unmarked: the model's job
+    is placed as before, and the refused metadata write is logged once, not each pass."""
+    text = POLICY_FILE.read_text().replace('policy = "write"', 'policy = "read"')
+    with FakeNomad(default_fleet(), acl_token=MANAGEMENT, namespaces=("default", "llm")) as fake:
+        name, flags = documented_apply()
+        fake.apply_policy(name, text, **flags)
+        token = fake.create_token([name])
+        m = cpu_model("embed")
+        backend = make_backend(fake, cfg=config(fake, [m], namespace="llm", token=token))
+        await backend.start()
+        try:
+            for _ in range(3):
+                await applied(backend, catalog(m))
+            fake.settle()
+            [a] = fake.allocations("llmgw-embed", namespace="llm")
+            assert "llmgw_cache_embed" not in fake.node(a.node_name).meta
+            assert backend.health().ok
+        finally:
+            await backend.close()
+    said = [r for r in caplog.records if "keeping the nodes' cache metadata" in r.message]
+    assert len(said) == 1
+    assert "node:write" in said[0].getMessage()

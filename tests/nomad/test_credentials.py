@@ -40,8 +40,8 @@ def test_a_source_password_is_in_no_job_path_or_command_line():
     fetch = next(t for t in job.TaskGroups[0].Tasks if t.Name == "fetch")
     engine = next(t for t in job.TaskGroups[0].Tasks if t.Name == "engine")
     dest = "/llmgw-cache/mirror.internal_8070/embed/q8_0/embed.gguf"
-    assert fetch.Config["args"] == ["fetch", "http://mirror.internal:8070/embed/q8_0/embed.gguf",
-                                    dest]
+    assert fetch.Config["args"][:3] == ["fetch",
+                                        "http://mirror.internal:8070/embed/q8_0/embed.gguf", dest]
     assert engine.Config["args"][:2] == ["--model", dest]
     [tmpl] = fetch.Templates
     assert tmpl.Envvars

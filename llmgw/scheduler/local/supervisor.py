@@ -351,6 +351,8 @@ class ReplicaRunner:
             node=self.node, state=self.state, healthy=self.healthy,
             address=self.address if live else None, reserved_memory=self.reserved_memory,
             measured_memory=measured_memory, restarts=self.restarts, message=self.message,
+            phase=("healthy" if self.healthy else "loading" if self.state == "starting"
+                   else self.state),
         )
 
     # -- life --------------------------------------------------------------

@@ -50,6 +50,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
@@ -60,9 +62,17 @@ from llmgw.errors import (
     NotFoundError,
     PlacementError,
 )
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, NodeView, Replica
+from llmgw.scheduler.base import (
+    BackendHealth,
+    Fleet,
+    ModelStatus,
+    NodeView,
+    Prefetch,
+    Replica,
+)
 from llmgw.scheduler.nomad import credentials, render, wire
 from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad.caches import CacheKeeper
 from llmgw.scheduler.nomad.client import NomadClient, ScaleBlockedError
 from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
@@ -79,6 +89,7 @@ from llmgw.scheduler.nomad.reconcile import (
     version_allocs,
 )
 from llmgw.scheduler.nomad.replicas import ReplicaReader
+from llmgw.scheduler.nomad.warmth import holds
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.nomad")
@@ -130,6 +141,9 @@ class NomadBackend:
             backoff_max=backoff_max, on_outage=self._outage, on_ok=self._ok)
         self._replicas = ReplicaReader(self._client, self._offload)
         self._keeper = credentials.Keeper(self._client, self._cfg, config.mirror)
+        self._cache_failure: str | None = None
+        self._caches = CacheKeeper(self._client, self._cfg, self._classes, config.mirror,
+                                   self._keeper)
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
@@ -390,6 +404,8 @@ class NomadBackend:
             actions.recover = {}
         elif not await self._act(catalog, states, actions):
             return
+        else:
+            await self._observe_caches(catalog)
         for m in catalog:
             live = states.get(render.job_id(m.name))
             if m.external or live is None or live.stopped:
@@ -447,6 +463,20 @@ class NomadBackend:
             self._wake.set()
             return False
         return True
+
+    async def _observe_caches(self, catalog: Catalog) -> None:
+        """Node metadata, sweeps and kept prefetches (``caches``); a failure there is
+        logged and retried next pass, never a reason to stop reconciling models."""
+        try:
+            await self._offload.run(self._caches.observe, catalog)
+        except LlmgwError as exc:
+            # A token without node:write (nomad/llmgw-policy.hcl allows that choice)
+            # refuses every write: say so once, not every pass.
+            if exc.message != self._cache_failure:
+                log.warning("keeping the nodes' cache metadata: %s", exc.message)
+            self._cache_failure = exc.message
+        else:
+            self._cache_failure = None
 
     async def _guard(self, model: str, action: object) -> None:
         """Run one model's action; a failure of that model is recorded, not raised."""
@@ -655,11 +685,29 @@ class NomadBackend:
         addresses = {r.AllocID: r for regs in self._discovery.registrations.values()
                      for r in regs}
         return await self._replicas.read(ids, health, dict(self._discovery.unknown), addresses,
-                                         every_job=model is None)
+                                         every_job=model is None,
+                                         progress=self._caches.progress)
 
     async def fleet(self) -> Fleet:
         nodes, allocs = await self._offload.run(self._fleet_inputs)
-        return build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
+        f = build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
+        models = list(self._catalog) if self._catalog else []
+        meta = {n.ID: n.Meta for n in nodes}
+        views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror))
+                 for v in f.nodes]
+        return msgspec.structs.replace(f, nodes=views)
+
+    async def prefetch(self, model: str, *, nodes: list[str] | None = None,
+                       count: int | None = None) -> Prefetch:
+        m = self._model(model)
+        views = (await self.fleet()).nodes
+        return await self._offload.run(
+            lambda: self._caches.prefetch(m, nodes, count, views=views))
+
+    async def prefetch_status(self, model: str) -> Prefetch:
+        m = self._model(model)
+        views = (await self.fleet()).nodes
+        return await self._offload.run(self._caches.status, m, views)
 
     def _fleet_inputs(self) -> tuple[list[wire.Node], list[wire.Allocation]]:
         return self._client.nodes(), self._client.all_allocations()

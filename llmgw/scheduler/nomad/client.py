@@ -162,8 +162,10 @@ class NomadClient:
         if status in (401, 403):
             return BackendUnavailableError(
                 f"{said}; check the ACL token (scheduler.nomad.token or NOMAD_TOKEN): it needs "
-                f"submit-job, read-job and scale-job in namespace {self.cfg.namespace!r}, "
-                "node:read, and the Variables at nomad/jobs/llmgw-* (nomad/llmgw-policy.hcl)"
+                f"submit-job, read-job, scale-job and read-fs in namespace "
+                f"{self.cfg.namespace!r}, node:write (for the cache metadata), and the "
+                "Variables at nomad/jobs/llmgw-* and nomad/jobs/llmgw.prefetch.* "
+                "(nomad/llmgw-policy.hcl)"
             )
         if status == 404:
             return NotFoundError(said)
@@ -306,6 +308,27 @@ class NomadClient:
             for gone in set(self._node_cache) - live:
                 del self._node_cache[gone]
         return out
+
+    def apply_node_meta(self, node_id: str, meta: dict[str, str | None]) -> wire.NodeMetaResponse:
+        """Set (or, with None, unset) dynamic metadata on a node (Nomad ≥ 1.5; node:write)."""
+        body = msgspec.json.encode({"NodeID": node_id, "Meta": meta})
+        resp = self._send("post", "client/metadata", params={"node_id": node_id}, body=body,
+                          forwarded=True)
+        return self._decode(resp, wire.NodeMetaResponse, "POST /v1/client/metadata")
+
+    def namespace_allocations(self) -> list[wire.Allocation]:
+        """Every allocation of llmgw's namespace, with task states."""
+        return self._get(list[wire.Allocation], "allocations", params=self._ns)
+
+    def alloc_file(self, alloc_id: str, path: str, timeout: float | None = None) -> bytes | None:
+        """A file of the allocation's directory on its node (read-fs); None when it is not
+        there (yet)."""
+        try:
+            resp = self._send("get", "client/fs/cat", alloc_id, params={**self._ns, "path": path},
+                              timeout=timeout, forwarded=True)
+        except NotFoundError:
+            return None
+        return bytes(resp.content)
 
     # ---- variables ----------------------------------------------------------
 

@@ -118,9 +118,12 @@ class Keeper:
         self._seen: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
-    def ensure(self, model: Model, job_id: str) -> str | None:
+    def ensure(self, model: Model, job_id: str, *, fallback_job: str | None = None
+               ) -> str | None:
         """Write what is missing or changed; the Variable's path when the job reads one.
-        DefinitionError when it would read an item nobody can supply."""
+        ``fallback_job``: a job whose Variable supplies what this one lacks (a prefetch
+        job reads the credentials its model's replicas read). DefinitionError when it
+        would read an item nobody can supply."""
         wants = needs(model, self._cfg, self._mirror)
         if not wants.keys:
             return None
@@ -133,6 +136,9 @@ class Keeper:
         for _ in range(3):   # a write lost to a concurrent one is read again
             current = self._store.read_variable(path) or Variable()
             items = {**current.Items, **wants.known}
+            if fallback_job is not None and wants.keys - set(items):
+                other = self._store.read_variable(variable_path(fallback_job)) or Variable()
+                items = {**{k: v for k, v in other.Items.items() if k in wants.keys}, **items}
             missing = sorted(wants.keys - set(items))
             if missing:
                 raise DefinitionError(

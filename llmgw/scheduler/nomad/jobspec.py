@@ -43,6 +43,15 @@ class Constraint(_Wire, frozen=True, kw_only=True):
     RTarget: str = ""
 
 
+class Affinity(_Wire, frozen=True):
+    """Prefer nodes that meet the condition; ``Weight`` in [-100, 100], never 0 (§1.2)."""
+
+    LTarget: str
+    Operand: str
+    RTarget: str
+    Weight: int
+
+
 class Spread(_Wire, frozen=True):
     """Prefer placements that even out ``Attribute``'s values (no targets: even spread)."""
 
@@ -184,6 +193,7 @@ class TaskGroup(_Wire, frozen=True):
     Name: str
     Count: int
     Constraints: list[Constraint] = []
+    Affinities: list[Affinity] = []
     Spreads: list[Spread] = []
     Networks: list[NetworkResource] = []
     Services: list[Service] = []

@@ -40,6 +40,18 @@ silently never run or never become healthy (docs/nomad-api.md §9):
   meta every GPU client carries, nomad/client-gpu.hcl): a job constraint cannot
   see devices, and a llama.cpp replica there takes the cores and memory that
   node's GPUs need. ``gpu_nodes: true`` on the profile lifts that;
+* the group prefers nodes whose cache already holds the model's weights: an affinity
+  on the node metadata ``llmgw_cache_<model>`` = the weights' tag
+  (``llmgw.weights.cache.tag``), which the control plane writes when a node's fetch
+  finishes (``warmth``). Nomad scores a node's affinities as the matched weights over
+  the sum of their magnitudes, appended for every node, and averages that with the
+  other scores (scheduler/feasible/rank.go ``NodeAffinityIterator.Next``,
+  ``ScoreNormalizationIterator.Next``): a warm node gains 1 over a cold one, while
+  bin-packing only ranges over [0, 1] (``ScoreFitBinPack`` over 18), so a warm node
+  with room wins; a warm node already running a replica still loses to the spread
+  and the job anti-affinity. Being an affinity, it never keeps a replica from a cold
+  node when no warm one has room. With an affinity every node is ranked, not a
+  sample (scheduler/feasible/stack.go ``GenericStack.Select``);
 * job meta records model, profile, fingerprint and a hash of the rendered
   spec. Changing meta replaces every allocation (surprise 8), so the
   reconciler never re-registers a job whose spec hash changed; it waits for
@@ -77,7 +89,7 @@ from llmgw.scheduler.nomad import credentials
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.fleet import GPU_CLASS_META
 from llmgw.scheduler.nomad.jobspec import ns
-from llmgw.weights import layout
+from llmgw.weights import cache, layout
 
 JOB_PREFIX = "llmgw-"
 GROUP = "serve"
@@ -94,6 +106,15 @@ META_MODEL = "llmgw_model"
 META_PROFILE = "llmgw_profile"
 META_FINGERPRINT = "llmgw_fingerprint"
 META_SPEC = "llmgw_spec"
+META_WEIGHTS = "llmgw_weights"    # the tag of the weights the fetch task brings
+# Node metadata: which weights a node's cache holds, one key per model.
+CACHE_META_PREFIX = "llmgw_cache_"
+# Any positive weight scores a lone affinity 1 (it is normalised by the sum of
+# magnitudes); the largest one keeps that true beside a future second affinity.
+WARM_WEIGHT = 100
+# Where the fetch task keeps its progress: its allocation directory, which the
+# client fs API reads (``alloc/`` is NOMAD_ALLOC_DIR).
+PROGRESS_FILE = "alloc/llmgw-fetch.json"
 
 MIB = 1024 * 1024
 # Loading weights from the node's cache (local NVMe, per the client config) into
@@ -321,20 +342,47 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
     )
 
 
-def _fetch_task(cfg: NomadConfig, url: str, dest: str, job: str,
-                keys: tuple[str, ...] = ()) -> js.Task:
+def cache_key(model_name: str) -> str:
+    """The node metadata key naming the weights a node holds for ``model_name`` (a
+    catalog name is a valid HCL identifier, as Nomad requires of a key)."""
+    return f"{CACHE_META_PREFIX}{model_name}"
+
+
+def fetch_of(model: Model, mirror: str | None) -> tuple[str, str] | None:
+    """What the model's fetch task downloads and the cache entry (path in the task) it
+    fills; None when the engine downloads its weights itself."""
+    src = _source(model, mirror)
+    return (src.fetch_url, src.model_arg) if src.fetch_url else None
+
+
+def weights_entry(model: Model, mirror: str | None) -> str | None:
+    found = fetch_of(model, mirror)
+    return found[1] if found else None
+
+
+def fetch_task(cfg: NomadConfig, url: str, dest: str, job: str,
+               keys: tuple[str, ...] = (), *, name: str = FETCH_TASK,
+               prestart: bool = True) -> js.Task:
+    """The task running ``llmgw fetch`` into the node's cache: a replica's prestart
+    task, or the main task of a prefetch job."""
     return js.Task(
-        Name=FETCH_TASK, Driver="docker",
+        Name=name, Driver="docker",
         Config={"image": cfg.fetcher_image, "command": "llmgw",
-                "args": ["fetch", url, dest]},
+                "args": ["fetch", url, dest, "--progress-file",
+                         "${NOMAD_ALLOC_DIR}/" + PROGRESS_FILE.removeprefix("alloc/")]},
         Templates=_secrets(job, keys, "llmgw-fetch"),
         # A short I/O-bound task: a CPU share, not whole cores. Nomad combines
         # an ephemeral prestart task's reservation with the engine's by max(),
         # so this costs the node nothing extra (docs/nomad-api.md §3.3).
         Resources=js.Resources(CPU=_FETCH_CPU_MHZ, MemoryMB=_FETCH_MEMORY_MB),
-        Lifecycle=js.TaskLifecycle(Hook="prestart", Sidecar=False),
+        Lifecycle=js.TaskLifecycle(Hook="prestart", Sidecar=False) if prestart else None,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR, ReadOnly=False)],
     )
+
+
+def warm_affinity(model: Model, entry: str) -> js.Affinity:
+    return js.Affinity(LTarget=f"${{meta.{cache_key(model.name)}}}", Operand="=",
+                       RTarget=cache.tag(entry), Weight=WARM_WEIGHT)
 
 
 def _placement(profile: Profile) -> tuple[list[js.Constraint], list[js.Spread]]:
@@ -390,11 +438,14 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                          Operand="=", RTarget=profile.fabric))
     wants = credentials.needs(model, cfg, mirror)
     tasks = [_engine_task(model, profile, need, cfg, src, service, wants.engine)]
+    affinities = []
     if src.fetch_url is not None:
-        tasks.insert(0, _fetch_task(cfg, src.fetch_url, src.model_arg, job_id(model.name),
-                                    wants.fetch))
+        tasks.insert(0, fetch_task(cfg, src.fetch_url, src.model_arg, job_id(model.name),
+                                   wants.fetch))
+        affinities.append(warm_affinity(model, src.model_arg))
     group = js.TaskGroup(
-        Name=GROUP, Count=count, Constraints=constraints, Spreads=spreads,
+        Name=GROUP, Count=count, Constraints=constraints, Affinities=affinities,
+        Spreads=spreads,
         Networks=[js.NetworkResource(Mode="host", DynamicPorts=[
             js.Port(Label=PORT_LABEL, To=_ENGINE_PORT[engine])])],
         Volumes={CACHE_VOLUME: js.VolumeRequest(Name=CACHE_VOLUME, Type="host",
@@ -416,6 +467,8 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}
+    if src.fetch_url is not None:
+        meta[META_WEIGHTS] = cache.tag(src.model_arg)
     job = js.Job(
         ID=job_id(model.name), Name=job_id(model.name), Type="service",
         Namespace=cfg.namespace or None, Region=cfg.region or None,

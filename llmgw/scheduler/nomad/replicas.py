@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError
 from llmgw.scheduler.base import Replica, ReplicaState
@@ -39,12 +41,14 @@ from llmgw.scheduler.nomad.discovery import checks_pass, endpoint_url
 from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.render import (
     ENGINE_TASK,
+    FETCH_TASK,
     META_FINGERPRINT,
     META_MODEL,
     META_PROFILE,
     PORT_LABEL,
     model_of_job,
 )
+from llmgw.scheduler.nomad.warmth import phase
 
 log = logging.getLogger("llmgw.nomad")
 MIB = 1024 * 1024
@@ -127,7 +131,8 @@ class ReplicaReader:
     async def read(self, job_ids: Sequence[str], health: Mapping[str, bool],
                    unknown: Mapping[str, str],
                    registrations: Mapping[str, wire.ServiceRegistration], *,
-                   every_job: bool = False) -> list[Replica]:
+                   every_job: bool = False,
+                   progress: Callable[[str], float | None] | None = None) -> list[Replica]:
         """The replicas of ``job_ids``. ``health``: what discovery last read of each
         allocation's checks; ``unknown``: allocations whose node does not answer, and why.
         ``every_job``: these are all of llmgw's live jobs, so cached entries of any other
@@ -136,7 +141,7 @@ class ReplicaReader:
         for jid in job_ids:
             allocs = await self._offload.run(self._client.job_allocations, jid)
             listed_allocs += [a for a in allocs if listed(a)]
-        found = await asyncio.gather(*(self._one(a, health, unknown, registrations)
+        found = await asyncio.gather(*(self._one(a, health, unknown, registrations, progress)
                                        for a in listed_allocs))
         out = [r for r in found if r is not None]
         seen = {r.id for r in out}
@@ -150,7 +155,8 @@ class ReplicaReader:
 
     async def _one(self, a: wire.Allocation, health: Mapping[str, bool],
                    unknown: Mapping[str, str],
-                   registrations: Mapping[str, wire.ServiceRegistration]) -> Replica | None:
+                   registrations: Mapping[str, wire.ServiceRegistration],
+                   progress: Callable[[str], float | None] | None = None) -> Replica | None:
         with self._lock:
             detail = self._details.get(a.ID)
         if detail is None:
@@ -186,7 +192,15 @@ class ReplicaReader:
                 raise   # the agent itself: the listing cannot be answered
             except LlmgwError as exc:  # gone from the node, or refused: no figures
                 log.info("no statistics for allocation %s: %s", a.ID, exc)
-        return self._replica(a, detail, bool(healthy), measured, registrations, notes)
+        percent = None
+        fetch = (a.TaskStates or {}).get(FETCH_TASK)
+        if progress is not None and fetch is not None and fetch.State == "running":
+            # Only while the fetch runs: one small read through the client fs API.
+            percent = await self._offload.run(progress, a.ID)
+        now = phase(a, bool(healthy) and running, percent)
+        return msgspec.structs.replace(
+            self._replica(a, detail, bool(healthy), measured, registrations, notes),
+            phase=now.text)
 
     @staticmethod
     def _replica(a: wire.Allocation, d: _Detail, healthy: bool, measured: int | None,

@@ -358,6 +358,11 @@ class ReservedResources(_R, frozen=True):
     Memory: NodeMemory = NodeMemory()
 
 
+class HostVolume(_R, frozen=True):
+    Path: str = ""
+    ReadOnly: bool = False
+
+
 class Node(_R, frozen=True):
     """A node stub (``/v1/nodes?resources=true``) or a full node (``/v1/node/:id``,
     which adds ``Meta``)."""
@@ -373,4 +378,12 @@ class Node(_R, frozen=True):
     Meta: dict[str, str] | None = None
     NodeResources: NodeResources | None = None
     ReservedResources: ReservedResources | None = None
+    HostVolumes: dict[str, HostVolume] | None = None
     ModifyIndex: int = 0
+
+
+class NodeMetaResponse(_R, frozen=True):
+    """``/v1/client/metadata``: the merged metadata and the dynamic part of it."""
+
+    Meta: dict[str, str] | None = None
+    Dynamic: dict[str, str | None] | None = None

@@ -28,7 +28,9 @@ hashicorp/nomad (the revision docs/nomad-api.md cites):
   plan-job; ``Deregister``: submit-job, purge-job or deregister-job; ``Scale``:
   scale-job or submit-job; ``ScaleStatus``: read-job or read-job-scaling;
   ``Validate``, ``GetJob``, ``Allocations`` …: read-job; ``List``: list-jobs;
-  nomad/node_endpoint.go: node read; nomad/variables_endpoint.go ``Apply``/``Read``:
+  nomad/node_endpoint.go: node read; nomad/client_meta_endpoint.go ``NodeMeta.Apply``:
+  node write, ``Read``: node read; command/agent/fs_endpoint.go (``cat/``): read-fs
+  in the allocation's namespace; nomad/variables_endpoint.go ``Apply``/``Read``:
   the path's write/destroy/read). List answers spanning namespaces
   (``/v1/allocations?namespace=*``, ``/v1/node/:id/allocations``) drop what the
   token may not read rather than refusing (nomad/alloc_endpoint.go ``List``,
@@ -361,6 +363,10 @@ def _node(acl: Acl, _ns: str, _req: Any) -> bool:
     return acl.allow_level("node")
 
 
+def _node_write(acl: Acl, _ns: str, _req: Any) -> bool:
+    return acl.allow_level("node", write=True)
+
+
 def _agent(acl: Acl, _ns: str, _req: Any) -> bool:
     return acl.allow_level("agent")
 
@@ -381,9 +387,12 @@ RULES: list[tuple[str, str, Check]] = [
     ("GET", _JOB + "/scale", _ns("read-job", "read-job-scaling")),
     ("DELETE", _JOB, _ns("submit-job", "purge-job", "deregister-job")),
     ("PUT|POST", r"/v1/validate/job", _ns("read-job")),
+    ("GET", r"/v1/client/fs/.*", _ns("read-fs")),
     ("GET", r"/v1/(job|allocation|evaluation|deployment|client/allocation)/.*", _ns("read-job")),
-    ("GET", r"/v1/(allocations|evaluations|services|service/.*)", _ns("read-job")),
+    ("GET", r"/v1/(allocations|evaluations|deployments|services|service/.*)", _ns("read-job")),
     ("GET", r"/v1/nodes?(/.*)?", _node),
+    ("GET", r"/v1/client/metadata", _node),
+    ("PUT|POST", r"/v1/client/metadata", _node_write),
     ("GET", r"/v1/agent/.*", _agent),
     ("GET", r"/v1/var/.+", _variable("read")),
     ("PUT|POST", r"/v1/var/.+", _variable("write")),

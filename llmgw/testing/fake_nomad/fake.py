@@ -39,6 +39,7 @@ from typing import Any
 from llmgw.testing.fake_nomad import (
     acl,
     checkwatch,
+    clientapi,
     deployments,
     lifecycle,
     routes_cluster,
@@ -62,7 +63,7 @@ class FakeNomad:
             if acl_token is not None or acls else None
         self._api = Api(self._cluster, strict=strict, region=region, acls=self._acls)
         self._http = HttpApp(self._api, routes_jobs.ROUTES + routes_cluster.ROUTES
-                             + variables.ROUTES)
+                             + variables.ROUTES + clientapi.ROUTES)
         self._host, self._port = host, port
         self._closed = False
 
@@ -265,6 +266,32 @@ class FakeNomad:
         which changes what constraints on ``${meta.*}`` match."""
         lifecycle.set_node(self._cluster, name, status=status, eligible=eligible, drain=drain,
                            meta=meta)
+
+    def node_meta(self, name: str) -> dict[str, str | None]:
+        """The node's dynamic metadata, as ``/v1/client/metadata`` wrote it (unsets as None)."""
+        with self._cluster.store.cond:
+            return dict(self._cluster.store.node_by_name(name).dynamic_meta)
+
+    def apply_node_meta(self, name: str, meta: dict[str, str | None]) -> None:
+        """``nomad node meta apply`` on the node (by name or ID): what an operator — or a
+        hand edit gone stale — writes outside llmgw."""
+        with self._cluster.store.cond:
+            node = self._cluster.store.node_by_name(name)
+            clientapi.validate_keys(meta)
+            clientapi.apply(self._cluster, node, meta)
+
+    def write_alloc_file(self, alloc_id: str, path: str, data: bytes | str) -> None:
+        """A task writes ``path`` in its allocation's directory (``alloc/…`` is
+        ``NOMAD_ALLOC_DIR``); ``/v1/client/fs/cat`` reads it."""
+        with self._cluster.store.cond:
+            a = self._cluster.store.allocs[alloc_id]
+            a.files = {**a.files, path.lstrip("/"): data.encode() if isinstance(data, str)
+                       else bytes(data)}
+
+    def complete_alloc(self, alloc_id: str) -> None:
+        """Every task of the allocation exits 0: a batch allocation is ``complete`` and
+        stays so (its job does not place it again)."""
+        lifecycle.complete_alloc(self._cluster, alloc_id)
 
     def set_node_rpc(self, name: str, *, delay: float = 0.0, error: str | None = None) -> None:
         """Trouble on the server's connection to a node's client: requests forwarded there

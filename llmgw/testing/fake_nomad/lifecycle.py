@@ -129,6 +129,28 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
     cluster.unblock()
 
 
+def complete_alloc(cluster: Cluster, alloc_id: str) -> None:
+    store = cluster.store
+    with store.cond:
+        a = _alloc(cluster, alloc_id)
+        if a.client_terminal:
+            raise ValueError(f"allocation {a.name} is already {a.client_status}")
+        idx = store.write("allocs", "service_registrations", "job_summary")
+        now = store.now()
+        a.client_status, a.client_description = "complete", "All tasks have completed"
+        a.modify_index, a.modify_time = idx, now
+        for state in a.task_states.values():
+            if state.state != "dead":
+                if state.state == "pending":
+                    state.events = [*state.events, event("Started", "Task started by client",
+                                                         at=now)]
+                state.state, state.finished_at = "dead", rfc3339(now)
+                state.events = [*state.events, event("Terminated", "Exit Code: 0", at=now,
+                                                     exit_code="0")]
+        cluster.committer.remove_services(a.id)
+    cluster.unblock()
+
+
 def set_alloc_memory(cluster: Cluster, alloc_id: str, nbytes: int) -> None:
     with cluster.store.cond:
         _alloc(cluster, alloc_id).memory_usage = int(nbytes)

@@ -13,6 +13,8 @@ and the eval worker commits it with ``commit``. The rules are Nomad's
   constraint its node no longer meets. Destructive updates roll ``Update.MaxParallel``
   at a time: the next batch waits until the previous one is healthy;
 * a replacement that cannot be placed leaves the old allocation running;
+* a batch job's allocation that completed holds its place for the job's version: it is
+  not placed again, while one of an older version is ignored and the new version runs;
 * a failed allocation is rescheduled (with no delay in the fake) when its reschedule
   policy allows — but not while it belongs to the active deployment unless the watcher
   allowed its replacement, nor once that deployment has failed (filters.go
@@ -178,6 +180,12 @@ def compute(job: JobRecord | None, allocs: list[Alloc], nodes: dict[str, Node],
         replace += [(a, "destructive") for a in rolling[:limit]]
         desired["Ignore"] += len(rolling) - min(limit, len(rolling))
         used = {a.index for a in keep} | stuck
+        if spec.get("Type") in ("batch", "sysbatch"):
+            # A batch allocation that finished keeps its name: the job is done there. One
+            # of an older version is ignored, so a new version runs again
+            # (reconcile_cluster.go ``filterOldTerminalAllocs``).
+            used |= {a.index for a in allocs if a.task_group == name and a.index < count
+                     and a.client_status == "complete" and a.job_version == version}
         for a, reason in replace:
             if reason != "destructive" and (len(used) >= count or a.index in used):
                 _stop(plan, usage, a, ALLOC_NOT_NEEDED)

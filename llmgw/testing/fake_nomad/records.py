@@ -129,6 +129,10 @@ class Node(msgspec.Struct, kw_only=True):
     # 500 of rpc_error when set (FakeNomad.set_node_rpc).
     rpc_delay: float = 0.0
     rpc_error: str = ""
+    # Dynamic metadata (``/v1/client/metadata``, ``clientapi``): the agent's own ``meta``
+    # once the first dynamic write set it apart (None until then), and the keys written.
+    static_meta: dict[str, str] | None = None
+    dynamic_meta: dict[str, str | None] = {}
 
     @property
     def schedulable(self) -> bool:
@@ -202,6 +206,9 @@ class Alloc(msgspec.Struct, kw_only=True):
     migrate: bool = False
     metrics: AllocMetric = msgspec.field(default_factory=AllocMetric)
     memory_usage: int | None = None
+    # Files in the allocation's directory on its node, by path (``alloc/…``,
+    # ``<task>/local/…``): what ``/v1/client/fs/cat`` reads (``clientapi``).
+    files: dict[str, bytes] = {}
     create_index: int = 0
     modify_index: int = 0
     alloc_modify_index: int = 0
