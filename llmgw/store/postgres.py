@@ -72,9 +72,6 @@ _SELECT_MODELS = (
 )
 
 
-_FILE_COLUMNS = "id, owner, purpose, filename, bytes, created_at, status"
-_BATCH_COLUMNS = "id, owner, status, created_at, record"
-_ACTIVE = "('validating', 'in_progress', 'finalizing', 'cancelling')"
 
 
 def _file(row: tuple[Any, ...]) -> FileRecord:
@@ -492,7 +489,8 @@ class PostgresStore:
     async def create_file(self, file: FileRecord) -> None:
         await self._query(
             f"record file {file.id!r}",
-            f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, 'uploading')",
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
+            " VALUES (%s, %s, %s, %s, %s, %s, 'uploading')",
             (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at))
 
     async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
@@ -509,8 +507,9 @@ class PostgresStore:
     async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
         rows = await self._query(
             f"read file {id!r}",
-            f"SELECT {_FILE_COLUMNS} FROM files WHERE id = %s AND status = 'processed'"
-            " AND (%s::text IS NULL OR owner = %s)", (id, owner, owner))
+            "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
+            " WHERE id = %s AND status = 'processed' AND (%s::text IS NULL OR owner = %s)",
+            (id, owner, owner))
         return _file(rows[0]) if rows else None
 
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
@@ -549,20 +548,21 @@ class PostgresStore:
     async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
         rows = await self._query(
             f"read batch {id!r}",
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = %s"
-            " AND (%s::text IS NULL OR owner = %s)", (id, owner, owner))
+            "SELECT id, owner, status, created_at, record FROM batches"
+            " WHERE id = %s AND (%s::text IS NULL OR owner = %s)", (id, owner, owner))
         return _batch(rows[0]) if rows else None
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
         if after is None:
             rows = await self._query(
                 "list batches",
-                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE owner = %s"
+                "SELECT id, owner, status, created_at, record FROM batches WHERE owner = %s"
                 " ORDER BY created_at DESC, id DESC LIMIT %s", (owner, limit))
         else:
             rows = await self._query(
                 "list batches",
-                f"SELECT {_BATCH_COLUMNS} FROM batches b WHERE owner = %s AND EXISTS ("
+                "SELECT id, owner, status, created_at, record FROM batches b"
+                " WHERE owner = %s AND EXISTS ("
                 " SELECT 1 FROM batches a WHERE a.id = %s AND a.owner = b.owner"
                 " AND (b.created_at, b.id) < (a.created_at, a.id))"
                 " ORDER BY created_at DESC, id DESC LIMIT %s", (owner, after, limit))
@@ -578,7 +578,8 @@ class PostgresStore:
     async def active_batches(self) -> list[BatchRow]:
         rows = await self._query(
             "list active batches",
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN {_ACTIVE}"
+            "SELECT id, owner, status, created_at, record FROM batches"
+            " WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
             " ORDER BY created_at, id")
         return [_batch(r) for r in rows]
 

@@ -85,16 +85,48 @@ _LAST_ACTIVITY = (
     "SELECT ((julianday('now') - 2440587.5) * 86400.0) - at FROM activity WHERE model = ?"
 )
 
-_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _PUT_RESPONSE = (
     "INSERT INTO responses (id, owner, body, context, expires_at)"
-    f" VALUES (?, ?, ?, ?, {_NOW} + ?)"
+    " VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0) + ?)"
     " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, body = excluded.body,"
     " context = excluded.context, expires_at = excluded.expires_at"
 )
-_FILE_COLUMNS = "id, owner, purpose, filename, bytes, created_at, status"
-_BATCH_COLUMNS = "id, owner, status, created_at, CAST(record AS BLOB)"
-_ACTIVE = ("'validating', 'in_progress', 'finalizing', 'cancelling'")
+_GET_RESPONSE = (
+    "SELECT CAST(body AS BLOB), CAST(context AS BLOB) FROM responses"
+    " WHERE id = ? AND owner = ? AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+)
+_DELETE_RESPONSE = (
+    "DELETE FROM responses"
+    " WHERE id = ? AND owner = ? AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+)
+_PURGE_RESPONSES = (
+    "DELETE FROM responses WHERE expires_at <= ((julianday('now') - 2440587.5) * 86400.0)"
+)
+# Files and batches are read by their owner, or by anyone when the owner given is NULL
+# (the batch worker).
+_GET_FILE = (
+    "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
+    " WHERE id = ? AND status = 'processed' AND (? IS NULL OR owner = ?)"
+)
+_GET_BATCH = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
+    " WHERE id = ? AND (? IS NULL OR owner = ?)"
+)
+_LIST_BATCHES = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches WHERE owner = ?"
+    " ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+_LIST_BATCHES_AFTER = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches b"
+    " WHERE owner = ? AND EXISTS (SELECT 1 FROM batches a WHERE a.id = ? AND a.owner = b.owner"
+    " AND (b.created_at < a.created_at OR (b.created_at = a.created_at AND b.id < a.id)))"
+    " ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+_ACTIVE_BATCHES = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
+    " WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
+    " ORDER BY created_at, id"
+)
 
 _SELECT_MODELS = (
     "SELECT name, CAST(definition AS BLOB), added_by, added_at, updated_by, updated_at"
@@ -520,22 +552,20 @@ class SqliteStore:
         await self._conn(self._writes).run(lambda db: db.execute(_PUT_RESPONSE, row))
 
     async def get_response(self, id: str, owner: str) -> StoredResponse | None:
-        row = await self._conn(self._reads).run(lambda db: db.execute(
-            "SELECT CAST(body AS BLOB), CAST(context AS BLOB) FROM responses"
-            f" WHERE id = ? AND owner = ? AND expires_at > {_NOW}", (id, owner)).fetchone())
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_RESPONSE, (id, owner)).fetchone())
         if row is None:
             return None
         return StoredResponse(id=id, owner=owner, body=bytes(row[0]), context=bytes(row[1]))
 
     async def delete_response(self, id: str, owner: str) -> bool:
-        count = await self._conn(self._writes).run(lambda db: db.execute(
-            f"DELETE FROM responses WHERE id = ? AND owner = ? AND expires_at > {_NOW}",
-            (id, owner)).rowcount)
+        count = await self._conn(self._writes).run(
+            lambda db: db.execute(_DELETE_RESPONSE, (id, owner)).rowcount)
         return bool(count > 0)
 
     async def purge_responses(self) -> int:
-        count = await self._conn(self._writes).run(lambda db: db.execute(
-            f"DELETE FROM responses WHERE expires_at <= {_NOW}").rowcount)
+        count = await self._conn(self._writes).run(
+            lambda db: db.execute(_PURGE_RESPONSES).rowcount)
         return int(count)
 
     # --- files ----------------------------------------------------------------------
@@ -544,7 +574,8 @@ class SqliteStore:
         row = (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at,
                "uploading")
         await self._conn(self._writes).run(lambda db: db.execute(
-            f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
 
     async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
         await self._conn(self._writes).run(lambda db: db.execute(
@@ -556,12 +587,8 @@ class SqliteStore:
             "UPDATE files SET status = 'processed', bytes = ? WHERE id = ?", (size, file_id)))
 
     async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
-        query = f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND status = 'processed'"
-        params: tuple[str, ...] = (id,)
-        if owner is not None:
-            query += " AND owner = ?"
-            params = (id, owner)
-        row = await self._conn(self._reads).run(lambda db: db.execute(query, params).fetchone())
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_FILE, (id, owner, owner)).fetchone())
         return None if row is None else _file(row)
 
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
@@ -603,26 +630,15 @@ class SqliteStore:
             row))
 
     async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
-        query = f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?"
-        params: tuple[str, ...] = (id,)
-        if owner is not None:
-            query += " AND owner = ?"
-            params = (id, owner)
-        row = await self._conn(self._reads).run(lambda db: db.execute(query, params).fetchone())
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_BATCH, (id, owner, owner)).fetchone())
         return None if row is None else _batch(row)
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
         def run(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
             if after is None:
-                return db.execute(
-                    f"SELECT {_BATCH_COLUMNS} FROM batches WHERE owner = ?"
-                    " ORDER BY created_at DESC, id DESC LIMIT ?", (owner, limit)).fetchall()
-            return db.execute(
-                f"SELECT {_BATCH_COLUMNS} FROM batches b WHERE owner = ? AND EXISTS ("
-                " SELECT 1 FROM batches a WHERE a.id = ? AND a.owner = b.owner"
-                " AND (b.created_at < a.created_at"
-                " OR (b.created_at = a.created_at AND b.id < a.id)))"
-                " ORDER BY created_at DESC, id DESC LIMIT ?", (owner, after, limit)).fetchall()
+                return db.execute(_LIST_BATCHES, (owner, limit)).fetchall()
+            return db.execute(_LIST_BATCHES_AFTER, (owner, after, limit)).fetchall()
 
         return [_batch(r) for r in await self._conn(self._reads).run(run)]
 
@@ -633,9 +649,8 @@ class SqliteStore:
         return bool(count > 0)
 
     async def active_batches(self) -> list[BatchRow]:
-        rows = await self._conn(self._reads).run(lambda db: db.execute(
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN ({_ACTIVE})"
-            " ORDER BY created_at, id").fetchall())
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_ACTIVE_BATCHES).fetchall())
         return [_batch(r) for r in rows]
 
     async def put_batch_results(self, batch_id: str, results: list[BatchResult]) -> None:

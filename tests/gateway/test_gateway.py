@@ -136,7 +136,7 @@ async def test_bad_input_gets_openai_shaped_errors_and_others_are_still_served(
         (await post("/v1/chat/completions", json={"model": "nope"}), 404, "model"),
         (await post("/v1/chat/completions", json={"model": "m", "pad": "x" * 2000}), 413, None),
         (await gw.client.get("/v1/chat/completions"), 405, None),
-        (await post("/v1/files", json={}), 404, None),
+        (await post("/v1/assistants", json={}), 404, None),
     ]
     for response, status, param in cases:
         assert response.status_code == status, (response.status_code, response.text)
