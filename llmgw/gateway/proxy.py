@@ -59,6 +59,7 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
+from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
     Message,
@@ -283,6 +284,12 @@ class Forwarder:
 
     def body_for(self, req: ForwardRequest, model: Model) -> bytes:
         served = model.engine_model_name
+        if needs_rewrite(model.engine, req.path, req.body):
+            key = f"{served}\0{model.engine}"
+            body = req.bodies.get(key)
+            if body is None:
+                body = req.bodies[key] = for_llama_cpp(req.body, served)
+            return body
         if served == req.model:
             return req.body
         body = req.bodies.get(served)

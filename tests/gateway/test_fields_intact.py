@@ -81,6 +81,21 @@ async def test_response_format_json_schema(setup) -> None:  # type: ignore[no-un
     received(engine, sent)
 
 
+async def test_a_llama_cpp_model_gets_the_schema_in_the_shape_its_server_takes(
+        make_gateway: GatewayFactory, engines) -> None:
+    """For llama.cpp only, json_schema is sent as json_object + schema; the rest byte for byte."""
+    engine = await engines("llama")
+    gw = await make_gateway([chat_model("local")])        # a scheduled llama.cpp model
+    gw.backend.set_endpoints("local", [engine.url])
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    await client.chat.completions.create(
+        model="local", messages=MESSAGES, seed=3, response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert engine.requests[-1] == {"model": "local", "messages": MESSAGES, "seed": 3,
+                                   "response_format": {"type": "json_object", "schema": schema}}
+
+
 async def test_n_choices_come_back_as_the_engine_sent_them(setup) -> None:  # type: ignore[no-untyped-def]
     """n > 1 reaches the engine and every choice reaches the client, in order."""
     _, client, engine = setup

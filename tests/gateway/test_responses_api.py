@@ -9,6 +9,7 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.keys import add_key
 from tests.gateway.conftest import GatewayFactory, GatewayHandle, chat_model
 from tests.gateway.engine import FakeEngine
@@ -223,3 +224,19 @@ async def test_built_in_tools_are_refused_for_a_translated_model(setup) -> None:
                                       tools=[{"type": "web_search"}])
     assert err.value.body["param"] == "tools[0]"  # type: ignore[index]
     assert engine.requests == []
+
+
+async def test_a_store_outage_is_a_503_for_reads_and_never_costs_an_answer(setup) -> None:  # type: ignore[no-untyped-def]
+    """With the store down, retrieve is 503; a new response is still answered, just not kept."""
+    gw, client, _, _, _ = setup
+
+    async def down(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailableError("SQLite database x could not be read; check the disk")
+
+    gw.store.get_response = down  # type: ignore[method-assign]
+    gw.store.put_response = down  # type: ignore[method-assign]
+    with pytest.raises(openai.InternalServerError) as err:
+        await client.responses.retrieve("resp_x")
+    assert err.value.status_code == 503
+    answered = await client.responses.create(model="chat", input="still there?")
+    assert answered.output_text == "hello from llama"
