@@ -47,7 +47,7 @@ import msgspec
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, StoreUnavailableError
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
@@ -158,6 +158,15 @@ class Gateway:
     @property
     def catalog(self) -> Catalog:
         return self.models.catalog
+
+    @property
+    def state(self) -> Store:
+        if not self.store.is_open:
+            raise StoreUnavailableError(
+                "the store is not open (it was unreachable when llmgw started, and is being "
+                "retried): responses, files and batches are unavailable until it is; check "
+                "database: in server.yaml")
+        return self.store
 
     def now(self) -> float:
         return self._loop_time()

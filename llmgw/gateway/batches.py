@@ -124,7 +124,7 @@ class BatchesEndpoint:
         if rest:
             await _send_json(send, api(await self._cancel(id, key.name)))
             return
-        row = await self.core.store.get_batch(id, key.name)
+        row = await self.core.state.get_batch(id, key.name)
         if row is None:
             raise _not_found(id)
         await _send_json(send, api(decode_record(row.record)))
@@ -143,7 +143,7 @@ class BatchesEndpoint:
         if not 0 < window <= MAX_WINDOW:
             raise InvalidRequestError("completion_window: give a duration up to 7d (e.g. 24h)",
                                       field="completion_window")
-        file = await core.store.get_file(request.input_file_id, key.name)
+        file = await core.state.get_file(request.input_file_id, key.name)
         if file is None:
             raise file_not_found(request.input_file_id)
         if file.purpose != "batch":
@@ -155,7 +155,7 @@ class BatchesEndpoint:
             id=new_batch_id(), owner=key.name, endpoint=request.endpoint,
             input_file_id=file.id, completion_window=request.completion_window,
             created_at=now, expires_at=now + int(window), metadata=request.metadata)
-        await core.store.create_batch(row_of(record))
+        await core.state.create_batch(row_of(record))
         self.worker.wake()
         await _send_json(send, api(record))
 
@@ -170,7 +170,7 @@ class BatchesEndpoint:
                                       field="limit") from None
         if not 1 <= limit <= 100:
             raise InvalidRequestError("limit: must be from 1 to 100", field="limit")
-        rows = await self.core.store.list_batches(key.name, after, limit + 1)
+        rows = await self.core.state.list_batches(key.name, after, limit + 1)
         data = [api(decode_record(r.record)) for r in rows[:limit]]
         await _send_json(send, {"object": "list", "data": data,
                                 "first_id": data[0]["id"] if data else None,
@@ -178,7 +178,7 @@ class BatchesEndpoint:
                                 "has_more": len(rows) > limit})
 
     async def _cancel(self, id: str, owner: str) -> BatchRecord:
-        store = self.core.store
+        store = self.core.state
         for _ in range(10):
             row = await store.get_batch(id, owner)
             if row is None:

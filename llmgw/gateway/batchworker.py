@@ -125,15 +125,20 @@ class BatchWorker:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await self.core.store.release_lease(LEASE, self.holder)
+            await self.core.state.release_lease(LEASE, self.holder)
 
     async def _run(self) -> None:
+        outage: str | None = None       # logged once, not on every poll
         while True:
             try:
-                if await self.core.store.try_lease(LEASE, self.holder, self.lease_ttl):
+                if await self.core.state.try_lease(LEASE, self.holder, self.lease_ttl):
                     await self._hold_and_work()
+                outage = None
             except StoreUnavailableError as exc:
-                log.warning("batch worker: the store is unreachable, retrying: %s", exc.message)
+                if exc.message != outage:
+                    log.warning("batch worker: the store is unavailable; batches wait until it "
+                                "is back: %s", exc.message)
+                outage = exc.message
             except Exception:
                 log.exception("batch worker failed; retrying on the next poll")
             with contextlib.suppress(TimeoutError):
@@ -150,7 +155,7 @@ class BatchWorker:
                 if done:
                     break
                 try:
-                    kept = await self.core.store.try_lease(LEASE, self.holder, self.lease_ttl)
+                    kept = await self.core.state.try_lease(LEASE, self.holder, self.lease_ttl)
                 except StoreUnavailableError:
                     kept = False
                 if not kept:
@@ -166,7 +171,7 @@ class BatchWorker:
             raise work.exception()  # type: ignore[misc]
 
     async def _work(self) -> None:
-        store = self.core.store
+        store = self.core.state
         now = time.monotonic()
         if now - self._housekept >= HOUSEKEEPING_EVERY:
             self._housekept = now
@@ -180,18 +185,19 @@ class BatchWorker:
     # ------------------------------------------------------------ one batch
 
     async def _save(self, record: BatchRecord, expect: str) -> bool:
-        return await self.core.store.update_batch(_row(record), expect)
+        return await self.core.state.update_batch(_row(record), expect)
 
     async def _current(self, id: str) -> BatchRecord | None:
-        row = await self.core.store.get_batch(id, None)
+        row = await self.core.state.get_batch(id, None)
         return None if row is None else decode_record(row.record)
 
     async def _drive(self, record: BatchRecord) -> None:
         if record.status == "validating":
             if time.time() >= record.expires_at:
-                record.status = "finalizing"
-                record.outcome = "expired"
-                record.finalizing_at = int(time.time())
+                # Never ran: every line is reported batch_expired, as if the window closed
+                # before its first line (which _execute does on seeing the time).
+                record.status = "in_progress"
+                record.in_progress_at = int(time.time())
                 if not await self._save(record, "validating"):
                     return
             elif not await self._validate(record):
@@ -205,7 +211,7 @@ class BatchWorker:
         splitter = LineSplitter(int(self.core.config.gateway.max_body_size))
         seq = 0
         while True:
-            chunks = await self.core.store.read_file_chunks(file_id, seq, 1)
+            chunks = await self.core.state.read_file_chunks(file_id, seq, 1)
             if not chunks:
                 break
             seq += 1
@@ -228,7 +234,7 @@ class BatchWorker:
                 code="key_revoked", message=f"the API key {record.owner!r} that created this "
                 "batch no longer exists")])
             return False
-        file = await self.core.store.get_file(record.input_file_id, None)
+        file = await self.core.state.get_file(record.input_file_id, None)
         if file is None:
             await self._fail(record, "validating", [BatchError(
                 code="file_not_found", message=f"input file {record.input_file_id!r} was "
@@ -260,7 +266,7 @@ class BatchWorker:
         return await self._save(record, "validating")
 
     async def _execute(self, record: BatchRecord) -> None:
-        store = self.core.store
+        store = self.core.state
         file = await store.get_file(record.input_file_id, None)
         if file is None:
             record.outcome = "failed"
@@ -343,7 +349,7 @@ class BatchWorker:
 
     async def _record(self, record: BatchRecord, progress: _Progress, number: int, ok: bool,
                       line: bytes) -> None:
-        await self.core.store.put_batch_results(record.id, [BatchResult(line=number, ok=ok,
+        await self.core.state.put_batch_results(record.id, [BatchResult(line=number, ok=ok,
                                                                         data=line)])
         if ok:
             record.completed += 1
@@ -375,7 +381,7 @@ class BatchWorker:
 
     async def _finalize(self, record: BatchRecord) -> None:
         """Write the output and error files from the results, then the final state."""
-        store = self.core.store
+        store = self.core.state
         expect = record.status
         outcome = "cancelled" if expect == "cancelling" else (record.outcome or "completed")
         now = int(time.time())
@@ -392,6 +398,7 @@ class BatchWorker:
                     wrote[result.ok] = True
                 after = page[-1].line
             record.completed, record.failed = await store.count_batch_results(record.id)
+            record.total = max(record.total, record.completed + record.failed)
             for ok in (True, False):
                 if wrote[ok]:
                     done = await files[ok].finish()
@@ -405,8 +412,6 @@ class BatchWorker:
             raise
         record.status = outcome
         setattr(record, f"{outcome}_at", int(time.time()))
-        if outcome == "failed":
-            record.failed_at = int(time.time())
         if not await self._save(record, expect):
             for writer in files.values():
                 await writer.abort()

@@ -63,6 +63,10 @@ class Core(Protocol):
     @property
     def catalog(self) -> Catalog: ...
 
+    @property
+    def state(self) -> Store:
+        """The store, for the stateful endpoints; 503 while it is not open."""
+
     def authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
         """The caller's key (401 if none is valid); no rate limit is charged."""
 

@@ -141,7 +141,7 @@ class FilesEndpoint:
         if method not in allowed:
             raise MethodNotAllowedError(f"{method} {path}: use {' or '.join(allowed)}")
         key = self.core.authenticate(scope["headers"])
-        store = self.core.store
+        store = self.core.state
         if method == "DELETE":
             if not await store.delete_file(id, key.name):
                 raise not_found(id)
@@ -178,7 +178,7 @@ class FilesEndpoint:
         if declared is not None and declared.isdigit() and \
                 int(declared) > limit + _FORM_OVERHEAD:
             raise BodyTooLargeError(_too_large(int(declared), limit))
-        upload = _Upload(self.core.store, key.name, limit)
+        upload = _Upload(self.core.state, key.name, limit)
         try:
             record = await upload.read(receive, MultipartReader(boundary))
         except BaseException:

@@ -120,7 +120,7 @@ class ResponsesEndpoint:
         if method not in ("GET", "DELETE"):
             raise MethodNotAllowedError(f"{method} {scope['path']}: use GET or DELETE")
         key = self.core.authenticate(scope["headers"])
-        store = self.core.store
+        store = self.core.state
         if method == "GET":
             stored = await store.get_response(id, key.name)
             if stored is None:
@@ -149,7 +149,7 @@ class _Create:
         items = input_items(raw)
         previous = raw.get("previous_response_id")
         if previous is not None:
-            stored = await core.store.get_response(previous, call.key.name)
+            stored = await core.state.get_response(previous, call.key.name)
             if stored is None:
                 raise _not_found(previous, "previous_response_id")
             items = [*_decode(stored.context), *items]
@@ -288,7 +288,7 @@ class _Answer:
                                 context=_encode(context_after(self._items, response)))
         retention = float(self._core.config.gateway.responses_retention)
         try:
-            await self._core.store.put_response(record, retention)
+            await self._core.state.put_response(record, retention)
         except StoreUnavailableError as exc:
             log.warning("response %s was answered but could not be stored, so it cannot be "
                         "retrieved or continued: %s", record.id, exc.message)

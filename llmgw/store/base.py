@@ -116,6 +116,14 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def is_open(self) -> bool:
+        """Whether ``open()`` succeeded and ``close()`` has not been called.
+
+        A server whose store was unreachable at start-up runs with it unopened
+        until it can be opened; callers that may run meanwhile ask first.
+        """
+
     async def models(self) -> list[StoredModel]:
         """All runtime models, read without taking the catalog lock."""
 

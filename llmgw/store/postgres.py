@@ -318,6 +318,10 @@ class PostgresStore:
         if pool is not None:
             await pool.close()
 
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
     @asynccontextmanager
     async def _connection(self, doing: str) -> AsyncIterator[Conn]:
         if self._pool is None:

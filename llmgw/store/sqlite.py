@@ -468,6 +468,10 @@ class SqliteStore:
             if conn is not None:
                 await conn.close()
 
+    @property
+    def is_open(self) -> bool:
+        return self._catalog is not None
+
     def _conn(self, conn: _Connection | None) -> _Connection:
         if conn is None:
             raise RuntimeError(f"SqliteStore({self.path}) is not open; await open() first")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,25 @@ async def test_a_batch_past_its_window_expires_with_the_rest_in_the_error_file(s
     assert done.request_counts.completed + len(errors) == 400
 
 
+async def test_a_batch_that_expires_before_it_runs_reports_every_line_expired(setup) -> None:  # type: ignore[no-untyped-def]
+    """With the worker away past the window, the batch ends expired, all lines in the error
+    file as batch_expired, none sent."""
+    gw, client, engine, _ = setup
+    await gw.gateway.batch_worker.close()
+    file_id = await upload(client, b"".join(line(i) for i in range(5)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="1s")  # type: ignore[arg-type]
+    await wait_for(lambda: time.time() >= batch.expires_at, what="the window to close")
+    gw.gateway.batch_worker.start()
+    done = await finished(client, batch.id)
+    assert done.status == "expired"
+    assert done.request_counts.model_dump() == {"total": 5, "completed": 0, "failed": 5}
+    errors = jsonl((await client.files.content(done.error_file_id)).content)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == \
+        [(f"req-{i}", "batch_expired") for i in range(5)]
+    assert engine.requests == []
+
+
 async def test_batches_belong_to_their_key_and_are_listed_newest_first(setup) -> None:  # type: ignore[no-untyped-def]
     """Another key cannot see a batch; list pages through the owner's batches."""
     gw, client, _, other_key = setup
@@ -337,3 +357,18 @@ async def test_batch_lines_are_sent_at_the_batch_priority_within_the_concurrency
     assert peak == 3
     assert priorities == ["batch"] * 30
 
+
+
+async def test_files_and_batches_answer_503_while_the_store_is_not_open(
+        make_gateway: GatewayFactory, engines) -> None:
+    """A store that could not be opened at start-up makes these endpoints 503, not 500."""
+    engine = await engines("e")
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
+    await gw.store.close()
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    for call in (client.files.retrieve("file-1"), client.batches.retrieve("batch_1"),
+                 client.responses.retrieve("resp_1")):
+        with pytest.raises(openai.InternalServerError) as err:
+            await call
+        assert err.value.status_code == 503
+        assert "store is not open" in err.value.message
