@@ -279,6 +279,7 @@ class BatchWorker:
         record.completed, record.failed = await store.count_batch_results(record.id)
         saver = asyncio.create_task(self._keep_saving(record, progress))
         in_flight: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []
         stopped: str | None = None
         try:
             async for number, data in self._lines(file.id):
@@ -301,10 +302,18 @@ class BatchWorker:
                         parsed.custom_id, "invalid_request", parsed.message))
                 else:
                     await self._slots.acquire()
+                    if failed:
+                        self._slots.release()
+                        break
                     task = asyncio.create_task(self._one(record, progress, number, parsed))
                     in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-            await asyncio.gather(*in_flight)
+                    # Released here, not in _one: a task cancelled before it first runs
+                    # never executes its finally, and the slot would be lost for good.
+                    task.add_done_callback(self._done(in_flight, failed))
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            if failed:
+                # The lines whose results could not be stored run again on the next pass.
+                raise failed[0]
         finally:
             for task in in_flight:
                 task.cancel()
@@ -314,6 +323,16 @@ class BatchWorker:
         stopped = stopped or progress.stopped
         record.outcome = stopped or "completed"
         await self._to_finalizing(record, progress)
+
+    def _done(self, in_flight: set[asyncio.Task[None]], failed: list[BaseException]
+              ) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            self._slots.release()
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                failed.append(exc)
+
+        return done
 
     async def _to_finalizing(self, record: BatchRecord, progress: _Progress | None = None) -> None:
         if progress is not None:
@@ -359,25 +378,22 @@ class BatchWorker:
 
     async def _one(self, record: BatchRecord, progress: _Progress, number: int,
                    request: Request) -> None:
-        try:
-            status, body = 0, b""
-            for attempt in range(MAX_TRIES):
-                self.lines_sent += 1
-                status, body = await self.core.execute(record.endpoint, request.body,
-                                                       request.model, priority="batch")
-                if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
-                    break
-                left = record.expires_at - time.time()
-                if left <= 0:
-                    break
-                await asyncio.sleep(min(self.retry_base * 2 ** attempt, left))
-            ok = 200 <= status < 300
-            self.core.metrics.batch_lines.labels(request.model,
-                                                 "succeeded" if ok else "failed").inc()
-            await self._record(record, progress, number, ok,
-                               output_line(request.custom_id, status, body))
-        finally:
-            self._slots.release()
+        status, body = 0, b""
+        for attempt in range(MAX_TRIES):
+            self.lines_sent += 1
+            status, body = await self.core.execute(record.endpoint, request.body,
+                                                   request.model, priority="batch")
+            if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
+                break
+            left = record.expires_at - time.time()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(self.retry_base * 2 ** attempt, left))
+        ok = 200 <= status < 300
+        self.core.metrics.batch_lines.labels(request.model,
+                                             "succeeded" if ok else "failed").inc()
+        await self._record(record, progress, number, ok,
+                           output_line(request.custom_id, status, body))
 
     async def _finalize(self, record: BatchRecord) -> None:
         """Write the output and error files from the results, then the final state."""

@@ -261,7 +261,16 @@ class _Connection:
         try:
             if self._db is None:
                 self._db = self._connect()
-            return fn(self._db)
+            result = fn(self._db)
+            if isinstance(result, sqlite3.Cursor):
+                # A cursor must be finalized on its connection's thread. Handed back
+                # to the event loop and freed there, it resets its cached statement
+                # while this thread may be running the same statement for the next
+                # call: SQLITE_MISUSE ("bad parameter or other API misuse") under a
+                # stream of identical writes.
+                result.close()
+                return None  # type: ignore[return-value]
+            return result
         except sqlite3.Error as exc:
             raise self.unavailable(exc) from exc
 

@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.keys import add_key
 from llmgw.store.base import CHUNK_SIZE
 from tests.gateway.conftest import GatewayFactory, GatewayHandle, chat_model, wait_for
@@ -372,3 +373,31 @@ async def test_files_and_batches_answer_503_while_the_store_is_not_open(
             await call
         assert err.value.status_code == 503
         assert "store is not open" in err.value.message
+
+
+async def test_a_result_that_cannot_be_stored_reruns_its_line_and_loses_none(
+        make_gateway: GatewayFactory, engines) -> None:
+    """A store failure while recording a line stops the pass; the next pass runs that line
+    again, and the output still has every line exactly once."""
+    engine = await engines("e")
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
+    original = gw.store.put_batch_results
+    calls = 0
+
+    async def flaky(batch_id: str, results: list[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 7:
+            raise StoreUnavailableError("SQLite database x could not be written; check the disk")
+        await original(batch_id, results)
+
+    gw.store.put_batch_results = flaky  # type: ignore[method-assign]
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    file_id = await upload(client, b"".join(line(i) for i in range(20)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="24h")
+    done = await finished(client, batch.id)
+    assert done.request_counts.model_dump() == {"total": 20, "completed": 20, "failed": 0}
+    output = jsonl((await client.files.content(done.output_file_id)).content)
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
+    assert sum(seen_lines(engine).values()) == 21

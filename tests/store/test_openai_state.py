@@ -180,3 +180,12 @@ async def test_two_stores_writing_results_concurrently_lose_nothing(
 
     await asyncio.gather(write(a, range(1, 60)), write(b, range(30, 90)))
     assert await a.batch_result_lines("batch_1", 0) == list(range(1, 90))
+
+
+async def test_many_identical_writes_at_once_all_land(store: AnyStore) -> None:
+    """A burst of concurrent writes of one statement on one store (the batch worker's pattern)
+    records every row: no write fails or is lost."""
+    await asyncio.gather(*(store.put_batch_results("batch_1", [BatchResult(line=n, ok=True,
+                                                                           data=b"x")])
+                           for n in range(1, 1501)))
+    assert await store.count_batch_results("batch_1") == (1500, 0)
