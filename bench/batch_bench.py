@@ -173,6 +173,8 @@ async def measure(url: str, pid: int, args: argparse.Namespace, data: bytes) -> 
     assert isinstance(counts, dict)
     print(f"    batch {final['status']}: {counts['completed']:,} completed, {counts['failed']} "
           f"failed in {took:.1f} s ({args.lines / took:,.0f} lines/s)")
+    if counts["completed"] + counts["failed"] != args.lines:
+        print(f"    !! {args.lines - counts['completed'] - counts['failed']} lines unaccounted for")
     alone, during = load.samples["alone"], load.samples["batch"]
     return {"base_p50": statistics.median(alone), "base_p95": p95(alone),
             "p50": statistics.median(during), "p95": p95(during),

@@ -399,27 +399,22 @@ class Gateway:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
         No key is checked here: the batch's lines were checked against its
-        owner's key when it was validated.
+        owner's key when it was validated. Nor is the line counted as a client's
+        request (requests_total, request_duration: what interactive users get);
+        the worker counts it in batch_lines_total.
         """
-        started = self._loop_time()
         call = Call()
         answer = _Collected()
-        status = 500
         try:
             chain = self.chain_for(model, None, path, call)
-            mm = self.metrics.for_model(chain[0].name)
+            assert call.metrics is not None   # chain_for set it
             call.request = ForwardRequest(path=path, body=body, model=model, stream=False,
-                                          headers=_INTERNAL_HEADERS, started=started,
-                                          metrics=mm, priority=priority)
-            status = await self._serve(call.request, chain, _never, answer.send)
-            answer.status = status
+                                          headers=_INTERNAL_HEADERS, started=self._loop_time(),
+                                          metrics=call.metrics, priority=priority)
+            answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
-            status = answer.status = err.status
+            answer.status = err.status
             answer.body = [error_json(err)]
-        finally:
-            mm = call.metrics or self.metrics.for_model("")
-            mm.done(status)
-            mm.latency.observe(self._loop_time() - started)
         return answer.status, b"".join(answer.body)
 
     async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,

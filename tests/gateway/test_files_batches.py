@@ -401,3 +401,19 @@ async def test_a_result_that_cannot_be_stored_reruns_its_line_and_loses_none(
     output = jsonl((await client.files.content(done.output_file_id)).content)
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
     assert sum(seen_lines(engine).values()) == 21
+
+
+async def test_batch_lines_are_counted_apart_from_clients_requests(
+        make_gateway: GatewayFactory, engines) -> None:
+    """/metrics counts batch lines in batch_lines_total, not in the clients' requests_total."""
+    engine = await engines("e")
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="chat", messages=[])
+    file_id = await upload(client, b"".join(line(i) for i in range(6)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="24h")
+    await finished(client, batch.id)
+    metrics = (await gw.client.get("/metrics")).text
+    assert 'llmgw_gateway_batch_lines_total{model="chat",outcome="succeeded"} 6.0' in metrics
+    assert 'llmgw_gateway_requests_total{model="chat",status="200"} 1.0' in metrics
