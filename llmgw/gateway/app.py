@@ -68,12 +68,12 @@ from llmgw.gateway.errors import (
     error_json,
     send_error,
 )
-from llmgw.gateway.exchange import Call, Exchange
+from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
-from llmgw.gateway.proxy import Forwarder, ForwardRequest
+from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
 from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import Balancer
@@ -394,8 +394,8 @@ class Gateway:
                           if (fb := catalog.get(fb_name)) is not None)]
         return capable_chain(chain, path)
 
-    async def execute(self, path: str, body: bytes, model: str, *,
-                      priority: str = "batch") -> tuple[int, bytes]:
+    async def execute(self, path: str, body: bytes, model: str, *, priority: str = "batch",
+                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
         No key is checked here: the batch's lines were checked against its
@@ -410,12 +410,13 @@ class Gateway:
             assert call.metrics is not None   # chain_for set it
             call.request = ForwardRequest(path=path, body=body, model=model, stream=False,
                                           headers=_INTERNAL_HEADERS, started=self._loop_time(),
-                                          metrics=call.metrics, priority=priority)
+                                          metrics=call.metrics, priority=priority,
+                                          variant=variant)
             answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
             answer.status = err.status
             answer.body = [error_json(err)]
-        return answer.status, b"".join(answer.body)
+        return Executed(answer.status, b"".join(answer.body), answer.model)
 
     async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,
                      send: Send) -> int:
@@ -470,15 +471,18 @@ _INTERNAL_HEADERS = [(b"content-type", b"application/json")]
 class _Collected:
     """An ASGI ``send`` that keeps the response, for requests the gateway makes itself."""
 
-    __slots__ = ("body", "status")
+    __slots__ = ("body", "model", "status")
 
     def __init__(self) -> None:
         self.status = 500
         self.body: list[bytes] = []
+        self.model: str | None = None
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            name = header(message["headers"], b"x-llmgw-model")
+            self.model = name.decode() if name is not None else None
         elif message.get("body"):
             self.body.append(message["body"])
 

@@ -39,8 +39,8 @@ from llmgw.gateway.errors import InvalidRequestError
 from llmgw.gateway.request import RequestHead
 
 # Endpoints a batch may target: those whose answer is one JSON object.
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank",
-             "/v1/score")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+             "/v1/rerank", "/v1/score")
 FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # Validation errors kept on a failed batch; a file with a systematic mistake
 # would otherwise carry one per line.

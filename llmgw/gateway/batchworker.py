@@ -69,6 +69,8 @@ from llmgw.gateway.capabilities import describe, serves
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.files import FileWriter, new_file_id
 from llmgw.gateway.keys import ApiKey
+from llmgw.gateway.responses_api import PATH as RESPONSES
+from llmgw.gateway.responses_api import batch_response
 from llmgw.store.base import BatchResult, BatchRow, FileRecord
 
 log = logging.getLogger("llmgw.gateway.batches")
@@ -381,8 +383,11 @@ class BatchWorker:
         status, body = 0, b""
         for attempt in range(MAX_TRIES):
             self.lines_sent += 1
-            status, body = await self.core.execute(record.endpoint, request.body,
-                                                   request.model, priority="batch")
+            if record.endpoint == RESPONSES:
+                status, body = await batch_response(self.core, request.body, record.owner)
+            else:
+                status, body, _ = await self.core.execute(record.endpoint, request.body,
+                                                          request.model, priority="batch")
             if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
                 break
             left = record.expires_at - time.time()

@@ -17,8 +17,8 @@ into Responses events).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
@@ -26,7 +26,7 @@ from llmgw.config import ServerConfig
 from llmgw.gateway.errors import Receive, Scope, Send
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
-from llmgw.gateway.proxy import ForwardRequest
+from llmgw.gateway.proxy import Body, ForwardRequest
 from llmgw.store.base import Store
 
 
@@ -42,6 +42,14 @@ class Call:
 
     def responded(self) -> bool:
         return self.request is not None and self.request.responded
+
+
+class Executed(NamedTuple):
+    """The answer to a request the gateway made itself."""
+
+    status: int
+    body: bytes
+    model: str | None      # the model that answered (a fallback's name if one did)
 
 
 class Exchange(Protocol):
@@ -84,9 +92,9 @@ class Core(Protocol):
                         exchange: Exchange | None = None) -> None:
         """Serve one inference request end to end, ``exchange`` shaping it."""
 
-    async def execute(self, path: str, body: bytes, model: str, *,
-                      priority: str = "batch") -> tuple[int, bytes]:
-        """Run one request on behalf of the gateway itself; its status and response body."""
+    async def execute(self, path: str, body: bytes, model: str, *, priority: str = "batch",
+                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
+        """Run one request on behalf of the gateway itself (``variant``: as ForwardRequest's)."""
 
     def now(self) -> float:
         """The gateway's loop clock (monotonic seconds)."""

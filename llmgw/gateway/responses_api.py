@@ -43,6 +43,7 @@ from llmgw.gateway.errors import (
     Scope,
     Send,
     UnknownPathError,
+    error_json,
     send_error,
 )
 from llmgw.gateway.exchange import Call, Core
@@ -280,15 +281,59 @@ class _Answer:
         return _encode(response)
 
     async def _store(self, response: Json) -> None:
-        if self._stored or not self._keep or response.get("status") == "failed":
+        if self._stored or not self._keep:
             return
         self._stored = True
-        record = StoredResponse(id=str(response.get("id")), owner=self._owner,
-                                body=_encode(response),
-                                context=_encode(context_after(self._items, response)))
-        retention = float(self._core.config.gateway.responses_retention)
-        try:
-            await self._core.state.put_response(record, retention)
-        except StoreUnavailableError as exc:
-            log.warning("response %s was answered but could not be stored, so it cannot be "
-                        "retrieved or continued: %s", record.id, exc.message)
+        await keep(self._core, self._owner, self._items, response)
+
+
+async def keep(core: Core, owner: str, items: list[Json], response: Json) -> None:
+    """Store a finished response with its conversation; a store that is down costs nothing
+    but the ability to retrieve or continue it (logged)."""
+    if response.get("status") == "failed":
+        return
+    record = StoredResponse(id=str(response.get("id")), owner=owner, body=_encode(response),
+                            context=_encode(context_after(items, response)))
+    try:
+        await core.state.put_response(record, float(core.config.gateway.responses_retention))
+    except StoreUnavailableError as exc:
+        log.warning("response %s was answered but could not be stored, so it cannot be "
+                    "retrieved or continued: %s", record.id, exc.message)
+
+
+async def batch_response(core: Core, body: bytes, owner: str) -> tuple[int, bytes]:
+    """One ``/v1/responses`` line of a batch: the same resolution, variants and storage as a
+    client's request, answered as one JSON Response (batch lines do not stream)."""
+    try:
+        raw = _json(body)
+        check_request(raw)
+        items = input_items(raw)
+        previous = raw.get("previous_response_id")
+        if previous is not None:
+            stored = await core.state.get_response(previous, owner)
+            if stored is None:
+                raise _not_found(previous, "previous_response_id")
+            items = [*_decode(stored.context), *items]
+        name = str(raw.get("model"))
+        chain = core.chain_for(name, None, PATH, Call())
+        variants = _Variants(raw, items, previous is not None)
+        variants.of(chain[0])
+    except LlmgwError as err:
+        return err.status, error_json(err)
+    base = skeleton(raw, id=new_id("resp"), created_at=int(time.time()), model=name)
+    status, answer, served_by = await core.execute(PATH, body, name, variant=variants.of)
+    model = core.catalog.get(served_by or "")
+    if status != 200 or model is None:
+        return status, answer
+    try:
+        decoded = _decode(answer)
+    except msgspec.DecodeError:
+        return status, answer
+    keep_it = bool(raw.get("store", True))
+    if responses_mode(model) == "translate":
+        response = response_from_chat(decoded, base)
+    else:
+        response = ResponsesObserver(keep_it, previous).patch(decoded)
+    if keep_it:
+        await keep(core, owner, items, response)
+    return status, _encode(response)

@@ -417,3 +417,33 @@ async def test_batch_lines_are_counted_apart_from_clients_requests(
     metrics = (await gw.client.get("/metrics")).text
     assert 'llmgw_gateway_batch_lines_total{model="chat",outcome="succeeded"} 6.0' in metrics
     assert 'llmgw_gateway_requests_total{model="chat",status="200"} 1.0' in metrics
+
+
+async def test_a_responses_batch_answers_responses_and_keeps_them(
+        make_gateway: GatewayFactory, engines) -> None:
+    """/v1/responses lines are translated for a chat model, passed to a Responses engine, and
+    each answer is a Response that can be retrieved afterwards."""
+    chat, native = await engines("llama"), await engines("vllm")
+    gw = await make_gateway([chat_model("chat", upstream=[chat.url]),
+                             chat_model("native", upstream=[native.url],
+                                        capabilities=["responses"])])
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    data = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                                "body": {"model": model, "input": f"question {i}",
+                                         "instructions": "Be brief."}}).encode() + b"\n"
+                    for i, model in enumerate(["chat", "native", "chat"]))
+    file_id = await upload(client, data)
+    batch = await client.batches.create(input_file_id=file_id, endpoint="/v1/responses",
+                                        completion_window="24h")
+    done = await finished(client, batch.id)
+    assert done.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
+    output = jsonl((await client.files.content(done.output_file_id)).content)
+    bodies = [o["response"]["body"] for o in output]
+    assert [b["object"] for b in bodies] == ["response"] * 3
+    assert [b["output"][0]["content"][0]["text"] for b in bodies] == \
+        ["hello from llama", "responded by vllm", "hello from llama"]
+    assert chat.requests[0]["messages"] == [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "question 0"}]
+    assert native.requests[0]["store"] is False
+    kept = await client.responses.retrieve(bodies[0]["id"])
+    assert kept.output_text == "hello from llama"
