@@ -10,8 +10,9 @@ that would hurt the replica. llama-cpp-python 0.3's server accepts
 for a 500, counts as the replica failing and ejects it. The C++
 llama-server that Nomad runs takes both forms (``tools/server/utils.hpp``,
 ``oaicompat_chat_params_parse``: ``json_object`` with a ``schema``, or
-``json_schema``), so every llama.cpp model is sent the one both understand. The schema is enforced either way (as a
-grammar), so the client gets what it asked for.
+``json_schema``), so every llama.cpp model is sent the one both understand.
+The schema is enforced either way (as a grammar), so the client gets what
+it asked for.
 
 A rewrite touches only the top-level fields it must (``dict[str, Raw]``):
 every other value reaches the engine byte for byte.

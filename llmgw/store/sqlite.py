@@ -205,29 +205,6 @@ def _model(row: tuple[Any, ...]) -> StoredModel:
     )
 
 
-def _file(row: tuple[Any, ...]) -> FileRecord:
-    id_, owner, purpose, filename, size, created_at, status = row
-    return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=size,
-                      created_at=created_at, status=status)
-
-
-def _batch(row: tuple[Any, ...]) -> BatchRow:
-    id_, owner, status, created_at, record = row
-    return BatchRow(id=id_, owner=owner, status=status, created_at=created_at,
-                    record=bytes(record))
-
-
-def _in_transaction(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn(db)
-        db.execute("COMMIT")
-    except BaseException:
-        _rollback(db)
-        raise
-    return result
-
-
 class _Connection:
     """One sqlite3 connection and the one thread allowed to touch it."""
 
@@ -394,6 +371,29 @@ def _put_model(model: StoredModel) -> Callable[[sqlite3.Connection], None]:
         )
 
     return run
+
+
+def _file(row: tuple[Any, ...]) -> FileRecord:
+    id_, owner, purpose, filename, size, created_at, status = row
+    return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=size,
+                      created_at=created_at, status=status)
+
+
+def _batch(row: tuple[Any, ...]) -> BatchRow:
+    id_, owner, status, created_at, record = row
+    return BatchRow(id=id_, owner=owner, status=status, created_at=created_at,
+                    record=bytes(record))
+
+
+def _in_transaction(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(db)
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+    return result
 
 
 class _SqliteChange:
