@@ -30,7 +30,7 @@ async def setup(make_gateway: GatewayFactory, engines
                    capabilities=["speech"]),
         chat_model("chat", upstream=[engine.url]),
     ], max_upload_size="2MiB")
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     return gw, client, engine
 
 
@@ -126,7 +126,7 @@ async def test_a_failed_upload_attempt_is_retried_with_the_same_bytes(
     bad.fail_status = 503
     gw = await make_gateway([chat_model("w", upstream=[bad.url, good.url],
                                         capabilities=["audio"])])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     for _ in range(2):       # whichever replica the balancer tries first
         result = await client.audio.transcriptions.create(
             model="w", file=("a.wav", io.BytesIO(AUDIO)))

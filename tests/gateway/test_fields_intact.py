@@ -26,7 +26,7 @@ async def setup(make_gateway: GatewayFactory, engines
                 ) -> tuple[GatewayHandle, openai.AsyncOpenAI, FakeEngine]:
     engine = await engines("e")
     gw = await make_gateway([chat_model("m", upstream=[engine.url], served_name=SERVED)])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     return gw, client, engine
 
 
@@ -87,7 +87,7 @@ async def test_a_llama_cpp_model_gets_the_schema_in_the_shape_its_server_takes(
     engine = await engines("llama")
     gw = await make_gateway([chat_model("local")])        # a scheduled llama.cpp model
     gw.backend.set_endpoints("local", [engine.url])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     await client.chat.completions.create(
         model="local", messages=MESSAGES, seed=3, response_format={

@@ -61,7 +61,7 @@ async def setup(make_gateway: GatewayFactory, engines, tmp_path: Path
         chat_model("other", upstream=[engine.url]),
         chat_model("forbidden", upstream=[engine.url]),
     ], keys_file=keys, max_file_size="4MiB")
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+    client = gw.openai(key)
     return gw, client, engine, other
 
 
@@ -82,7 +82,7 @@ async def test_a_file_is_uploaded_read_back_whole_and_deleted(setup) -> None:  #
     assert (created.bytes, created.filename, created.purpose) == (len(data), "in.jsonl", "batch")
     assert (await client.files.retrieve(created.id)).bytes == len(data)
     assert (await client.files.content(created.id)).content == data
-    stranger = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0)
+    stranger = gw.openai(other_key)
     with pytest.raises(openai.NotFoundError):
         await stranger.files.retrieve(created.id)
     deleted = await client.files.delete(created.id)
@@ -274,7 +274,7 @@ async def test_batches_belong_to_their_key_and_are_listed_newest_first(setup) ->
     assert page.has_more is True
     everything = [b.id async for b in await client.batches.list(limit=2)]
     assert everything == ids[::-1]
-    stranger = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0)
+    stranger = gw.openai(other_key)
     with pytest.raises(openai.NotFoundError):
         await stranger.batches.retrieve(ids[0])
     assert (await stranger.batches.list()).data == []
@@ -288,7 +288,7 @@ async def test_a_restarted_worker_resumes_without_resending_finished_lines(
     engine.response_delay = 0.05
     models = [chat_model("chat", upstream=[engine.url])]
     first = await make_gateway(models)
-    client = openai.AsyncOpenAI(base_url=f"{first.url}/v1", api_key="unused", max_retries=0)
+    client = first.openai()
     file_id = await upload(client, b"".join(line(i) for i in range(60)))
     batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
                                         completion_window="24h")
@@ -297,7 +297,7 @@ async def test_a_restarted_worker_resumes_without_resending_finished_lines(
     stored = await first.store.batch_result_lines(batch.id, 0)
     assert 15 <= len(stored) < 60
     second = await make_gateway(models)
-    client2 = openai.AsyncOpenAI(base_url=f"{second.url}/v1", api_key="unused", max_retries=0)
+    client2 = second.openai()
     done = await finished(client2, batch.id)
     assert done.status == "completed"
     assert done.request_counts.completed == 60
@@ -314,7 +314,7 @@ async def test_two_gateways_run_a_batch_once_between_them(make_gateway: GatewayF
     engine = await engines("e")
     models = [chat_model("chat", upstream=[engine.url])]
     a, b = await make_gateway(models), await make_gateway(models)
-    client = openai.AsyncOpenAI(base_url=f"{a.url}/v1", api_key="unused", max_retries=0)
+    client = a.openai()
     file_id = await upload(client, b"".join(line(i) for i in range(40)))
     batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
                                         completion_window="24h")
@@ -349,7 +349,7 @@ async def test_batch_lines_are_sent_at_the_batch_priority_within_the_concurrency
             await asyncio.sleep(0.005)
 
     watcher = asyncio.create_task(watch())
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     file_id = await upload(client, b"".join(line(i) for i in range(30)))
     batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
                                         completion_window="24h")
@@ -366,7 +366,7 @@ async def test_files_and_batches_answer_503_while_the_store_is_not_open(
     engine = await engines("e")
     gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
     await gw.store.close()
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     for call in (client.files.retrieve("file-1"), client.batches.retrieve("batch_1"),
                  client.responses.retrieve("resp_1")):
         with pytest.raises(openai.InternalServerError) as err:
@@ -392,7 +392,7 @@ async def test_a_result_that_cannot_be_stored_reruns_its_line_and_loses_none(
         await original(batch_id, results)
 
     gw.store.put_batch_results = flaky  # type: ignore[method-assign]
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     file_id = await upload(client, b"".join(line(i) for i in range(20)))
     batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
                                         completion_window="24h")
@@ -408,7 +408,7 @@ async def test_batch_lines_are_counted_apart_from_clients_requests(
     """/metrics counts batch lines in batch_lines_total, not in the clients' requests_total."""
     engine = await engines("e")
     gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     await client.chat.completions.create(model="chat", messages=[])
     file_id = await upload(client, b"".join(line(i) for i in range(6)))
     batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
@@ -427,7 +427,7 @@ async def test_a_responses_batch_answers_responses_and_keeps_them(
     gw = await make_gateway([chat_model("chat", upstream=[chat.url]),
                              chat_model("native", upstream=[native.url],
                                         capabilities=["responses"])])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     data = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
                                 "body": {"model": model, "input": f"question {i}",
                                          "instructions": "Be brief."}}).encode() + b"\n"

@@ -33,7 +33,7 @@ async def setup(make_gateway: GatewayFactory, engines, tmp_path: Path
                    capabilities=["chat", "responses"]),
         chat_model("embedder", upstream=[native.url], capabilities=["embeddings"]),
     ], keys_file=keys)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+    client = gw.openai(key)
     return gw, client, chat_engine, native, other
 
 
@@ -98,7 +98,7 @@ async def test_a_stored_response_is_retrieved_and_deleted_by_its_key_only(setup)
     created = await client.responses.create(model="chat", input="keep this")
     again = await client.responses.retrieve(created.id)
     assert again.model_dump() == created.model_dump()
-    stranger = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0)
+    stranger = gw.openai(other_key)
     with pytest.raises(openai.NotFoundError):
         await stranger.responses.retrieve(created.id)
     with pytest.raises(openai.NotFoundError):
@@ -199,7 +199,7 @@ async def test_a_fallback_of_another_kind_gets_the_request_in_its_own_shape(
         chat_model("native", upstream=[native.url], capabilities=["responses"],
                    fallbacks=["chat"]),
         chat_model("chat", upstream=[chat.url])])
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    client = gw.openai()
     response = await client.responses.create(model="native", input="hi")
     assert response.output_text == "hello from llama"
     assert native.paths == ["/v1/responses"]
