@@ -121,6 +121,14 @@ class GatewayConfig(_Conf, frozen=True):
     activity_interval: Duration = Duration(5, "5s")
     # How often the keys file is checked for changes.
     keys_check_interval: Duration = Duration(1, "1s")
+    # How long a stored Response can be retrieved or continued (previous_response_id).
+    responses_retention: Duration = Duration(86400, "24h")
+    # Largest audio upload (/v1/audio/transcriptions, /translations), spooled to disk.
+    max_upload_size: Size = Size(25 * 1024**2, "25MiB")
+    # Largest file for /v1/files (a batch's input), kept in the store.
+    max_file_size: Size = Size(200 * 1024**2, "200MiB")
+    # Lines of batches in flight at once (across all batches, on the one worker).
+    batch_concurrency: int = 4
 
 
 class AdminToken(_Conf, frozen=True):
@@ -270,7 +278,8 @@ def _check_local(cfg: LocalConfig) -> None:
 
 
 def _check_gateway(cfg: GatewayConfig) -> None:
-    for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval"):
+    for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval",
+                "responses_retention", "max_upload_size", "max_file_size"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:
@@ -281,6 +290,9 @@ def _check_gateway(cfg: GatewayConfig) -> None:
     if cfg.max_attempts < 1:
         raise ConfigError("gateway.max_attempts: must be at least 1 (one try per request)",
                           field="gateway.max_attempts")
+    if cfg.batch_concurrency < 1:
+        raise ConfigError("gateway.batch_concurrency: must be at least 1, or batches never "
+                          "run", field="gateway.batch_concurrency")
 
 
 def check_config(cfg: ServerConfig, source: str) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.model import Capability, GpuClass, Model, Profile, Scaling
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
 
@@ -196,6 +196,60 @@ def _check_profile(
             )
 
 
+# What each kind of model serves when its entry does not say. A vLLM replica
+# runs one task — generation, or pooling (embeddings, rerank, score), or
+# speech recognition — decided by the checkpoint, so only generation is
+# assumed and a pooling or ASR model declares what it does. Both llama.cpp
+# servers (llama-cpp-python's embedded, the C++ llama-server on Nomad) answer
+# chat and completions; embeddings need a flag (and, in llama-cpp-python,
+# turn generation off), so they are declared too. An external upstream is
+# any OpenAI-compatible server: the three classic endpoints.
+_DEFAULT_CAPABILITIES: dict[str, tuple[Capability, ...]] = {
+    "vllm": ("chat", "completions", "responses"),
+    "llama.cpp": ("chat", "completions"),
+    "external": ("chat", "completions", "embeddings"),
+}
+# What no llama.cpp server can answer, and what the embedded one (llama-cpp-
+# python 0.3, llama_cpp/server/app.py: /v1/chat/completions, /v1/completions,
+# /v1/embeddings) cannot either; the C++ llama-server adds /v1/rerank,
+# /v1/responses and /v1/audio/transcriptions (tools/server/server.cpp).
+_NEVER_LLAMA_CPP: frozenset[str] = frozenset({"speech", "score"})
+_EMBEDDED_LLAMA_CPP: frozenset[str] = frozenset({"chat", "completions", "embeddings"})
+
+
+def default_capabilities(m: Model) -> list[Capability]:
+    """What ``m`` serves when its entry names no ``capabilities``."""
+    kind = "external" if m.external else (m.engine or "vllm")
+    return list(_DEFAULT_CAPABILITIES[kind])
+
+
+def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
+    if m.capabilities is None:
+        return default_capabilities(m)
+    caps = m.capabilities
+    if not caps:
+        raise DefinitionError(
+            "capabilities: an empty list leaves the model nothing to serve; list what it "
+            "does (chat, completions, responses, embeddings, rerank, score, audio, speech) "
+            "or remove the key for the engine's defaults", field="capabilities")
+    for i, cap in enumerate(caps):
+        if cap in caps[:i]:
+            raise DefinitionError(f"capabilities[{i}]: {cap!r} is listed twice",
+                                  field=f"capabilities[{i}]")
+    if m.engine == "llama.cpp":
+        embedded = runtime.scheduler == "local"
+        for i, cap in enumerate(caps):
+            if cap in _NEVER_LLAMA_CPP or (embedded and cap not in _EMBEDDED_LLAMA_CPP):
+                server = ("the embedded llama.cpp server (llama-cpp-python) answers chat, "
+                          "completions and embeddings" if embedded else
+                          "llama.cpp's server has no such endpoint")
+                raise DefinitionError(
+                    f"capabilities[{i}]: {cap!r} cannot be served by a llama.cpp replica: "
+                    f"{server}; serve it with a vLLM model or an external upstream",
+                    field=f"capabilities[{i}]")
+    return list(caps)
+
+
 def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
                 runtime: Runtime | None = None) -> Model:
     """Validate one model on its own and return it with defaults applied."""
@@ -274,7 +328,8 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
             raise DefinitionError(
                 f"fallbacks[{i}]: {fb!r} is listed twice", field=f"fallbacks[{i}]"
             )
-    return msgspec.structs.replace(m, scaling=effective_scaling(s))
+    capabilities = _check_capabilities(m, runtime or Runtime())
+    return msgspec.structs.replace(m, scaling=effective_scaling(s), capabilities=capabilities)
 
 
 def build_catalog(

@@ -23,6 +23,13 @@ from llmgw.catalog.units import Duration, Size
 
 Engine = Literal["vllm", "llama.cpp"]
 
+# What a model's replicas answer themselves, one word per family of
+# endpoints: chat (/v1/chat/completions), completions, responses
+# (/v1/responses), embeddings, rerank (/v1/rerank), score (/v1/score), audio
+# (/v1/audio/transcriptions and /translations), speech (/v1/audio/speech).
+Capability = Literal["chat", "completions", "responses", "embeddings", "rerank", "score",
+                     "audio", "speech"]
+
 
 class _Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
             omit_defaults=True):
@@ -98,6 +105,11 @@ class Model(_Spec, frozen=True):
     A scheduled model has ``source``, ``engine`` and ``profiles``. An external
     model has only ``upstream``: base URLs of OpenAI-compatible servers that
     llmgw routes to without scheduling anything.
+
+    ``capabilities`` lists what the replicas serve themselves; the gateway
+    refuses other endpoints with 400 before any replica is asked, except
+    ``/v1/responses`` on a model that has ``chat`` but not ``responses``,
+    which the gateway translates to chat completions.
     """
 
     name: str
@@ -109,6 +121,9 @@ class Model(_Spec, frozen=True):
     upstream: list[str] = []
     served_name: str | None = None
     timeouts: Timeouts = Timeouts()
+    # None: the engine's defaults (``llmgw.catalog.build.default_capabilities``),
+    # filled in when the catalog is built.
+    capabilities: list[Capability] | None = None
     description: str = ""
 
     @property

@@ -11,8 +11,15 @@ rate limit (429, before the body is read, so a client over its limit costs
 almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
 (400); the model in the catalog in force (404); the key's allow-list (403).
-Then the forwarder answers it from a replica of the model or a fallback, or
-says why not (502/503/504).
+Then the capability check (400 when the model does not serve the endpoint;
+fallbacks that do not are skipped, see ``capabilities``). Then the
+forwarder answers it from a replica of the model or a fallback, or says why
+not (502/503/504).
+
+The endpoints beyond the JSON ones — Responses, audio uploads, files,
+batches — are a table of path prefixes to handlers in their own modules,
+which reach the core through ``exchange.Core``; the batch worker runs here
+too, one across all gateway instances by the store's lease.
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
@@ -32,7 +39,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -40,11 +47,16 @@ import msgspec
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, StoreUnavailableError
+from llmgw.gateway.audio import AudioEndpoint
+from llmgw.gateway.batches import BatchesEndpoint
+from llmgw.gateway.batchworker import BatchWorker
+from llmgw.gateway.capabilities import capable_chain
 from llmgw.gateway.errors import (
     ClientGone,
     InvalidKeyError,
     KeyRateLimitedError,
+    Message,
     MethodNotAllowedError,
     ModelNotAllowedError,
     ModelNotFoundError,
@@ -53,20 +65,25 @@ from llmgw.gateway.errors import (
     Scope,
     Send,
     UnknownPathError,
+    error_json,
     send_error,
 )
+from llmgw.gateway.exchange import Call, Exchange, Executed
+from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
-from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
+from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
-from llmgw.gateway.proxy import Forwarder, ForwardRequest
+from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
+from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import Balancer
 from llmgw.scheduler.base import Routing
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.gateway")
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                             "/v1/rerank", "/v1/score", "/v1/audio/speech"})
 
 
 class CatalogView(Protocol):
@@ -127,6 +144,32 @@ class Gateway:
             log.warning("no keys_file configured and %s is not a loopback address: every "
                         "inference request will be refused; set keys_file", config.listen)
         self._tasks: list[asyncio.Task[None]] = []
+        self.batch_worker = BatchWorker(self, holder, key_named=self.key_named)
+        audio = AudioEndpoint(self)
+        # Path prefixes of the endpoints served by their own modules.
+        self._routes: tuple[tuple[str, Handler], ...] = (
+            ("/v1/responses", ResponsesEndpoint(self).handle),
+            ("/v1/audio/transcriptions", audio.handle),
+            ("/v1/audio/translations", audio.handle),
+            ("/v1/files", FilesEndpoint(self).handle),
+            ("/v1/batches", BatchesEndpoint(self, self.batch_worker).handle),
+        )
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.models.catalog
+
+    @property
+    def state(self) -> Store:
+        if not self.store.is_open:
+            raise StoreUnavailableError(
+                "the store is not open (it was unreachable when llmgw started, and is being "
+                "retried): responses, files and batches are unavailable until it is; check "
+                "database: in server.yaml")
+        return self.store
+
+    def now(self) -> float:
+        return self._loop_time()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -134,12 +177,14 @@ class Gateway:
         if self.keys_watcher is not None:
             self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
+        self.batch_worker.start()
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.batch_worker.close()
         await self.ondemand.close()
         await self.forwarder.close()
 
@@ -202,9 +247,14 @@ class Gateway:
             except LlmgwError as err:
                 await send_error(send, err)
         else:
+            for prefix, handler in self._routes:
+                if path == prefix or path.startswith(prefix + "/"):
+                    await handler(scope, receive, send)
+                    return
             await send_error(send, UnknownPathError(
                 f"{scope['method']} {path}: not an endpoint of this gateway (it serves "
-                "/v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models)"))
+                "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, "
+                "/v1/rerank, /v1/score, /v1/audio/*, /v1/files, /v1/batches and /v1/models)"))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         """Serving the gateway on its own (the benchmark); llmgw serve calls start/close."""
@@ -217,6 +267,15 @@ class Gateway:
                 await self.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
+        return self._authenticate(headers)
+
+    def key_named(self, name: str) -> ApiKey | None:
+        """The key in force called ``name`` (the owner of a batch), if it still exists."""
+        if self.open_access:
+            return OPEN_ACCESS if name == OPEN_ACCESS.name else None
+        return self.keys.named(name)
 
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
         if self.open_access:
@@ -258,12 +317,20 @@ class Gateway:
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
-    async def _inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    async def inference(self, scope: Scope, receive: Receive, send: Send, path: str,
+                        exchange: Exchange | None = None) -> None:
+        await self._inference(scope, receive, send, path, exchange)
+
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, path: str,
+                         exchange: Exchange | None = None) -> None:
         started = self._loop_time()
-        call = _Call()
+        call = Call()
         status = 500
         try:
-            req, chain = await self._admit(scope, receive, path, started, call)
+            if exchange is None:
+                req, chain = await self._admit(scope, receive, path, started, call)
+            else:
+                req, chain, send = await exchange.admit(scope, receive, send, started, call)
             status = await self._serve(req, chain, receive, send)
         except LlmgwError as err:
             status = err.status
@@ -280,32 +347,20 @@ class Gateway:
             mm.done(status)
             mm.latency.observe(self._loop_time() - started)
 
+    async def admit_json(self, scope: Scope, receive: Receive, path: str, started: float,
+                         call: Call) -> tuple[ForwardRequest, list[Model]]:
+        return await self._admit(scope, receive, path, started, call)
+
     async def _admit(self, scope: Scope, receive: Receive, path: str, started: float,
-                     call: _Call) -> tuple[ForwardRequest, list[Model]]:
+                     call: Call) -> tuple[ForwardRequest, list[Model]]:
         """Every check before forwarding; raises the error to answer instead."""
         if scope["method"] != "POST":
             raise MethodNotAllowedError(f"{scope['method']} {path}: use POST")
-        key = self._authenticate(scope["headers"])
-        wait = key.admit(started)
-        if wait > 0:
-            raise KeyRateLimitedError(
-                f"key {key.name!r} is over its limit of {key.rpm} requests per minute; "
-                f"retry in {wait:.0f} s", retry_after=wait)
+        key = call.key = self.check_key(scope["headers"], started)
         body = await read_body(scope["headers"], receive, self.max_body)
         head = parse_head(body)
-        catalog = self.models.catalog
-        model = catalog.get(head.model)
-        if model is None:
-            call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
-            raise ModelNotFoundError(
-                f"model {head.model!r} does not exist (GET /v1/models lists the models "
-                "this key may use)", field="model")
-        call.metrics = self.metrics.for_model(model.name)
-        if not key.allows(model.name):
-            raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
-                                       field="model")
-        chain = [model, *(fb for name in model.fallbacks
-                          if (fb := catalog.get(name)) is not None)]
+        chain = self.chain_for(head.model, key, path, call)
+        assert call.metrics is not None   # chain_for set it
         query: bytes = scope.get("query_string", b"")
         if query:
             path = f"{path}?{query.decode('latin-1')}"
@@ -313,6 +368,55 @@ class Gateway:
                                       stream=bool(head.stream), headers=scope["headers"],
                                       started=started, metrics=call.metrics)
         return call.request, chain
+
+    def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
+        key = self._authenticate(headers)
+        wait = key.admit(now)
+        if wait > 0:
+            raise KeyRateLimitedError(
+                f"key {key.name!r} is over its limit of {key.rpm} requests per minute; "
+                f"retry in {wait:.0f} s", retry_after=wait)
+        return key
+
+    def chain_for(self, name: str, key: ApiKey | None, path: str, call: Call) -> list[Model]:
+        catalog = self.models.catalog
+        model = catalog.get(name)
+        if model is None:
+            call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
+            raise ModelNotFoundError(
+                f"model {name!r} does not exist (GET /v1/models lists the models "
+                "this key may use)", field="model")
+        call.metrics = self.metrics.for_model(model.name)
+        if key is not None and not key.allows(model.name):
+            raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
+                                       field="model")
+        chain = [model, *(fb for fb_name in model.fallbacks
+                          if (fb := catalog.get(fb_name)) is not None)]
+        return capable_chain(chain, path)
+
+    async def execute(self, path: str, body: bytes, model: str, *, priority: str = "batch",
+                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
+        """One request on the gateway's own behalf (a batch line), through the same routing.
+
+        No key is checked here: the batch's lines were checked against its
+        owner's key when it was validated. Nor is the line counted as a client's
+        request (requests_total, request_duration: what interactive users get);
+        the worker counts it in batch_lines_total.
+        """
+        call = Call()
+        answer = _Collected()
+        try:
+            chain = self.chain_for(model, None, path, call)
+            assert call.metrics is not None   # chain_for set it
+            call.request = ForwardRequest(path=path, body=body, model=model, stream=False,
+                                          headers=_INTERNAL_HEADERS, started=self._loop_time(),
+                                          metrics=call.metrics, priority=priority,
+                                          variant=variant)
+            answer.status = await self._serve(call.request, chain, _never, answer.send)
+        except LlmgwError as err:
+            answer.status = err.status
+            answer.body = [error_json(err)]
+        return Executed(answer.status, b"".join(answer.body), answer.model)
 
     async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,
                      send: Send) -> int:
@@ -360,17 +464,33 @@ class Gateway:
                 retry_after=min(30.0, max(1.0, wait))) from None
 
 
-class _Call:
-    """What is known about a request so far, for the metrics recorded when it ends."""
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+_INTERNAL_HEADERS = [(b"content-type", b"application/json")]
 
-    __slots__ = ("metrics", "request")
+
+class _Collected:
+    """An ASGI ``send`` that keeps the response, for requests the gateway makes itself."""
+
+    __slots__ = ("body", "model", "status")
 
     def __init__(self) -> None:
-        self.metrics: ModelMetrics | None = None
-        self.request: ForwardRequest | None = None
+        self.status = 500
+        self.body: list[bytes] = []
+        self.model: str | None = None
 
-    def responded(self) -> bool:
-        return self.request is not None and self.request.responded
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            name = header(message["headers"], b"x-llmgw-model")
+            self.model = name.decode() if name is not None else None
+        elif message.get("body"):
+            self.body.append(message["body"])
+
+
+async def _never() -> Message:
+    """``receive`` for a request no client sent: it never disconnects."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
 
 
 class _Watch:

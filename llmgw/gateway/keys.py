@@ -234,6 +234,9 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._by_hash)
 
+    def named(self, name: str) -> ApiKey | None:
+        return next((k for k in self._by_hash.values() if k.name == name), None)
+
     def lookup(self, presented: str) -> ApiKey | None:
         digest = hash_key(presented)
         key = self._by_hash.get(digest)

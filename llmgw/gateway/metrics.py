@@ -134,6 +134,10 @@ class GatewayMetrics:
             "llmgw_gateway_cold_start_wait_seconds", "How long requests were held waiting for "
             "an on-demand model's first replica.", ["model"], buckets=_TTFT_BUCKETS,
             registry=r)
+        self.batch_lines = Counter(
+            "llmgw_gateway_batch_lines", "Batch lines sent to a model and answered, by model "
+            "and outcome (succeeded: 2xx; failed: any other status after retries).",
+            ["model", "outcome"], registry=r)
         self.key_reloads = Counter(
             "llmgw_gateway_key_reloads", "Times the keys file was reloaded after a change.",
             registry=r)

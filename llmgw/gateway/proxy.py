@@ -31,10 +31,17 @@ this request has not tried gets one last attempt: one unlucky failure of the
 only replica must not turn every request into an error for the whole
 back-off period.
 
-Event streams (``text/event-stream``) pass through chunk by chunk as the
-engine sends them. Other responses (JSON) are read whole and sent in one
-piece: they are small, the engine produces them at once, and reading them
-whole lets a body that breaks half-way still be retried.
+Event streams (``text/event-stream``) and binary bodies (``audio/*``,
+``application/octet-stream``: synthesised speech) pass through chunk by
+chunk as the engine sends them. Other responses (JSON) are read whole and
+sent in one piece: they are small, the engine produces them at once, and
+reading them whole lets a body that breaks half-way still be retried.
+
+A request may carry a ``variant``: the path and body to send to each model
+of its chain, for requests whose shape depends on the model that answers
+(a Responses request is sent as it is to an engine that speaks the
+Responses API, and as a chat completion to one that does not; an upload is
+re-read from its spool file for every attempt).
 
 The HTTP client is aiohttp (C parser, connection pool); httpx was measured
 slower on the same path (see ``bench/gateway_compare.py``).
@@ -44,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,6 +59,7 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
+from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
     Message,
@@ -89,10 +97,23 @@ CLIENT_SEND_TIMEOUT = 120.0
 class _Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    input_tokens: int = 0          # the Responses API's names for the same counts
+    output_tokens: int = 0
 
 
 class _WithUsage(msgspec.Struct):
     usage: _Usage | None = None
+    response: _Response | None = None     # a Responses stream event carries it inside
+
+
+class _Response(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+def _found(found: _WithUsage) -> _Usage | None:
+    if found.usage is not None:
+        return found.usage
+    return found.response.usage if found.response is not None else None
 
 
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
@@ -164,8 +185,14 @@ class StreamUsage:
                     found = _usage_decoder.decode(line[5:])
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     continue
-                if found.usage is not None:
-                    self.usage = found.usage
+                if (usage := _found(found)) is not None:
+                    self.usage = usage
+
+
+# Responses passed to the client as they arrive rather than read whole.
+_STREAMED = ("text/event-stream", "audio/", "application/octet-stream")
+
+Body = bytes | AsyncIterable[bytes]
 
 
 @dataclass(slots=True)
@@ -181,6 +208,11 @@ class ForwardRequest:
     metrics: ModelMetrics
     bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
     responded: bool = False         # the response has started: nothing can be retried
+    # The admission class: "interactive" (clients) or "batch" (the batch
+    # worker's lines), for whatever orders requests waiting for a replica.
+    priority: str = "interactive"
+    # (path, body) for each model of the chain, when they differ by model.
+    variant: Callable[[Model], tuple[str, Body]] | None = None
 
 
 @dataclass(slots=True)
@@ -252,6 +284,12 @@ class Forwarder:
 
     def body_for(self, req: ForwardRequest, model: Model) -> bytes:
         served = model.engine_model_name
+        if needs_rewrite(model.engine, req.path, req.body):
+            key = f"{served}\0{model.engine}"
+            body = req.bodies.get(key)
+            if body is None:
+                body = req.bodies[key] = for_llama_cpp(req.body, served)
+            return body
         if served == req.model:
             return req.body
         body = req.bodies.get(served)
@@ -341,7 +379,11 @@ class Forwarder:
         connect, first_byte, idle = t.connect, t.first_byte, t.idle
         loop = asyncio.get_running_loop()
         session = self._client()
-        body = self.body_for(req, model)
+        body: Body
+        if req.variant is None:
+            path, body = req.path, self.body_for(req, model)
+        else:
+            path, body = req.variant(model)
         sent = False
         resp: aiohttp.ClientResponse | None = None
         self.balancer.acquire(url)
@@ -349,7 +391,7 @@ class Forwarder:
             async with asyncio.timeout(first_byte) as deadline:
                 try:
                     resp = await session.post(
-                        target_url(url, req.path), data=body,
+                        target_url(url, path), data=body,
                         headers=upstream_headers(req.headers),
                         timeout=aiohttp.ClientTimeout(total=None, connect=connect),
                     )
@@ -364,7 +406,7 @@ class Forwarder:
                     headers.append((b"x-llmgw-model", model.name.encode()))
                     ctype = resp.headers.get("content-type", "")
                     to_client = self._sender(send)
-                    if ctype.startswith("text/event-stream"):
+                    if ctype.startswith(_STREAMED):
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         deadline.reschedule(None)   # the client's pace is not the replica's
@@ -372,7 +414,7 @@ class Forwarder:
                                          "headers": headers})
                         sent = req.responded = True
                         await self._stream(req, model, resp, chunk, to_client, deadline, idle,
-                                           loop)
+                                           loop, ctype.startswith("text/event-stream"))
                     else:
                         deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
@@ -413,20 +455,21 @@ class Forwarder:
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
                       chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
-                      loop: asyncio.AbstractEventLoop) -> None:
+                      loop: asyncio.AbstractEventLoop, events: bool) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica."""
-        usage = StreamUsage()
+        usage = StreamUsage() if events else None
         content = resp.content
         if chunk:
             req.metrics.ttft.observe(loop.time() - req.started)
         while chunk:
-            usage.feed(chunk)
+            if usage is not None:
+                usage.feed(chunk)
             await to_client({"type": "http.response.body", "body": chunk, "more_body": True})
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
             deadline.reschedule(None)
         await to_client({"type": "http.response.body", "body": b""})
-        if usage.usage is not None:
+        if usage is not None and usage.usage is not None:
             self._add_tokens(model, usage.usage)
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
@@ -459,15 +502,17 @@ class Forwarder:
             found = _usage_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
-        if found.usage is not None:
-            self._add_tokens(model, found.usage)
+        if (usage := _found(found)) is not None:
+            self._add_tokens(model, usage)
 
     def _add_tokens(self, model: Model, usage: _Usage) -> None:
         mm = self.metrics.for_model(model.name)
-        if usage.prompt_tokens > 0:
-            mm.tokens_prompt.inc(usage.prompt_tokens)
-        if usage.completion_tokens > 0:
-            mm.tokens_completion.inc(usage.completion_tokens)
+        prompt = usage.prompt_tokens or usage.input_tokens
+        completion = usage.completion_tokens or usage.output_tokens
+        if prompt > 0:
+            mm.tokens_prompt.inc(prompt)
+        if completion > 0:
+            mm.tokens_completion.inc(completion)
 
 
 def _describe(exc: BaseException) -> str:

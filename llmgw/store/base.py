@@ -3,8 +3,27 @@
 The store holds the runtime models (the declared ones live in server.yaml),
 the catalog version, and short leases used to pick one actor among several
 llmgw processes (the reconciler's leader, the one process that scales an
-on-demand model up). Two adapters pass the same tests: SQLite, a file and the
-default, and Postgres for several API instances.
+on-demand model up). For the gateway's stateful OpenAI endpoints it also
+keeps stored Responses (with an expiry), uploaded and generated files (their
+bytes in chunks), batches and each batch's per-line results. Two adapters
+pass the same tests: SQLite, a file and the default, and Postgres for
+several API instances.
+
+**File bytes live in the database, in chunks of at most ``CHUNK_SIZE``.**
+Several gateway instances share nothing but the store, and the batch
+worker runs on whichever instance holds its lease: a file uploaded to one
+instance must be readable by all of them, which a directory on each host is
+not (it would need a shared filesystem, a second thing to back up and keep
+consistent with the rows that name it). Postgres large objects were the
+other candidate and were rejected: they are not deleted with the row that
+references them (orphans need ``vacuumlo``), need a transaction held open
+across the whole stream, and have no SQLite counterpart, so the two adapters
+would diverge. Chunk rows stream in both directions with bounded memory and
+are deleted with their file in one transaction. A file is written chunk by
+chunk in separate short transactions (a long one would block every other
+writer of an SQLite file) under the status ``uploading``, and becomes
+visible only when ``finish_file`` marks it complete; an upload that died
+half-way is purged later by ``purge_uploads``.
 
 Catalog changes are serialised across processes by ``change()``: a transaction
 that holds the catalog lock (SQLite ``BEGIN IMMEDIATE``; Postgres a row lock on
@@ -41,6 +60,46 @@ class StoredModel(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
 
 
+CHUNK_SIZE = 1024 * 1024
+
+
+class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A Response kept for ``GET /v1/responses/{id}`` and ``previous_response_id``."""
+
+    id: str
+    owner: str                 # the API key's name: only it may read or delete the response
+    body: bytes                # the Response object, JSON
+    context: bytes             # JSON array: the conversation's items through this response
+
+
+class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    owner: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int            # Unix seconds, the API's clock (OpenAI's ``created_at``)
+    status: str = "uploading"  # "processed" once every chunk is written
+
+
+class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A batch: the columns the store queries by, and the rest as one JSON document."""
+
+    id: str
+    owner: str
+    status: str
+    created_at: int
+    record: bytes              # the gateway's batch record, JSON
+
+
+class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of one input line: one line of the output file (ok) or the error file."""
+
+    line: int                  # 1-based line number in the input file
+    ok: bool
+    data: bytes
+
+
 class CatalogChange(Protocol):
     """The open transaction of one catalog change; all methods hold the lock."""
 
@@ -56,6 +115,14 @@ class Store(Protocol):
         """Connect and apply schema migrations (idempotent, safe under concurrency)."""
 
     async def close(self) -> None: ...
+
+    @property
+    def is_open(self) -> bool:
+        """Whether ``open()`` succeeded and ``close()`` has not been called.
+
+        A server whose store was unreachable at start-up runs with it unopened
+        until it can be opened; callers that may run meanwhile ask first.
+        """
 
     async def models(self) -> list[StoredModel]:
         """All runtime models, read without taking the catalog lock."""
@@ -97,3 +164,73 @@ class Store(Protocol):
 
     async def last_activity(self, model: str) -> float | None:
         """Seconds since ``model``'s last recorded activity, or None if never."""
+
+    # --- stored Responses -------------------------------------------------------
+
+    async def put_response(self, response: StoredResponse, ttl: float) -> None:
+        """Keep ``response`` for ``ttl`` seconds of database time (replacing one of that id)."""
+
+    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+        """The unexpired response ``id`` if ``owner`` stored it, else None."""
+
+    async def delete_response(self, id: str, owner: str) -> bool: ...
+
+    async def purge_responses(self) -> int:
+        """Delete every expired response; the number deleted."""
+
+    # --- files --------------------------------------------------------------------
+
+    async def create_file(self, file: FileRecord) -> None:
+        """Record a file whose chunks are about to be written (status ``uploading``)."""
+
+    async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
+        """Write chunk ``seq`` (0-based, at most ``CHUNK_SIZE`` bytes) of ``file_id``."""
+
+    async def finish_file(self, file_id: str, size: int) -> None:
+        """Mark ``file_id`` complete (``processed``) with its size; only then is it visible."""
+
+    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+        """A complete file of ``owner`` (any owner when None)."""
+
+    async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
+        """Chunks ``first`` .. ``first + count - 1`` in order (fewer at the end)."""
+
+    async def delete_file(self, id: str, owner: str | None) -> bool:
+        """Delete a file and its chunks in one transaction; False if there was none."""
+
+    async def purge_uploads(self, before: int) -> int:
+        """Delete files still ``uploading`` that were created before ``before`` (Unix s)."""
+
+    # --- batches ------------------------------------------------------------------
+
+    async def create_batch(self, batch: BatchRow) -> None: ...
+
+    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None: ...
+
+    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+        """``owner``'s batches, newest first, starting after the batch ``after``."""
+
+    async def update_batch(self, batch: BatchRow, expect: str) -> bool:
+        """Replace the batch's status and record if its status is still ``expect``.
+
+        The compare-and-set is what keeps a cancel from being lost: the API
+        moves a batch to ``cancelling`` while the worker may be about to write
+        its own next state; the worker's write then fails and it reads again.
+        """
+
+    async def active_batches(self) -> list[BatchRow]:
+        """Batches not yet in a final state, oldest first."""
+
+    async def put_batch_results(self, batch_id: str, results: list[BatchResult]) -> None:
+        """Record results; a line recorded already keeps its first result."""
+
+    async def batch_results(self, batch_id: str, after: int, limit: int) -> list[BatchResult]:
+        """Results with line > ``after``, in line order."""
+
+    async def batch_result_lines(self, batch_id: str, after: int) -> list[int]:
+        """Line numbers > ``after`` that have a result."""
+
+    async def count_batch_results(self, batch_id: str) -> tuple[int, int]:
+        """(lines that succeeded, lines that failed)."""
+
+    async def delete_batch_results(self, batch_id: str) -> None: ...

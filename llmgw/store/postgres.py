@@ -51,7 +51,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.redact import redact_url
-from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.base import (
+    BatchResult,
+    BatchRow,
+    CatalogChange,
+    FileRecord,
+    StoredModel,
+    StoredResponse,
+)
 from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
@@ -63,6 +70,20 @@ _SELECT_MODELS = (
     "SELECT name, definition, added_by, added_at, updated_by, updated_at"
     " FROM models ORDER BY name"
 )
+
+
+
+
+def _file(row: tuple[Any, ...]) -> FileRecord:
+    id_, owner, purpose, filename, size, created_at, status = row
+    return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=int(size),
+                      created_at=int(created_at), status=status)
+
+
+def _batch(row: tuple[Any, ...]) -> BatchRow:
+    id_, owner, status, created_at, record = row
+    return BatchRow(id=id_, owner=owner, status=status, created_at=int(created_at),
+                    record=bytes(record))
 
 
 def _utc(value: datetime, field: str) -> datetime:
@@ -297,6 +318,10 @@ class PostgresStore:
         if pool is not None:
             await pool.close()
 
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
     @asynccontextmanager
     async def _connection(self, doing: str) -> AsyncIterator[Conn]:
         if self._pool is None:
@@ -428,3 +453,172 @@ class PostgresStore:
             (model,),
         )
         return max(0.0, float(rows[0][0])) if rows else None
+
+    # --- stored Responses ---------------------------------------------------------
+
+    async def put_response(self, response: StoredResponse, ttl: float) -> None:
+        await self._query(
+            f"store response {response.id!r}",
+            "INSERT INTO responses (id, owner, body, context, expires_at)"
+            " VALUES (%s, %s, %s, %s, now() + %s * interval '1 second')"
+            " ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, body = EXCLUDED.body,"
+            " context = EXCLUDED.context, expires_at = EXCLUDED.expires_at",
+            (response.id, response.owner, response.body, response.context, float(ttl)),
+        )
+
+    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+        rows = await self._query(
+            f"read response {id!r}",
+            "SELECT body, context FROM responses"
+            " WHERE id = %s AND owner = %s AND expires_at > now()", (id, owner))
+        if not rows:
+            return None
+        return StoredResponse(id=id, owner=owner, body=bytes(rows[0][0]),
+                              context=bytes(rows[0][1]))
+
+    async def delete_response(self, id: str, owner: str) -> bool:
+        rows = await self._query(
+            f"delete response {id!r}",
+            "DELETE FROM responses WHERE id = %s AND owner = %s AND expires_at > now()"
+            " RETURNING id", (id, owner))
+        return bool(rows)
+
+    async def purge_responses(self) -> int:
+        rows = await self._query("purge expired responses",
+                                 "DELETE FROM responses WHERE expires_at <= now() RETURNING id")
+        return len(rows)
+
+    # --- files ----------------------------------------------------------------------
+
+    async def create_file(self, file: FileRecord) -> None:
+        await self._query(
+            f"record file {file.id!r}",
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
+            " VALUES (%s, %s, %s, %s, %s, %s, 'uploading')",
+            (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at))
+
+    async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
+        await self._query(
+            f"write chunk {seq} of file {file_id!r}",
+            "INSERT INTO file_chunks (file_id, seq, data) VALUES (%s, %s, %s)",
+            (file_id, seq, data))
+
+    async def finish_file(self, file_id: str, size: int) -> None:
+        await self._query(
+            f"complete file {file_id!r}",
+            "UPDATE files SET status = 'processed', bytes = %s WHERE id = %s", (size, file_id))
+
+    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+        rows = await self._query(
+            f"read file {id!r}",
+            "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
+            " WHERE id = %s AND status = 'processed' AND (%s::text IS NULL OR owner = %s)",
+            (id, owner, owner))
+        return _file(rows[0]) if rows else None
+
+    async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
+        rows = await self._query(
+            f"read file {file_id!r}",
+            "SELECT data FROM file_chunks WHERE file_id = %s AND seq >= %s"
+            " ORDER BY seq LIMIT %s", (file_id, first, count))
+        return [bytes(r[0]) for r in rows]
+
+    async def delete_file(self, id: str, owner: str | None) -> bool:
+        # One statement, so one transaction: the chunks go with the file or not at all.
+        rows = await self._query(
+            f"delete file {id!r}",
+            "WITH f AS (DELETE FROM files WHERE id = %s AND (%s::text IS NULL OR owner = %s)"
+            " RETURNING id), c AS (DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM f))"
+            " SELECT count(*) FROM f", (id, owner, owner))
+        return bool(rows and rows[0][0])
+
+    async def purge_uploads(self, before: int) -> int:
+        rows = await self._query(
+            "purge abandoned uploads",
+            "WITH f AS (DELETE FROM files WHERE status = 'uploading' AND created_at < %s"
+            " RETURNING id), c AS (DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM f))"
+            " SELECT count(*) FROM f", (before,))
+        return int(rows[0][0]) if rows else 0
+
+    # --- batches --------------------------------------------------------------------
+
+    async def create_batch(self, batch: BatchRow) -> None:
+        await self._query(
+            f"record batch {batch.id!r}",
+            "INSERT INTO batches (id, owner, status, created_at, record)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (batch.id, batch.owner, batch.status, batch.created_at, batch.record))
+
+    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
+        rows = await self._query(
+            f"read batch {id!r}",
+            "SELECT id, owner, status, created_at, record FROM batches"
+            " WHERE id = %s AND (%s::text IS NULL OR owner = %s)", (id, owner, owner))
+        return _batch(rows[0]) if rows else None
+
+    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+        if after is None:
+            rows = await self._query(
+                "list batches",
+                "SELECT id, owner, status, created_at, record FROM batches WHERE owner = %s"
+                " ORDER BY created_at DESC, id DESC LIMIT %s", (owner, limit))
+        else:
+            rows = await self._query(
+                "list batches",
+                "SELECT id, owner, status, created_at, record FROM batches b"
+                " WHERE owner = %s AND EXISTS ("
+                " SELECT 1 FROM batches a WHERE a.id = %s AND a.owner = b.owner"
+                " AND (b.created_at, b.id) < (a.created_at, a.id))"
+                " ORDER BY created_at DESC, id DESC LIMIT %s", (owner, after, limit))
+        return [_batch(r) for r in rows]
+
+    async def update_batch(self, batch: BatchRow, expect: str) -> bool:
+        rows = await self._query(
+            f"update batch {batch.id!r}",
+            "UPDATE batches SET status = %s, record = %s WHERE id = %s AND status = %s"
+            " RETURNING id", (batch.status, batch.record, batch.id, expect))
+        return bool(rows)
+
+    async def active_batches(self) -> list[BatchRow]:
+        rows = await self._query(
+            "list active batches",
+            "SELECT id, owner, status, created_at, record FROM batches"
+            " WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
+            " ORDER BY created_at, id")
+        return [_batch(r) for r in rows]
+
+    async def put_batch_results(self, batch_id: str, results: list[BatchResult]) -> None:
+        if not results:
+            return
+        await self._query(
+            f"record results of batch {batch_id!r}",
+            "INSERT INTO batch_results (batch_id, line, ok, data)"
+            " SELECT %s, line, ok, data FROM unnest(%s::integer[], %s::boolean[], %s::bytea[])"
+            " AS r(line, ok, data) ON CONFLICT (batch_id, line) DO NOTHING",
+            (batch_id, [r.line for r in results], [r.ok for r in results],
+             [r.data for r in results]))
+
+    async def batch_results(self, batch_id: str, after: int, limit: int) -> list[BatchResult]:
+        rows = await self._query(
+            f"read results of batch {batch_id!r}",
+            "SELECT line, ok, data FROM batch_results WHERE batch_id = %s AND line > %s"
+            " ORDER BY line LIMIT %s", (batch_id, after, limit))
+        return [BatchResult(line=int(r[0]), ok=bool(r[1]), data=bytes(r[2])) for r in rows]
+
+    async def batch_result_lines(self, batch_id: str, after: int) -> list[int]:
+        rows = await self._query(
+            f"read results of batch {batch_id!r}",
+            "SELECT line FROM batch_results WHERE batch_id = %s AND line > %s ORDER BY line",
+            (batch_id, after))
+        return [int(r[0]) for r in rows]
+
+    async def count_batch_results(self, batch_id: str) -> tuple[int, int]:
+        rows = await self._query(
+            f"count results of batch {batch_id!r}",
+            "SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok)"
+            " FROM batch_results WHERE batch_id = %s", (batch_id,))
+        return int(rows[0][0]), int(rows[0][1])
+
+    async def delete_batch_results(self, batch_id: str) -> None:
+        await self._query(f"delete results of batch {batch_id!r}",
+                          "DELETE FROM batch_results WHERE batch_id = %s", (batch_id,))

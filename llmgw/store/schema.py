@@ -18,6 +18,11 @@ clock); SQLite stores them as ISO 8601 UTC text, which stays readable in an
 database's own clock — REAL Unix seconds on SQLite, ``timestamptz`` on
 Postgres — because they are compared across hosts whose clocks may disagree.
 
+``responses.expires_at`` is the database's clock too (it is compared with
+the database's "now" by every instance). ``files.created_at`` and
+``batches.created_at`` are the API's Unix seconds, because OpenAI's objects
+report them and a client compares them with its own clock.
+
 ``definition`` is a blob (BLOB / bytea) rather than text: the Protocol hands
 the adapters bytes, and a row that is not valid UTF-8 must still come back
 out, so that startup can name and skip it instead of failing to read
@@ -111,6 +116,92 @@ MIGRATIONS: tuple[Migration, ...] = (
             """CREATE TABLE activity (
                 model text PRIMARY KEY,
                 at    timestamptz NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        number=2,
+        name="stored responses, files in chunks, batches and their results",
+        sqlite=(
+            """CREATE TABLE responses (
+                id         TEXT PRIMARY KEY,
+                owner      TEXT NOT NULL,
+                body       BLOB NOT NULL,
+                context    BLOB NOT NULL,
+                expires_at REAL NOT NULL
+            )""",
+            "CREATE INDEX responses_expiry ON responses (expires_at)",
+            """CREATE TABLE files (
+                id         TEXT PRIMARY KEY,
+                owner      TEXT NOT NULL,
+                purpose    TEXT NOT NULL,
+                filename   TEXT NOT NULL,
+                bytes      INTEGER NOT NULL,
+                created_at INTEGER NOT NULL,
+                status     TEXT NOT NULL
+            )""",
+            """CREATE TABLE file_chunks (
+                file_id TEXT NOT NULL,
+                seq     INTEGER NOT NULL,
+                data    BLOB NOT NULL,
+                PRIMARY KEY (file_id, seq)
+            )""",
+            """CREATE TABLE batches (
+                id         TEXT PRIMARY KEY,
+                owner      TEXT NOT NULL,
+                status     TEXT NOT NULL,
+                created_at INTEGER NOT NULL,
+                record     BLOB NOT NULL
+            )""",
+            "CREATE INDEX batches_owner ON batches (owner, created_at)",
+            "CREATE INDEX batches_status ON batches (status)",
+            """CREATE TABLE batch_results (
+                batch_id TEXT NOT NULL,
+                line     INTEGER NOT NULL,
+                ok       INTEGER NOT NULL,
+                data     BLOB NOT NULL,
+                PRIMARY KEY (batch_id, line)
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE responses (
+                id         text PRIMARY KEY,
+                owner      text NOT NULL,
+                body       bytea NOT NULL,
+                context    bytea NOT NULL,
+                expires_at timestamptz NOT NULL
+            )""",
+            "CREATE INDEX responses_expiry ON responses (expires_at)",
+            """CREATE TABLE files (
+                id         text PRIMARY KEY,
+                owner      text NOT NULL,
+                purpose    text NOT NULL,
+                filename   text NOT NULL,
+                bytes      bigint NOT NULL,
+                created_at bigint NOT NULL,
+                status     text NOT NULL
+            )""",
+            """CREATE TABLE file_chunks (
+                file_id text NOT NULL,
+                seq     integer NOT NULL,
+                data    bytea NOT NULL,
+                PRIMARY KEY (file_id, seq)
+            )""",
+            """CREATE TABLE batches (
+                id         text PRIMARY KEY,
+                owner      text NOT NULL,
+                status     text NOT NULL,
+                created_at bigint NOT NULL,
+                record     bytea NOT NULL
+            )""",
+            "CREATE INDEX batches_owner ON batches (owner, created_at)",
+            "CREATE INDEX batches_status ON batches (status)",
+            """CREATE TABLE batch_results (
+                batch_id text NOT NULL,
+                line     integer NOT NULL,
+                ok       boolean NOT NULL,
+                data     bytea NOT NULL,
+                PRIMARY KEY (batch_id, line)
             )""",
         ),
     ),

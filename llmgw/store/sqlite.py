@@ -48,7 +48,14 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from llmgw.errors import ConfigError, StoreUnavailableError
-from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.base import (
+    BatchResult,
+    BatchRow,
+    CatalogChange,
+    FileRecord,
+    StoredModel,
+    StoredResponse,
+)
 from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
@@ -78,6 +85,49 @@ _MARK_ACTIVITY = (
 )
 _LAST_ACTIVITY = (
     "SELECT ((julianday('now') - 2440587.5) * 86400.0) - at FROM activity WHERE model = ?"
+)
+
+_PUT_RESPONSE = (
+    "INSERT INTO responses (id, owner, body, context, expires_at)"
+    " VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0) + ?)"
+    " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, body = excluded.body,"
+    " context = excluded.context, expires_at = excluded.expires_at"
+)
+_GET_RESPONSE = (
+    "SELECT CAST(body AS BLOB), CAST(context AS BLOB) FROM responses"
+    " WHERE id = ? AND owner = ? AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+)
+_DELETE_RESPONSE = (
+    "DELETE FROM responses"
+    " WHERE id = ? AND owner = ? AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+)
+_PURGE_RESPONSES = (
+    "DELETE FROM responses WHERE expires_at <= ((julianday('now') - 2440587.5) * 86400.0)"
+)
+# Files and batches are read by their owner, or by anyone when the owner given is NULL
+# (the batch worker).
+_GET_FILE = (
+    "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
+    " WHERE id = ? AND status = 'processed' AND (? IS NULL OR owner = ?)"
+)
+_GET_BATCH = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
+    " WHERE id = ? AND (? IS NULL OR owner = ?)"
+)
+_LIST_BATCHES = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches WHERE owner = ?"
+    " ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+_LIST_BATCHES_AFTER = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches b"
+    " WHERE owner = ? AND EXISTS (SELECT 1 FROM batches a WHERE a.id = ? AND a.owner = b.owner"
+    " AND (b.created_at < a.created_at OR (b.created_at = a.created_at AND b.id < a.id)))"
+    " ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+_ACTIVE_BATCHES = (
+    "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
+    " WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
+    " ORDER BY created_at, id"
 )
 
 _SELECT_MODELS = (
@@ -198,7 +248,16 @@ class _Connection:
         try:
             if self._db is None:
                 self._db = self._connect()
-            return fn(self._db)
+            result = fn(self._db)
+            if isinstance(result, sqlite3.Cursor):
+                # A cursor must be finalized on its connection's thread. Handed back
+                # to the event loop and freed there, it resets its cached statement
+                # while this thread may be running the same statement for the next
+                # call: SQLITE_MISUSE ("bad parameter or other API misuse") under a
+                # stream of identical writes.
+                result.close()
+                return None  # type: ignore[return-value]
+            return result
         except sqlite3.Error as exc:
             raise self.unavailable(exc) from exc
 
@@ -324,6 +383,29 @@ def _put_model(model: StoredModel) -> Callable[[sqlite3.Connection], None]:
     return run
 
 
+def _file(row: tuple[Any, ...]) -> FileRecord:
+    id_, owner, purpose, filename, size, created_at, status = row
+    return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=size,
+                      created_at=created_at, status=status)
+
+
+def _batch(row: tuple[Any, ...]) -> BatchRow:
+    id_, owner, status, created_at, record = row
+    return BatchRow(id=id_, owner=owner, status=status, created_at=created_at,
+                    record=bytes(record))
+
+
+def _in_transaction(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(db)
+        db.execute("COMMIT")
+    except BaseException:
+        _rollback(db)
+        raise
+    return result
+
+
 class _SqliteChange:
     """The open ``BEGIN IMMEDIATE`` transaction of one ``SqliteStore.change()``."""
 
@@ -406,6 +488,10 @@ class SqliteStore:
             if conn is not None:
                 await conn.close()
 
+    @property
+    def is_open(self) -> bool:
+        return self._catalog is not None
+
     def _conn(self, conn: _Connection | None) -> _Connection:
         if conn is None:
             raise RuntimeError(f"SqliteStore({self.path}) is not open; await open() first")
@@ -482,3 +568,140 @@ class SqliteStore:
             lambda db: db.execute(_LAST_ACTIVITY, (model,)).fetchone()
         )
         return None if row is None else max(0.0, float(row[0]))
+
+    # --- stored Responses ---------------------------------------------------------
+
+    async def put_response(self, response: StoredResponse, ttl: float) -> None:
+        row = (response.id, response.owner, response.body, response.context, float(ttl))
+        await self._conn(self._writes).run(lambda db: db.execute(_PUT_RESPONSE, row))
+
+    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_RESPONSE, (id, owner)).fetchone())
+        if row is None:
+            return None
+        return StoredResponse(id=id, owner=owner, body=bytes(row[0]), context=bytes(row[1]))
+
+    async def delete_response(self, id: str, owner: str) -> bool:
+        count = await self._conn(self._writes).run(
+            lambda db: db.execute(_DELETE_RESPONSE, (id, owner)).rowcount)
+        return bool(count > 0)
+
+    async def purge_responses(self) -> int:
+        count = await self._conn(self._writes).run(
+            lambda db: db.execute(_PURGE_RESPONSES).rowcount)
+        return int(count)
+
+    # --- files ----------------------------------------------------------------------
+
+    async def create_file(self, file: FileRecord) -> None:
+        row = (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at,
+               "uploading")
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+
+    async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "INSERT INTO file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
+            (file_id, seq, data)))
+
+    async def finish_file(self, file_id: str, size: int) -> None:
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "UPDATE files SET status = 'processed', bytes = ? WHERE id = ?", (size, file_id)))
+
+    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_FILE, (id, owner, owner)).fetchone())
+        return None if row is None else _file(row)
+
+    async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT CAST(data AS BLOB) FROM file_chunks WHERE file_id = ? AND seq >= ?"
+            " ORDER BY seq LIMIT ?", (file_id, first, count)).fetchall())
+        return [bytes(r[0]) for r in rows]
+
+    async def delete_file(self, id: str, owner: str | None) -> bool:
+        def run(db: sqlite3.Connection) -> bool:
+            if owner is None:
+                cur = db.execute("DELETE FROM files WHERE id = ?", (id,))
+            else:
+                cur = db.execute("DELETE FROM files WHERE id = ? AND owner = ?", (id, owner))
+            if cur.rowcount == 0:
+                return False
+            db.execute("DELETE FROM file_chunks WHERE file_id = ?", (id,))
+            return True
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def purge_uploads(self, before: int) -> int:
+        def run(db: sqlite3.Connection) -> int:
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM files WHERE status = 'uploading' AND created_at < ?", (before,))]
+            for file_id in ids:
+                db.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
+                db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+            return len(ids)
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    # --- batches --------------------------------------------------------------------
+
+    async def create_batch(self, batch: BatchRow) -> None:
+        row = (batch.id, batch.owner, batch.status, batch.created_at, batch.record)
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "INSERT INTO batches (id, owner, status, created_at, record) VALUES (?, ?, ?, ?, ?)",
+            row))
+
+    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
+        row = await self._conn(self._reads).run(
+            lambda db: db.execute(_GET_BATCH, (id, owner, owner)).fetchone())
+        return None if row is None else _batch(row)
+
+    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+        def run(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            if after is None:
+                return db.execute(_LIST_BATCHES, (owner, limit)).fetchall()
+            return db.execute(_LIST_BATCHES_AFTER, (owner, after, limit)).fetchall()
+
+        return [_batch(r) for r in await self._conn(self._reads).run(run)]
+
+    async def update_batch(self, batch: BatchRow, expect: str) -> bool:
+        count = await self._conn(self._writes).run(lambda db: db.execute(
+            "UPDATE batches SET status = ?, record = ? WHERE id = ? AND status = ?",
+            (batch.status, batch.record, batch.id, expect)).rowcount)
+        return bool(count > 0)
+
+    async def active_batches(self) -> list[BatchRow]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_ACTIVE_BATCHES).fetchall())
+        return [_batch(r) for r in rows]
+
+    async def put_batch_results(self, batch_id: str, results: list[BatchResult]) -> None:
+        rows = [(batch_id, r.line, int(r.ok), r.data) for r in results]
+        await self._conn(self._writes).run(lambda db: _in_transaction(db, lambda d: d.executemany(
+            "INSERT INTO batch_results (batch_id, line, ok, data) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (batch_id, line) DO NOTHING", rows)))
+
+    async def batch_results(self, batch_id: str, after: int, limit: int) -> list[BatchResult]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT line, ok, CAST(data AS BLOB) FROM batch_results"
+            " WHERE batch_id = ? AND line > ? ORDER BY line LIMIT ?",
+            (batch_id, after, limit)).fetchall())
+        return [BatchResult(line=r[0], ok=bool(r[1]), data=bytes(r[2])) for r in rows]
+
+    async def batch_result_lines(self, batch_id: str, after: int) -> list[int]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT line FROM batch_results WHERE batch_id = ? AND line > ? ORDER BY line",
+            (batch_id, after)).fetchall())
+        return [int(r[0]) for r in rows]
+
+    async def count_batch_results(self, batch_id: str) -> tuple[int, int]:
+        row = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT COALESCE(SUM(ok), 0), COALESCE(SUM(1 - ok), 0) FROM batch_results"
+            " WHERE batch_id = ?", (batch_id,)).fetchone())
+        return int(row[0]), int(row[1])
+
+    async def delete_batch_results(self, batch_id: str) -> None:
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "DELETE FROM batch_results WHERE batch_id = ?", (batch_id,)))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -70,6 +71,13 @@ class GatewayHandle:
     catalogs: CatalogHolder
     store: SqliteStore
     client: httpx.AsyncClient = field(repr=False)
+    stack: contextlib.AsyncExitStack = field(repr=False)
+
+    def openai(self, key: str = "unused") -> openai.AsyncOpenAI:
+        """The official client for this gateway, closed when the test ends."""
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+        self.stack.push_async_callback(client.close)
+        return client
 
     async def chat(self, model: str, *, key: str | None = None, stream: bool = False,
                    **extra: Any) -> httpx.Response:
@@ -119,7 +127,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         client = await stack.enter_async_context(
             httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60.0)))
         return GatewayHandle(url=url, gateway=gw, backend=backend, catalogs=catalogs,
-                             store=store, client=client)
+                             store=store, client=client, stack=stack)
 
     yield make
     await stack.aclose()

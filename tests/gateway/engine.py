@@ -1,8 +1,12 @@
 """A small OpenAI-shaped engine on loopback, for the gateway's tests.
 
 It answers chat completions, completions and embeddings like vLLM or
-llama.cpp's server would (same JSON and SSE shapes), and can be told to
-misbehave: answer with an error status, hold its answer, stream slowly or
+llama.cpp's server would (same JSON and SSE shapes), and, like vLLM with the
+matching model loaded, the Responses API, rerank, score, transcription and
+translation (multipart uploads, whose fields and file it records) and
+speech (a binary body sent in pieces). A test may set ``reply`` to answer a
+request its own way, or ``chat_chunks`` to choose a chat stream's events.
+It can be told to misbehave: answer with an error status, hold its answer, stream slowly or
 only when a gate opens, cut a stream after some chunks, or die. It records
 every request's body and headers, and every request that was cancelled
 under it (the client went away), which is how tests see that a client
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -41,6 +47,10 @@ class FakeEngine:
         self.first_chunk_delay = 0.0            # after the headers, before the first chunk
         self.gate: asyncio.Event | None = None  # stream: wait for this after the first chunk
         self.die_after_chunks: int | None = None
+        self.uploads: list[dict[str, Any]] = []   # per multipart request: fields, file digest
+        self.reply: Callable[[str, dict[str, Any]], dict[str, Any] | None] | None = None
+        self.chat_chunks: list[dict[str, Any]] | None = None
+        self.speech = b"ID3" + bytes(range(256)) * 64    # what /v1/audio/speech returns
         self.in_flight = 0
         self.finished = 0
         self.cancelled = 0
@@ -55,6 +65,10 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
         app.router.add_post("/v1/embeddings", self._handle)
+        for path in ("/v1/responses", "/v1/rerank", "/v1/score", "/v1/audio/speech"):
+            app.router.add_post(path, self._handle)
+        app.router.add_post("/v1/audio/transcriptions", self._upload)
+        app.router.add_post("/v1/audio/translations", self._upload)
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.1)
@@ -92,6 +106,28 @@ class FakeEngine:
         finally:
             self.in_flight -= 1
 
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """A multipart transcription/translation: records each field and the file's digest."""
+        self.paths.append(request.path)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        fields: dict[str, Any] = {}
+        reader = await request.multipart()
+        async for part in reader:
+            if part.filename is not None:
+                data = await part.read()
+                fields[part.name or ""] = {"filename": part.filename, "bytes": len(data),
+                                           "sha256": hashlib.sha256(data).hexdigest(),
+                                           "content_type": part.headers.get("Content-Type")}
+            else:
+                fields[part.name or ""] = (await part.read()).decode()
+        self.uploads.append(fields)
+        if self.fail_status is not None:
+            return await self._answer(request, fields)
+        text = f"{request.path.rsplit('/', 1)[-1]} by {self.name}"
+        if fields.get("response_format") == "text":
+            return web.Response(text=text, content_type="text/plain")
+        return web.json_response({"text": text})
+
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.hang:
             await asyncio.Event().wait()
@@ -107,6 +143,31 @@ class FakeEngine:
                 {"error": {"message": f"{self.name} failed on cue", "type": "server_error",
                            "code": None, "param": None}}, status=status)
         model = body.get("model", "")
+        if self.reply is not None:
+            custom = self.reply(request.path, body)
+            if custom is not None:
+                return web.json_response(custom)
+        if request.path == "/v1/responses":
+            return await self._responses(request, body, model)
+        if request.path == "/v1/rerank":
+            docs = body.get("documents", [])
+            results = [{"index": i, "document": {"text": d}, "relevance_score": 1.0 / (i + 1)}
+                       for i, d in enumerate(docs)][:body.get("top_n") or len(docs)]
+            return web.json_response({"id": "rerank-1", "model": model, "results": results,
+                                      "usage": {"total_tokens": 10}})
+        if request.path == "/v1/score":
+            return web.json_response({"id": "score-1", "object": "list", "model": model,
+                                      "data": [{"index": 0, "object": "score", "score": 0.5}],
+                                      "usage": {"prompt_tokens": 4, "total_tokens": 4}})
+        if request.path == "/v1/audio/speech":
+            response = web.StreamResponse(headers={"Content-Type": "audio/mpeg"})
+            await response.prepare(request)
+            for i in range(0, len(self.speech), 4096):
+                await response.write(self.speech[i:i + 4096])
+                if self.chunk_delay:
+                    await asyncio.sleep(self.chunk_delay)
+            await response.write_eof()
+            return response
         if request.path == "/v1/embeddings":
             inputs = body.get("input", "")
             items = inputs if isinstance(inputs, list) else [inputs]
@@ -120,15 +181,55 @@ class FakeEngine:
             return await self._stream(request, body, model)
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         text = f"hello from {self.name}"
+        n = body.get("n") or 1
         if request.path == "/v1/completions":
             return web.json_response({
                 "id": "cmpl-1", "object": "text_completion", "created": 1, "model": model,
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop",
-                             "logprobs": None}], "usage": usage})
+                "choices": [{"index": i, "text": text, "finish_reason": "stop",
+                             "logprobs": None} for i in range(n)], "usage": usage})
+        logprobs = None
+        if body.get("logprobs"):
+            top = body.get("top_logprobs") or 0
+            logprobs = {"content": [{"token": w, "logprob": -0.5, "bytes": list(w.encode()),
+                                     "top_logprobs": [{"token": w, "logprob": -0.5,
+                                                       "bytes": list(w.encode())}] * top}
+                                    for w in text.split()]}
         return web.json_response({
             "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop"}], "usage": usage})
+            "system_fingerprint": f"seed-{body.get('seed')}",
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                         "logprobs": logprobs, "finish_reason": "stop"} for i in range(n)],
+            "usage": usage})
+
+    async def _responses(self, request: web.Request, body: dict[str, Any],
+                         model: str) -> web.StreamResponse:
+        """The Responses API as vLLM serves it: one object, or its event stream."""
+        text = f"responded by {self.name}"
+        response: dict[str, Any] = {
+            "id": f"resp_{self.name}_{len(self.requests)}", "object": "response",
+            "created_at": 1, "model": model, "status": "completed",
+            "store": body.get("store", True), "previous_response_id":
+            body.get("previous_response_id"), "parallel_tool_calls": True,
+            "tool_choice": "auto", "tools": body.get("tools", []),
+            "output": [{"type": "message", "id": "msg_1", "status": "completed",
+                        "role": "assistant", "content": [
+                            {"type": "output_text", "text": text, "annotations": []}]}],
+            "usage": {"input_tokens": 4, "output_tokens": 3, "total_tokens": 7}}
+        if not body.get("stream"):
+            return web.json_response(response)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        started = {**response, "status": "in_progress", "output": []}
+        events = [{"type": "response.created", "response": started}]
+        events += [{"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                    "content_index": 0, "delta": word, "logprobs": []}
+                   for word in ("responded ", "by ", self.name)]
+        events.append({"type": "response.completed", "response": response})
+        for seq, event in enumerate(events):
+            event["sequence_number"] = seq
+            await stream.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        await stream.write_eof()
+        return stream
 
     def _chunk(self, path: str, model: str, i: int) -> dict[str, Any]:
         if path == "/v1/completions":
@@ -149,6 +250,12 @@ class FakeEngine:
             return response
         if self.first_chunk_delay:
             await asyncio.sleep(self.first_chunk_delay)
+        if self.chat_chunks is not None:
+            for chunk in self.chat_chunks:
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
         for i in range(self.chunks):
             if self.die_after_chunks is not None and i == self.die_after_chunks:
                 assert request.transport is not None

@@ -24,3 +24,14 @@ def test_every_gateway_setting_is_in_the_readme() -> None:
     text = README.read_text()
     for field in GatewayConfig.__struct_fields__:
         assert f"| `{field}` |" in text, field
+
+
+def test_the_capability_table_has_a_row_for_every_endpoint() -> None:
+    """An endpoint added to the capability map without a row in the README's table fails here."""
+    from llmgw.gateway.capabilities import ENDPOINT_CAPABILITY
+
+    table = README.read_text().split("## Capabilities", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `/v1/")]
+    for path in ENDPOINT_CAPABILITY:
+        short = path.rsplit("/", 1)[-1]
+        assert any(f"`{path}`" in row or f"`/{short}`" in row for row in rows), path

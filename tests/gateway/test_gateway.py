@@ -136,7 +136,7 @@ async def test_bad_input_gets_openai_shaped_errors_and_others_are_still_served(
         (await post("/v1/chat/completions", json={"model": "nope"}), 404, "model"),
         (await post("/v1/chat/completions", json={"model": "m", "pad": "x" * 2000}), 413, None),
         (await gw.client.get("/v1/chat/completions"), 405, None),
-        (await post("/v1/files", json={}), 404, None),
+        (await post("/v1/assistants", json={}), 404, None),
     ]
     for response, status, param in cases:
         assert response.status_code == status, (response.status_code, response.text)
@@ -299,6 +299,9 @@ async def test_an_internal_error_is_a_500_and_the_gateway_keeps_serving(
     ("{eject_for: soon}", r"gateway\.eject_for: 'soon' is not a duration"),
     ("{eject_for: 5m, eject_max: 1m}", r"gateway\.eject_max \(1m\) is shorter"),
     ("{max_body_size: 0}", r"gateway\.max_body_size: must be more than 0"),
+    ("{batch_concurrency: 0}", r"gateway\.batch_concurrency: must be at least 1"),
+    ("{responses_retention: 0s}", r"gateway\.responses_retention: must be more than 0"),
+    ("{max_file_size: 0}", r"gateway\.max_file_size: must be more than 0"),
 ])
 def test_a_bad_gateway_setting_is_a_config_error_naming_it(tmp_path: Path, gateway: str,
                                                           complaint: str) -> None:
