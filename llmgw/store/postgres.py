@@ -51,7 +51,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.redact import redact_url
-from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.base import REPORT_RETENTION, CatalogChange, Report, StoredModel
 from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
@@ -428,3 +428,22 @@ class PostgresStore:
             (model,),
         )
         return max(0.0, float(rows[0][0])) if rows else None
+
+    async def put_report(self, kind: str, key: str, payload: bytes) -> None:
+        await self._query(
+            f"write the {kind} report of {key!r}",
+            "WITH dropped AS (DELETE FROM reports WHERE kind = %s"
+            " AND at < now() - %s * interval '1 second')"
+            " INSERT INTO reports (kind, key, payload, at) VALUES (%s, %s, %s, now())"
+            " ON CONFLICT (kind, key) DO UPDATE SET payload = EXCLUDED.payload, at = EXCLUDED.at",
+            (kind, REPORT_RETENTION, kind, key, payload),
+        )
+
+    async def reports(self, kind: str, within: float) -> list[Report]:
+        rows = await self._query(
+            f"read the {kind} reports",
+            "SELECT key, payload, EXTRACT(EPOCH FROM now() - at)::float8 FROM reports"
+            " WHERE kind = %s AND at > now() - %s * interval '1 second' ORDER BY key",
+            (kind, float(within)),
+        )
+        return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]

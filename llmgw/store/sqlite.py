@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from llmgw.errors import ConfigError, StoreUnavailableError
-from llmgw.store.base import CatalogChange, StoredModel
+from llmgw.store.base import REPORT_RETENTION, CatalogChange, Report, StoredModel
 from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,20 @@ _MARK_ACTIVITY = (
 )
 _LAST_ACTIVITY = (
     "SELECT ((julianday('now') - 2440587.5) * 86400.0) - at FROM activity WHERE model = ?"
+)
+
+_PUT_REPORT = (
+    "INSERT INTO reports (kind, key, payload, at)"
+    " VALUES (?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0))"
+    " ON CONFLICT (kind, key) DO UPDATE SET payload = excluded.payload, at = excluded.at"
+)
+_DROP_REPORTS = (
+    "DELETE FROM reports WHERE kind = ? AND at < ((julianday('now') - 2440587.5) * 86400.0) - ?"
+)
+_REPORTS = (
+    "SELECT key, CAST(payload AS BLOB), ((julianday('now') - 2440587.5) * 86400.0) - at"
+    " FROM reports WHERE kind = ? AND at > ((julianday('now') - 2440587.5) * 86400.0) - ?"
+    " ORDER BY key"
 )
 
 _SELECT_MODELS = (
@@ -471,3 +485,16 @@ class SqliteStore:
             lambda db: db.execute(_LAST_ACTIVITY, (model,)).fetchone()
         )
         return None if row is None else max(0.0, float(row[0]))
+
+    async def put_report(self, kind: str, key: str, payload: bytes) -> None:
+        def run(db: sqlite3.Connection) -> None:
+            db.execute(_PUT_REPORT, (kind, key, payload))
+            db.execute(_DROP_REPORTS, (kind, REPORT_RETENTION))
+
+        await self._conn(self._writes).run(run)
+
+    async def reports(self, kind: str, within: float) -> list[Report]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_REPORTS, (kind, float(within))).fetchall()
+        )
+        return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]
