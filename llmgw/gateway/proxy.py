@@ -52,6 +52,7 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
+from llmgw.gateway.admission import Priority
 from llmgw.gateway.errors import (
     ClientGone,
     Message,
@@ -63,6 +64,7 @@ from llmgw.gateway.errors import (
     sse_error_event,
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
+from llmgw.gateway.prefix import prefix_key
 from llmgw.gateway.routing import Balancer
 
 log = logging.getLogger("llmgw.gateway.proxy")
@@ -86,9 +88,14 @@ _ERROR_SNIPPET = 300
 CLIENT_SEND_TIMEOUT = 120.0
 
 
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
 
 
 class _WithUsage(msgspec.Struct):
@@ -181,6 +188,14 @@ class ForwardRequest:
     metrics: ModelMetrics
     bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
     responded: bool = False         # the response has started: nothing can be retried
+    priority: Priority = "interactive"   # the key's class in admission queues
+    keys: dict[int, int | None] = field(default_factory=dict)  # prefix key per prefix_bytes
+
+    def prefix_key(self, prefix_bytes: int) -> int | None:
+        """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
+        if prefix_bytes not in self.keys:
+            self.keys[prefix_bytes] = prefix_key(self.body, prefix_bytes)
+        return self.keys[prefix_bytes]
 
 
 @dataclass(slots=True)
@@ -274,8 +289,12 @@ class Forwarder:
         for index, model in enumerate(chain):
             urls = self.replicas(model)
             tried: set[str] = set()
+            routing = model.routing
+            key = (req.prefix_key(routing.prefix_bytes)
+                   if routing.policy == "prefix-affinity" else None)
             while len(tried) < self.max_attempts:
-                url = self.balancer.choose(urls, self.clock(), tried)
+                url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
+                                         key=key, load_factor=routing.load_factor)
                 if url is None:
                     break
                 if tried:
@@ -468,6 +487,9 @@ class Forwarder:
             mm.tokens_prompt.inc(usage.prompt_tokens)
         if usage.completion_tokens > 0:
             mm.tokens_completion.inc(usage.completion_tokens)
+        details = usage.prompt_tokens_details
+        if details is not None and details.cached_tokens:
+            mm.tokens_cached.inc(details.cached_tokens)
 
 
 def _describe(exc: BaseException) -> str:

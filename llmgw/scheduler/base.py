@@ -102,7 +102,7 @@ class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
 
 class Routing(Protocol):
     """What the gateway needs of a scheduler: where a model's healthy replicas are,
-    word when that may have changed, and on-demand scaling. Every read is from the
+    word when that may have changed, and a replica count to run. Every read is from the
     backend's cache, so the request path never waits on the scheduler."""
 
     def endpoints(self, model: str) -> list[str]:
@@ -112,7 +112,15 @@ class Routing(Protocol):
         """Return when the set of endpoints may have changed, or after ``timeout``."""
 
     async def set_demand(self, model: str, replicas: int) -> None:
-        """On-demand scaling: run ``replicas`` copies of a min-0 model (0 stops it)."""
+        """Run ``replicas`` copies of the model, kept within ``[scaling.min, scaling.max]``.
+
+        The gateway's two scaling paths call this: the on-demand path for a
+        min-0 model (1 starts it, 0 stops it) and the load-based scaler
+        between min and max. The count holds until the next call; a catalog
+        change clamps it into the new range. The backend may accept the call
+        before the scheduler has acted (``status().desired`` and ``ready``
+        show the progress).
+        """
 
     def status(self, model: str) -> ModelStatus: ...
 
