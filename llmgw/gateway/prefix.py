@@ -30,7 +30,6 @@ import msgspec
 
 from llmgw.gateway.ring import point
 
-
 _ABSENT = msgspec.Raw()
 
 

@@ -7,8 +7,8 @@ from llmgw.gateway.scaling import ScaleInputs, decide, demand_of
 
 
 def inputs(**kw: object) -> ScaleInputs:
-    base: dict[str, object] = dict(current=2, ready=2, waiting_for_capacity=False, low=1,
-                                   high=8, target=10, window=300.0, demand=20.0)
+    base: dict[str, object] = {"current": 2, "ready": 2, "waiting_for_capacity": False, "low": 1,
+                                   "high": 8, "target": 10, "window": 300.0, "demand": 20.0}
     base.update(kw)
     return ScaleInputs(**base)  # type: ignore[arg-type]
 
