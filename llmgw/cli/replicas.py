@@ -64,20 +64,47 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
     """List replicas: node, state, health, profile, memory used against reserved.
 
     "stale profile" marks a replica started with an older definition of its
-    profile; `llmgw ctl rollout MODEL` replaces it.
+    profile; `llmgw ctl rollout MODEL` replaces it. Below, per model: the
+    replicas desired and ready, and why that many (the gateway's scaler
+    decides between scaling.min and scaling.max from the load).
     """
     path = "/api/v1/replicas" + (f"?model={quote(name)}" if name else "")
     with failures():
         rows = client.get(path)
-    if output == "json":
-        print_json(rows)
-        return
+        if output == "json":
+            print_json(rows)
+            return
+        models = client.get(f"/api/v1/models/{quote(name)}") if name else \
+            client.get("/api/v1/models")
     print_table(
         [(r["model"], _short_id(r["id"]), r["node"], r["state"], "yes" if r["healthy"] else "no",
           r["profile"], _memory(r), _note(r)) for r in rows],
         ["model", "replica", "node", "state", "healthy", "profile", "memory used/reserved",
          "note"],
     )
+    counts = [_counts(m) for m in (models if isinstance(models, list) else [models])
+              if not m.get("external")]
+    if counts:
+        click.echo()
+        print_table(counts, ["model", "desired", "ready", "min..max", "why"])
+
+
+def _counts(m: dict[str, Any]) -> tuple[str, int, int, str, str]:
+    """A model's replica count: what the scheduler runs, and what the scaler asked and why."""
+    status, scaling, scaler = m["status"], m["scaling"], m.get("scaler")
+    if scaler:
+        since = scaler.get("since")
+        why = f"scaler ({scaler['kind']}): {scaler['reason']}"
+        if since is not None:
+            why += f"; count unchanged for {since:.0f}s"
+    elif scaling["max"] > max(scaling["min"], 1):
+        why = "no decision from the gateway's scaler yet"
+    elif scaling["min"] == 0:
+        why = "on demand: started by a request, stopped when idle"
+    else:
+        why = "fixed: scaling.min = scaling.max"
+    return (m["name"], status["desired"], status["ready"], f"{scaling['min']}..{scaling['max']}",
+            why)
 
 
 def _short_id(replica_id: str) -> str:

@@ -35,7 +35,9 @@ from llmgw.errors import LlmgwError, StoreUnavailableError
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.routing import Balancer
 from llmgw.gateway.scaling import Decision, ScaleInputs, decide, demand_of, recommend
-from llmgw.scheduler.base import Routing
+from llmgw.scheduler.base import SCALER_REPORT, Routing
+from llmgw.scheduler.base import ScalerDecision as Decided
+from llmgw.scheduler.base import ScalerDecisions as Decisions
 from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.gateway.scaler")
@@ -50,19 +52,6 @@ class ModelLoad(msgspec.Struct, frozen=True):
 
 class LoadReport(msgspec.Struct, frozen=True):
     models: dict[str, ModelLoad]
-
-
-class Decided(msgspec.Struct, frozen=True, kw_only=True):
-    """A decision as published: ``since`` is the seconds since the count last changed."""
-
-    desired: int
-    kind: str
-    reason: str
-    since: float | None = None
-
-
-class Decisions(msgspec.Struct, frozen=True):
-    models: dict[str, Decided]
 
 
 _encode = msgspec.json.Encoder().encode
@@ -116,6 +105,12 @@ class Scaler:
                             "are until it can: %s", exc.message)
             self._store_down = True
             self._resign()
+        except Exception:
+            # Once per outage, not once per tick (a store that was never opened).
+            if not self._store_down:
+                log.exception("the scaler failed; replica counts stay as they are")
+            self._store_down = True
+            self._resign()
 
     def _resign(self) -> None:
         self.leading = False
@@ -165,10 +160,10 @@ class Scaler:
                     desired=decision.desired, kind=decision.kind, reason=decision.reason,
                     since=None if changed is None else now - changed)
         self.decisions = decided
-        await self.store.put_report("scaler", "decisions", _encode(Decisions(models=decided)))
+        await self.store.put_report(*SCALER_REPORT, _encode(Decisions(models=decided)))
 
     async def _follow(self) -> None:
-        found = await self.store.reports("scaler", self.report_window + self.interval)
+        found = await self.store.reports(SCALER_REPORT[0], self.report_window + self.interval)
         self.decisions = {}
         for report in found:
             try:

@@ -57,6 +57,29 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     crash_loop: bool = False
 
 
+class ScalerDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """The gateway scaler's latest count for a model and why (published in the store).
+
+    ``kind``: ``load`` (following it), ``min`` or ``max`` (held at the range's
+    end), ``stabilising`` (lower load, inside scale_down_delay), ``loading``
+    (waiting for replicas asked for), ``capacity`` (the scheduler has no room).
+    ``since``: seconds since the count last changed, when known.
+    """
+
+    desired: int
+    kind: str
+    reason: str
+    since: float | None = None
+
+
+class ScalerDecisions(msgspec.Struct, frozen=True):
+    models: dict[str, ScalerDecision]
+
+
+# Where the scaler publishes them: store.reports(SCALER_REPORT, ...), one row.
+SCALER_REPORT = ("scaler", "decisions")
+
+
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     """One machine of the fleet, totals and free capacity as the scheduler counts them."""
 

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from llmgw.gateway.keys import add_key
-from llmgw.gateway.scaler import Decisions
+from llmgw.scheduler.base import ScalerDecisions as Decisions
 from llmgw.testing.simengine import SimEngine, SimSpec
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
 from tests.gateway.doubles import FakeBackend
