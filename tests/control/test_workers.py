@@ -25,7 +25,6 @@ import uvicorn
 
 from llmgw.errors import NotFoundError
 from llmgw.scheduler.relay import RelayRouting, RoutingRelay
-from llmgw.testing.simengine import SimEngine, SimSpec
 from tests.gateway.doubles import FakeBackend
 
 TOKEN = "workers-t0ken"
@@ -145,7 +144,8 @@ def served(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]
 def _workers(proc: subprocess.Popen[bytes]) -> list[int]:
     """The gateway workers among the control process's children (not multiprocessing's
     resource tracker)."""
-    out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+                         check=False)
     pids = []
     for pid in (int(p) for p in out.stdout.split()):
         with contextlib.suppress(OSError):
