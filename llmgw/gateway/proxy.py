@@ -364,6 +364,7 @@ class Forwarder:
         sent = False
         resp: aiohttp.ClientResponse | None = None
         self.balancer.acquire(url)
+        answered = False
         try:
             async with asyncio.timeout(first_byte) as deadline:
                 try:
@@ -386,6 +387,7 @@ class Forwarder:
                     if ctype.startswith("text/event-stream"):
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
+                        answered = True
                         deadline.reschedule(None)   # the client's pace is not the replica's
                         await to_client({"type": "http.response.start", "status": status,
                                          "headers": headers})
@@ -396,6 +398,7 @@ class Forwarder:
                         deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
+                        answered = True
                         deadline.reschedule(None)
                         headers.append((b"content-length", str(len(data)).encode()))
                         await to_client({"type": "http.response.start", "status": status,
@@ -426,7 +429,7 @@ class Forwarder:
             return _Failure("timeout", f"no response within {first_byte:g} s "
                             f"(timeouts.first_byte of model {model.name!r})")
         finally:
-            self.balancer.release(url)
+            self.balancer.release(url, awaiting=not answered)
             if resp is not None:
                 resp.close()
 

@@ -10,7 +10,8 @@ once.
 
 Bounded load (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with
 Bounded Loads", 2016): a replica whose load would exceed ``load_factor`` times
-the mean passes the request on to the next replica clockwise. A hot prefix (one
+the mean (plus one request, below) passes the request on to the next replica
+clockwise. A hot prefix (one
 system prompt shared by a whole application) therefore spills over to a few
 neighbours instead of queueing on one replica while the others idle.
 
@@ -54,14 +55,19 @@ class HashRing:
                load_factor: float) -> str | None:
         """The first usable replica from ``key``'s home whose load stays within the bound.
 
-        The bound is ``ceil(load_factor * (total + 1) / n)`` over the usable
-        replicas, counting the request being placed; at least one replica
-        always fits it, so a request is never refused here.
+        The bound is ``ceil(load_factor * (total + 1) / n) + 1`` over the
+        usable replicas, counting the request being placed; at least one
+        replica always fits it, so a request is never refused here. The ``+ 1``
+        is one request of slack: at low load the mean is a fraction of one,
+        and the pure bound would send a conversation away from its cache
+        whenever its replica is busy with a single other request, when
+        waiting behind that one costs about what prefilling the conversation
+        elsewhere would. Under load the slack vanishes beside the mean.
         """
         if not usable:
             return None
         loads = {u: load(u) for u in usable}
-        bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads))
+        bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + 1
         owners = self._owners
         if not owners:
             return None

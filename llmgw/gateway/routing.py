@@ -71,6 +71,7 @@ class EngineSample(msgspec.Struct, frozen=True, kw_only=True):
 @dataclass(slots=True)
 class ReplicaState:
     outstanding: int = 0
+    awaiting: int = 0          # of those, still waiting for their first byte
     failures: int = 0          # consecutive failures, counted once per ejection
     ejected_until: float = 0.0
     sample: EngineSample | None = None
@@ -95,7 +96,7 @@ class Balancer:
         """The usable replica ``policy`` chooses, or None (see ``choose`` for usable)."""
         if policy == "prefix-affinity" and key is not None and urls:
             usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]
-            return self._ring(urls).choose(key, usable, lambda u: self.load(u, now),
+            return self._ring(urls).choose(key, usable, lambda u: self.pending(u, now),
                                            load_factor)
         if policy == "round-robin":
             n = len(urls)
@@ -144,6 +145,20 @@ class Balancer:
             return state.outstanding
         since = state.outstanding - state.outstanding_at_sample
         return max(state.outstanding, sample.running + sample.waiting + since)
+
+    def pending(self, url: str, now: float) -> int:
+        """Requests on the replica that have not had their first token: its prefill queue.
+
+        This gateway's own count, or the engine's waiting count when that is
+        higher (other gateways' requests). It is what a new request's time to
+        first token depends on: a request that is decoding costs the engine a
+        token per step, one that is prefilling costs it the whole prompt.
+        """
+        state = self._state.get(url)
+        if state is None:
+            return 0
+        sample = self.sample(url, now)
+        return max(state.awaiting, sample.waiting if sample is not None else 0)
 
     def headroom(self, url: str, now: float, max_concurrency: int | None,
                  max_waiting: int) -> float:
@@ -215,12 +230,18 @@ class Balancer:
         return state is not None and state.ejected_until > now
 
     def acquire(self, url: str) -> None:
-        self._get(url).outstanding += 1
+        state = self._get(url)
+        state.outstanding += 1
+        state.awaiting += 1
 
-    def release(self, url: str) -> None:
+    def release(self, url: str, *, awaiting: bool = False) -> None:
+        """A request ended; ``awaiting``: before its first byte (``succeeded`` was not called)."""
         state = self._state.get(url)
-        if state is not None and state.outstanding > 0:
-            state.outstanding -= 1
+        if state is not None:
+            if state.outstanding > 0:
+                state.outstanding -= 1
+            if awaiting and state.awaiting > 0:
+                state.awaiting -= 1
 
     def outstanding(self, url: str) -> int:
         state = self._state.get(url)
@@ -237,10 +258,14 @@ class Balancer:
         return state.ejected_until
 
     def succeeded(self, url: str) -> None:
+        """The first byte of a request's answer arrived from ``url``: healthy, and past its
+        prefill."""
         state = self._state.get(url)
         if state is not None:
             state.failures = 0
             state.ejected_until = 0.0
+            if state.awaiting > 0:
+                state.awaiting -= 1
 
     def back_in(self, urls: Iterable[str], now: float) -> float | None:
         """Seconds until the first of ``urls`` that is ejected comes back, if any is."""

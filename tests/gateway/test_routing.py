@@ -155,7 +155,7 @@ def test_bounded_load_passes_a_hot_key_on_to_the_next_replica() -> None:
     assert home is not None
     for _ in range(3):
         bal.acquire(home)
-    # Loads (3, 0, 0): bound = ceil(1.25 * 4 / 3) = 2, so the home is over it.
+    # Loads (3, 0, 0): bound = ceil(1.25 * 4 / 3) + 1 = 3, so the home is over it.
     spill = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(1), load_factor=1.25)
     assert spill not in (home, None)
     # A generous factor keeps it home.
