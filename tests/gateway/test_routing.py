@@ -290,3 +290,24 @@ def test_a_prompt_of_any_shape_gets_a_key_or_none_and_never_an_error(body: bytes
     """Odd request shapes are keyed or left unkeyed, never raise."""
     key = prefix_key(body, 256)
     assert key is None or isinstance(key, int)
+
+
+def test_prefix_affinity_bounds_the_prefill_queue_not_the_decoding_requests() -> None:
+    """Requests past their first token no longer count against a replica's bound."""
+    bal = Balancer(eject_for=10, eject_max=60)
+    urls = [A, B, C]
+    home = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7))
+    assert home is not None
+    for _ in range(4):
+        bal.acquire(home)
+        bal.succeeded(home)      # first token arrived: decoding now
+    assert bal.pending(home, 0) == 0
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) == home
+    for _ in range(3):
+        bal.acquire(home)        # three still prefilling
+    assert bal.pending(home, 0) == 3
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) != home
+    bal.release(home, awaiting=True)
+    bal.release(home, awaiting=True)
+    assert bal.pending(home, 0) == 1
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) == home
