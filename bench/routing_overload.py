@@ -14,9 +14,10 @@ capacity for 30 s, **3x for 30 s**, then 0.5x again for ``--steady`` seconds
 (5.5 minutes by default: the scaler must not scale down within 5 minutes of
 its scale-up). Capacity is measured first, closed-loop, on the initial fleet.
 
-The run is made twice: with admission control and the scaler as configured,
-and with both off (no saturation limit, one fixed fleet) for the step only,
-which is what a gateway without them does.
+The run is made twice: first with admission control and the scaler off (no
+saturation limit, one fixed fleet: what a gateway without them does; its
+capacity is measured here, closed-loop, so that the measuring does not
+itself wake a scaler), for the step only; then with both as configured.
 
 Reported: per phase, requests answered 200 and 429, TTFT p50/p95 of the
 admitted ones; when the scaler first asked for more replicas (from the start
@@ -156,7 +157,8 @@ async def serve(port: int, initial: int, load_time: float, controlled: bool) -> 
     await gateway.start()
     server = uvicorn.Server(uvicorn.Config(gateway, host="127.0.0.1", port=port,
                                            lifespan="off", log_level="warning",
-                                           access_log=False, backlog=4096))
+                                           access_log=False, backlog=4096,
+                                           timeout_keep_alive=120))
     await server.serve()
 
 
@@ -282,7 +284,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; engines {SPEC}; initial replicas {args.initial}, "
           f"load time {args.load_time:g}s")
     results = {}
-    for controlled in (True, False):
+    cap = 0.0
+    for controlled in (False, True):
         port = free_port()
         cmd = [sys.executable, __file__, "--serve", "--port", str(port), "--initial",
                str(args.initial), "--load-time", str(args.load_time)]
@@ -301,7 +304,8 @@ def main() -> None:
                 assert time.monotonic() < deadline
                 assert proc.poll() is None
                 time.sleep(0.1)
-            cap = asyncio.run(capacity(url))
+            if not controlled:
+                cap = asyncio.run(capacity(url))
             steady = args.steady if controlled else 30.0
             plan = [("warm", 0.5 * cap, 30.0), ("step", 3 * cap, 30.0),
                     ("after", 0.5 * cap, steady)]
