@@ -48,7 +48,15 @@ _messages = msgspec.json.Decoder(list[msgspec.Raw])
 _message = msgspec.json.Decoder(_Message)
 
 
-def prefix_key(body: bytes, prefix_bytes: int) -> int | None:
+class PrefixKey(msgspec.Struct, frozen=True):
+    """A prompt prefix's ring position; ``follows``: a later turn of a conversation,
+    whose earlier turns the replica at ``point`` has likely cached."""
+
+    point: int
+    follows: bool
+
+
+def prefix_key(body: bytes, prefix_bytes: int) -> PrefixKey | None:
     """The ring position of ``body``'s prompt prefix, or None when it has none."""
     try:
         found = _prompt.decode(body)
@@ -59,15 +67,16 @@ def prefix_key(body: bytes, prefix_bytes: int) -> int | None:
     raw = bytes(found.prompt)
     if raw in (b"", b"null", b'""', b"[]"):
         return None
-    return point(b"p" + raw[:prefix_bytes])
+    return PrefixKey(point(b"p" + raw[:prefix_bytes]), follows=False)
 
 
-def _chat_key(raw: msgspec.Raw, prefix_bytes: int) -> int | None:
+def _chat_key(raw: msgspec.Raw, prefix_bytes: int) -> PrefixKey | None:
     try:
         items = _messages.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     parts: list[bytes] = []
+    follows = False
     for item in items:
         try:
             message = _message.decode(item)
@@ -75,12 +84,13 @@ def _chat_key(raw: msgspec.Raw, prefix_bytes: int) -> int | None:
             message = _Message(content=item)   # not an object: its JSON as it is
         role = message.role if isinstance(message.role, str) else ""
         if role == "assistant" and parts:
+            follows = True
             break
         parts.append(role.encode() + b"\0" + bytes(message.content))
     if not parts:
         return None
     region = b"\x1e".join(parts)
     if len(region) <= 2 * prefix_bytes:
-        return point(b"c" + region)
-    return point(b"c" + region[:prefix_bytes] + region[-prefix_bytes:]
-                 + len(region).to_bytes(8, "big"))
+        return PrefixKey(point(b"c" + region), follows)
+    return PrefixKey(point(b"c" + region[:prefix_bytes] + region[-prefix_bytes:]
+                           + len(region).to_bytes(8, "big")), follows)

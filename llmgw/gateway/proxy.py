@@ -64,7 +64,7 @@ from llmgw.gateway.errors import (
     sse_error_event,
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
-from llmgw.gateway.prefix import prefix_key
+from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.routing import Balancer
 
 log = logging.getLogger("llmgw.gateway.proxy")
@@ -189,9 +189,9 @@ class ForwardRequest:
     bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
     responded: bool = False         # the response has started: nothing can be retried
     priority: Priority = "interactive"   # the key's class in admission queues
-    keys: dict[int, int | None] = field(default_factory=dict)  # prefix key per prefix_bytes
+    keys: dict[int, PrefixKey | None] = field(default_factory=dict)  # per prefix_bytes
 
-    def prefix_key(self, prefix_bytes: int) -> int | None:
+    def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
         if prefix_bytes not in self.keys:
             self.keys[prefix_bytes] = prefix_key(self.body, prefix_bytes)

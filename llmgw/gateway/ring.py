@@ -10,8 +10,8 @@ once.
 
 Bounded load (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with
 Bounded Loads", 2016): a replica whose load would exceed ``load_factor`` times
-the mean (plus one request, below) passes the request on to the next replica
-clockwise. A hot prefix (one
+the mean (plus a ``slack`` the caller gives) passes the request on to the next
+replica clockwise. A hot prefix (one
 system prompt shared by a whole application) therefore spills over to a few
 neighbours instead of queueing on one replica while the others idle.
 
@@ -52,22 +52,17 @@ class HashRing:
         self._distinct = len(set(self.urls))
 
     def choose(self, key: int, usable: Collection[str], load: Callable[[str], int],
-               load_factor: float) -> str | None:
+               load_factor: float, slack: int = 0) -> str | None:
         """The first usable replica from ``key``'s home whose load stays within the bound.
 
-        The bound is ``ceil(load_factor * (total + 1) / n) + 1`` over the
+        The bound is ``ceil(load_factor * (total + 1) / n) + slack`` over the
         usable replicas, counting the request being placed; at least one
-        replica always fits it, so a request is never refused here. The ``+ 1``
-        is one request of slack: at low load the mean is a fraction of one,
-        and the pure bound would send a conversation away from its cache
-        whenever its replica is busy with a single other request, when
-        waiting behind that one costs about what prefilling the conversation
-        elsewhere would. Under load the slack vanishes beside the mean.
+        replica always fits it, so a request is never refused here.
         """
         if not usable:
             return None
         loads = {u: load(u) for u in usable}
-        bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + 1
+        bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + slack
         owners = self._owners
         if not owners:
             return None

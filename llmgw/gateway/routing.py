@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import msgspec
 
 from llmgw.catalog.model import RoutingPolicy
+from llmgw.gateway.prefix import PrefixKey
 from llmgw.gateway.ring import HashRing
 
 UNLIMITED = math.inf
@@ -91,13 +92,23 @@ class Balancer:
         self._rings: dict[tuple[str, ...], HashRing] = {}
 
     def pick(self, urls: Sequence[str], now: float, exclude: Collection[str] = (), *,
-             policy: RoutingPolicy = "least-outstanding", key: int | None = None,
+             policy: RoutingPolicy = "least-outstanding", key: PrefixKey | None = None,
              load_factor: float = 1.25) -> str | None:
-        """The usable replica ``policy`` chooses, or None (see ``choose`` for usable)."""
+        """The usable replica ``policy`` chooses, or None (see ``choose`` for usable).
+
+        Prefix affinity bounds each replica's prefill queue (``pending``) at
+        ``load_factor`` times the mean; a later turn of a conversation may
+        exceed that by one request. At low load the mean is a fraction of one,
+        and the bare bound would send a conversation away from its cache
+        whenever its replica is busy with one other prefill — when waiting
+        behind that one costs about what prefilling the whole conversation
+        elsewhere would. A first turn has nothing cached to wait for, so it
+        takes no slack and spreads like least-outstanding.
+        """
         if policy == "prefix-affinity" and key is not None and urls:
             usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]
-            return self._ring(urls).choose(key, usable, lambda u: self.pending(u, now),
-                                           load_factor)
+            return self._ring(urls).choose(key.point, usable, lambda u: self.pending(u, now),
+                                           load_factor, slack=1 if key.follows else 0)
         if policy == "round-robin":
             n = len(urls)
             for _ in range(n):

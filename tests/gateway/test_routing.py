@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.gateway.prefix import prefix_key
+from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.ring import point
 from llmgw.gateway.routing import UNLIMITED, Balancer, EngineSample
 from llmgw.gateway.signals import parse_metrics
@@ -120,8 +120,8 @@ def test_decision_modules_import_no_io_library(name: str) -> None:
 
 # ------------------------------------------------------------------ policies
 
-def keyed(i: int) -> int:
-    return point(f"session-{i}".encode())
+def keyed(i: int, follows: bool = True) -> PrefixKey:
+    return PrefixKey(point(f"session-{i}".encode()), follows)
 
 
 def test_prefix_affinity_sends_one_key_to_one_replica_and_spreads_keys() -> None:
@@ -257,7 +257,9 @@ def test_every_turn_of_a_conversation_has_the_key_of_its_opening() -> None:
     later = prefix_key(chat(SYSTEM, user1, {"role": "assistant", "content": "Sorry!"},
                             {"role": "user", "content": "when will it come?"}), 512)
     assert first is not None
-    assert first == later
+    assert later is not None
+    assert first.point == later.point
+    assert (first.follows, later.follows) == (False, True)
 
 
 def test_conversations_sharing_only_a_system_prompt_have_different_keys() -> None:
@@ -289,7 +291,7 @@ def test_a_completion_prompt_is_keyed_by_its_first_bytes() -> None:
 def test_a_prompt_of_any_shape_gets_a_key_or_none_and_never_an_error(body: bytes) -> None:
     """Odd request shapes are keyed or left unkeyed, never raise."""
     key = prefix_key(body, 256)
-    assert key is None or isinstance(key, int)
+    assert key is None or isinstance(key, PrefixKey)
 
 
 def test_prefix_affinity_bounds_the_prefill_queue_not_the_decoding_requests() -> None:
@@ -311,3 +313,14 @@ def test_prefix_affinity_bounds_the_prefill_queue_not_the_decoding_requests() ->
     bal.release(home, awaiting=True)
     assert bal.pending(home, 0) == 1
     assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) == home
+
+
+def test_a_first_turn_takes_no_slack_and_a_later_turn_one_request() -> None:
+    """With one prefill at home, a later turn waits for it; a first turn goes elsewhere."""
+    bal = Balancer(eject_for=10, eject_max=60)
+    urls = [A, B, C, "http://10.0.0.4:8000"]
+    home = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3))
+    assert home is not None
+    bal.acquire(home)     # one request prefilling at home, none elsewhere
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3, follows=True)) == home
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3, follows=False)) != home
