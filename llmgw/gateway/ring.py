@@ -52,17 +52,20 @@ class HashRing:
         self._distinct = len(set(self.urls))
 
     def choose(self, key: int, usable: Collection[str], load: Callable[[str], int],
-               load_factor: float, slack: int = 0) -> str | None:
+               load_factor: float, slack: int = 0, preferred: str | None = None) -> str | None:
         """The first usable replica from ``key``'s home whose load stays within the bound.
 
         The bound is ``ceil(load_factor * (total + 1) / n) + slack`` over the
         usable replicas, counting the request being placed; at least one
         replica always fits it, so a request is never refused here.
+        ``preferred``, when usable and within the bound, goes before the ring.
         """
         if not usable:
             return None
         loads = {u: load(u) for u in usable}
         bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + slack
+        if preferred in loads and loads[preferred] + 1 <= bound:
+            return preferred
         owners = self._owners
         if not owners:
             return None

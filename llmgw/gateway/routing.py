@@ -47,6 +47,7 @@ go away.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,8 @@ from llmgw.gateway.prefix import PrefixKey
 from llmgw.gateway.ring import HashRing
 
 UNLIMITED = math.inf
+# Conversations whose last replica this gateway remembers (an LRU: ~100 bytes each).
+PLACED = 65536
 
 
 class EngineSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +93,8 @@ class Balancer:
         self._state: dict[str, ReplicaState] = {}
         self._turn = 0
         self._rings: dict[tuple[str, ...], HashRing] = {}
+        # Where each conversation went last (its longest cached prefix is there).
+        self._placed: OrderedDict[int, str] = OrderedDict()
 
     def pick(self, urls: Sequence[str], now: float, exclude: Collection[str] = (), *,
              policy: RoutingPolicy = "least-outstanding", key: PrefixKey | None = None,
@@ -98,7 +103,12 @@ class Balancer:
 
         Prefix affinity bounds each replica's prefill queue (``pending``) at
         ``load_factor`` times the mean; a later turn of a conversation may
-        exceed that by one request. At low load the mean is a fraction of one,
+        exceed that by one request. A conversation's turn goes first to the
+        replica its previous turn went to, if this gateway placed it and it
+        is within the bound: a turn passed on from its ring home was prefilled
+        whole on the replica it went to, which now holds the longest prefix
+        of the conversation. The ring remains the answer every gateway
+        process gives alike (a turn reaching another worker or instance). At low load the mean is a fraction of one,
         and the bare bound would send a conversation away from its cache
         whenever its replica is busy with one other prefill — when waiting
         behind that one costs about what prefilling the whole conversation
@@ -107,8 +117,16 @@ class Balancer:
         """
         if policy == "prefix-affinity" and key is not None and urls:
             usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]
-            return self._ring(urls).choose(key.point, usable, lambda u: self.pending(u, now),
-                                           load_factor, slack=1 if key.follows else 0)
+            placed = self._placed
+            url = self._ring(urls).choose(
+                key.point, usable, lambda u: self.pending(u, now), load_factor,
+                slack=1 if key.follows else 0, preferred=placed.get(key.point))
+            if url is not None:
+                placed[key.point] = url
+                placed.move_to_end(key.point)
+                if len(placed) > PLACED:
+                    placed.popitem(last=False)
+            return url
         if policy == "round-robin":
             n = len(urls)
             for _ in range(n):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.gateway.prefix import PrefixKey, prefix_key
-from llmgw.gateway.ring import point
+from llmgw.gateway.ring import HashRing, point
 from llmgw.gateway.routing import UNLIMITED, Balancer, EngineSample
 from llmgw.gateway.signals import parse_metrics
 
@@ -159,7 +159,10 @@ def test_bounded_load_passes_a_hot_key_on_to_the_next_replica() -> None:
     spill = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(1), load_factor=1.25)
     assert spill not in (home, None)
     # A generous factor keeps it home.
-    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(1), load_factor=4.0) == home
+    fresh = Balancer(eject_for=10, eject_max=60)
+    for _ in range(3):
+        fresh.acquire(home)
+    assert fresh.pick(urls, 0, policy="prefix-affinity", key=keyed(1), load_factor=4.0) == home
 
 
 def test_prefix_affinity_without_a_key_places_by_load() -> None:
@@ -296,23 +299,38 @@ def test_a_prompt_of_any_shape_gets_a_key_or_none_and_never_an_error(body: bytes
 
 def test_prefix_affinity_bounds_the_prefill_queue_not_the_decoding_requests() -> None:
     """Requests past their first token no longer count against a replica's bound."""
-    bal = Balancer(eject_for=10, eject_max=60)
     urls = [A, B, C]
-    home = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7))
+    bal = Balancer(eject_for=10, eject_max=60)
+    home = HashRing(urls).choose(keyed(7).point, urls, lambda u: 0, 1.25)
     assert home is not None
     for _ in range(4):
         bal.acquire(home)
         bal.succeeded(home)      # first token arrived: decoding now
     assert bal.pending(home, 0) == 0
     assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) == home
+    prefilling = Balancer(eject_for=10, eject_max=60)
     for _ in range(3):
-        bal.acquire(home)        # three still prefilling
-    assert bal.pending(home, 0) == 3
-    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) != home
-    bal.release(home, awaiting=True)
-    bal.release(home, awaiting=True)
-    assert bal.pending(home, 0) == 1
-    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) == home
+        prefilling.acquire(home)  # three still prefilling
+    assert prefilling.pending(home, 0) == 3
+    assert prefilling.pick(urls, 0, policy="prefix-affinity", key=keyed(7)) != home
+
+
+def test_a_turn_goes_where_the_previous_turn_of_its_conversation_went() -> None:
+    """A turn passed on from a busy home is followed there by the next one (its longest
+    cached prefix), while that replica is within the bound."""
+    bal = Balancer(eject_for=10, eject_max=60)
+    urls = [A, B, C]
+    home = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(5))
+    assert home is not None
+    for _ in range(3):
+        bal.acquire(home)
+    moved = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(5))
+    assert moved not in (home, None)
+    for _ in range(3):
+        bal.release(home, awaiting=True)
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(5)) == moved
+    other = Balancer(eject_for=10, eject_max=60)   # another worker: the ring's answer
+    assert other.pick(urls, 0, policy="prefix-affinity", key=keyed(5)) == home
 
 
 def test_a_first_turn_takes_no_slack_and_a_later_turn_one_request() -> None:
