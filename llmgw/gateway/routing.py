@@ -102,18 +102,20 @@ class Balancer:
         """The usable replica ``policy`` chooses, or None (see ``choose`` for usable).
 
         Prefix affinity bounds each replica's prefill queue (``pending``) at
-        ``load_factor`` times the mean; a later turn of a conversation may
-        exceed that by one request. A conversation's turn goes first to the
-        replica its previous turn went to, if this gateway placed it and it
-        is within the bound: a turn passed on from its ring home was prefilled
-        whole on the replica it went to, which now holds the longest prefix
-        of the conversation. The ring remains the answer every gateway
-        process gives alike (a turn reaching another worker or instance). At low load the mean is a fraction of one,
-        and the bare bound would send a conversation away from its cache
-        whenever its replica is busy with one other prefill — when waiting
+        ``load_factor`` times the mean. A later turn of a conversation may
+        exceed that by one request: at low load the mean is a fraction of
+        one, and the bare bound would send a conversation away from its cache
+        whenever its replica is busy with one other prefill, when waiting
         behind that one costs about what prefilling the whole conversation
         elsewhere would. A first turn has nothing cached to wait for, so it
         takes no slack and spreads like least-outstanding.
+
+        A turn goes first to the replica its conversation's previous turn
+        went to, if this gateway placed it and it is within the bound: a turn
+        passed on from its ring home was prefilled whole where it went, which
+        now holds the longest prefix of the conversation. The ring remains
+        the answer every gateway process gives alike (a turn reaching another
+        worker or instance).
         """
         if policy == "prefix-affinity" and key is not None and urls:
             usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]

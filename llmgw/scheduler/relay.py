@@ -129,7 +129,11 @@ class RoutingRelay:
         if path == f"{PREFIX}/routing":
             query = dict(part.split("=", 1) for part in
                          scope.get("query_string", b"").decode().split("&") if "=" in part)
-            after, wait = int(query.get("after", "0")), float(query.get("wait", POLL))
+            try:
+                after, wait = int(query.get("after", "0")), float(query.get("wait", POLL))
+            except ValueError:
+                await _answer(send, 400, _encode(_Failure(400, "after and wait are numbers")))
+                return
             if self._snapshot.version <= after:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(wait, POLL)):
