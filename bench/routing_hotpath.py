@@ -11,7 +11,8 @@ hits them alike:
 
 1. one gateway worker (``gateway_serve.py``) with ``routing.policy``
    ``least-outstanding`` against ``prefix-affinity`` (which parses the prompt
-   and hashes its prefix on every request);
+   and hashes its prefix on every request), the model's two replica URLs
+   both leading to the one nginx;
 2. the same gateway as built from ``--baseline`` (a checkout of the code
    before this change, run with that checkout's own virtualenv), when given;
 3. ``llmgw serve --workers 1`` against ``--workers 2`` (the whole server, an
@@ -46,7 +47,9 @@ def gateway(upstream: str, policy: str, root: Path = BENCH.parent,
     args = [str(Path(python).parent / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
             "--workers", "1", "--backlog", "4096", "--no-access-log", "--log-level",
             "warning", "--app-dir", str(root / "bench"), "gateway_serve:app"]
-    env = {"LLMGW_BENCH_MODELS": f"bench={upstream}",
+    # Two replica URLs for the one nginx (``/v1`` is stripped when forwarding),
+    # so that prefix-affinity has a choice to make and reads every prompt.
+    env = {"LLMGW_BENCH_MODELS": f"bench={upstream}|{upstream}/v1",
            "LLMGW_BENCH_ROUTING": json.dumps({"policy": policy}) if policy else "{}"}
     with running(args, port, env=env, cwd=root):
         yield f"http://127.0.0.1:{port}"

@@ -535,8 +535,10 @@ class _Attempts:
         self._gateway.ondemand.begin(model)
 
     def end(self, model: Model) -> None:
-        self._gateway.ondemand.end(model)
-        self._gateway._pump(model)
+        gateway = self._gateway
+        gateway.ondemand.end(model)
+        if gateway.queues:
+            gateway._pump(model)
 
 
 class _Call:

@@ -189,10 +189,12 @@ class ForwardRequest:
     bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
     responded: bool = False         # the response has started: nothing can be retried
     priority: Priority = "interactive"   # the key's class in admission queues
-    keys: dict[int, PrefixKey | None] = field(default_factory=dict)  # per prefix_bytes
+    keys: dict[int, PrefixKey | None] | None = None  # per prefix_bytes, made when asked
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
+        if self.keys is None:
+            self.keys = {}
         if prefix_bytes not in self.keys:
             self.keys[prefix_bytes] = prefix_key(self.body, prefix_bytes)
         return self.keys[prefix_bytes]
@@ -290,8 +292,9 @@ class Forwarder:
             urls = self.replicas(model)
             tried: set[str] = set()
             routing = model.routing
+            # With one replica there is nothing to choose: the prompt is not read.
             key = (req.prefix_key(routing.prefix_bytes)
-                   if routing.policy == "prefix-affinity" else None)
+                   if routing.policy == "prefix-affinity" and len(urls) > 1 else None)
             while len(tried) < self.max_attempts:
                 url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
                                          key=key, load_factor=routing.load_factor)
