@@ -14,7 +14,8 @@ hits them alike:
    and hashes its prefix on every request), the model's two replica URLs
    both leading to the one nginx;
 2. the same gateway as built from ``--baseline`` (a checkout of the code
-   before this change, run with that checkout's own virtualenv), when given;
+   before this change, run with that checkout's own virtualenv, with the one
+   URL per model it understands), when given;
 3. ``llmgw serve --workers 1`` against ``--workers 2`` (the whole server, an
    external model in front of nginx).
 """
@@ -42,14 +43,15 @@ PYTHON = sys.executable
 
 @contextlib.contextmanager
 def gateway(upstream: str, policy: str, root: Path = BENCH.parent,
-            python: str = PYTHON) -> Iterator[str]:
+            python: str = PYTHON, replicas: int = 2) -> Iterator[str]:
     port = free_port()
     args = [str(Path(python).parent / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
             "--workers", "1", "--backlog", "4096", "--no-access-log", "--log-level",
             "warning", "--app-dir", str(root / "bench"), "gateway_serve:app"]
     # Two replica URLs for the one nginx (``/v1`` is stripped when forwarding),
     # so that prefix-affinity has a choice to make and reads every prompt.
-    env = {"LLMGW_BENCH_MODELS": f"bench={upstream}|{upstream}/v1",
+    urls = "|".join([upstream, f"{upstream}/v1"][:replicas])
+    env = {"LLMGW_BENCH_MODELS": f"bench={urls}",
            "LLMGW_BENCH_ROUTING": json.dumps({"policy": policy}) if policy else "{}"}
     with running(args, port, env=env, cwd=root):
         yield f"http://127.0.0.1:{port}"
@@ -104,7 +106,8 @@ def main() -> None:
         if args.baseline:
             base_py = args.baseline / ".venv" / "bin" / "python"
             names.append(f"before ({args.baseline})")
-            makers.append(lambda: gateway(upstream, "", args.baseline, str(base_py)))
+            # The code before knows one URL per model only (and one policy).
+            makers.append(lambda: gateway(upstream, "", args.baseline, str(base_py), 1))
         got = compare(names, makers, args.rounds, args.duration, tmp)
         lo, pa = statistics.median(got[names[0]]), statistics.median(got[names[1]])
         print(f"  prefix-affinity / least-outstanding: {pa / lo:.3f}   (target >= 0.90)")
