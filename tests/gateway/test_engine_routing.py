@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,17 @@ async def test_the_scaler_asks_for_more_replicas_under_load_and_publishes_why(
     await asyncio.gather(*load)
     metrics = (await gw.client.get("/metrics")).text
     assert 'llmgw_gateway_desired_replicas{model="m",reason="' in metrics
+
+
+async def test_a_dead_replica_on_the_ring_costs_prefix_affinity_no_request(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """Conversations whose ring home refuses connections are retried on the next replica."""
+    good = await sims()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    model = chat_model("m", upstream=[dead, good.url], routing={"policy": "prefix-affinity"})
+    gw = await make_gateway([model], **FAST)
+    statuses = [(await ask(gw, "m", conversation(i, 2))).status_code for i in range(8)]
+    assert statuses == [200] * 8
+    assert good.requests == 8
