@@ -4,18 +4,23 @@
         granian --interface asgi --workers 1 --working-dir bench gateway_serve:app
     # or: uvicorn --app-dir bench gateway_serve:app
 
-Each ``NAME=URL`` is an external model whose only replica is URL; no key is
-needed (loopback listener, no keys_file). The store is a throw-away SQLite
-file, opened in the ASGI lifespan.
+Each ``NAME=URL`` is an external model whose only replica is URL
+(``NAME=URL1|URL2|…`` for several replicas); no key is needed (loopback
+listener, no keys_file). ``LLMGW_BENCH_ROUTING`` (JSON, optional) is the
+``routing:`` block of every model, e.g. ``{"policy": "prefix-affinity",
+"engine_metrics": true}``. The store is a throw-away SQLite file, opened in the
+ASGI lifespan.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
 
 from llmgw.catalog.build import Catalog, build_catalog
+from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.gateway import Gateway
@@ -58,8 +63,9 @@ class NoScheduler:
 
 def build() -> Any:
     spec = os.environ.get("LLMGW_BENCH_MODELS", "bench=http://127.0.0.1:18081")
-    models = [Model(name=name, upstream=[url]) for name, _, url in
-              (item.partition("=") for item in spec.split(",") if item)]
+    routing = json.loads(os.environ.get("LLMGW_BENCH_ROUTING", "{}"))
+    models = [convert({"name": name, "upstream": urls.split("|"), "routing": routing}, Model)
+              for name, _, urls in (item.partition("=") for item in spec.split(",") if item)]
     catalog = build_catalog(models)
     state = tempfile.mkdtemp(prefix="llmgw-bench-")
     store = SqliteStore(f"sqlite:///{state}/store.db")

@@ -129,6 +129,11 @@ class GatewayConfig(_Conf, frozen=True):
     max_file_size: Size = Size(200 * 1024**2, "200MiB")
     # Lines of batches in flight at once (across all batches, on the one worker).
     batch_concurrency: int = 4
+    # How often each replica's engine /metrics is read, and how long one read may take.
+    signal_interval: Duration = Duration(1, "1s")
+    signal_timeout: Duration = Duration(0.5, "500ms")
+    # How often the scaler publishes this gateway's load and (holding its lease) decides.
+    scale_interval: Duration = Duration(2, "2s")
 
 
 class AdminToken(_Conf, frozen=True):
@@ -279,7 +284,8 @@ def _check_local(cfg: LocalConfig) -> None:
 
 def _check_gateway(cfg: GatewayConfig) -> None:
     for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval",
-                "responses_retention", "max_upload_size", "max_file_size"):
+                "responses_retention", "max_upload_size", "max_file_size",
+                "signal_interval", "signal_timeout", "scale_interval"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

@@ -31,6 +31,8 @@ from llmgw.control.context import AppContext
 from llmgw.errors import StoreUnavailableError
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import Backend
+from llmgw.scheduler.relay import PREFIX as RELAY_PREFIX
+from llmgw.scheduler.relay import RoutingRelay
 
 if TYPE_CHECKING:
     from llmgw.scheduler.local.backend import LocalEvent
@@ -81,6 +83,7 @@ class Server:
         source_check: Callable[[Model], Awaitable[None]] | None = None,
         reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None,
         watch_interval: float = 0.5,
+        control_only: bool = False,
     ) -> None:
         self.config = config
         self.store = store or open_store(config.database)
@@ -111,6 +114,14 @@ class Server:
         from llmgw.gateway.app import Gateway
 
         self.gateway = Gateway(config, self.models, self.backend, self.store)
+        # With gateway workers (llmgw serve --workers N) this process is the
+        # control plane only: the workers serve /v1 and read the scheduler
+        # through the relay (llmgw.workers).
+        self.control_only = control_only
+        self.relay: RoutingRelay | None = None
+        if control_only:
+            self.relay = RoutingRelay(self.backend, lambda: [
+                m.name for m in self.models.catalog if not m.external])
         self._watch_interval = watch_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
@@ -143,7 +154,10 @@ class Server:
             log.warning("the store is unreachable; routing the declared models and refusing "
                         "changes until it is back: %s", self.models.store_error)
         self._tasks.append(asyncio.create_task(self._follow(), name="llmgw-catalog-watch"))
-        await self.gateway.start()
+        if self.relay is not None:
+            self.relay.start()
+        else:
+            await self.gateway.start()
         self._serving = True
 
     async def _follow(self) -> None:
@@ -164,6 +178,8 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.relay is not None:
+            await self.relay.close()
         await self.gateway.close()
         await self.backend.close()
         if self._store_open:
@@ -175,7 +191,11 @@ class Server:
         # request is routed against a catalog that is not loaded yet.
         if scope["type"] == "http" and self._serving:
             path: str = scope["path"]
-            if path.startswith("/v1/") or path == "/metrics":
+            if self.relay is not None:
+                if path.startswith(RELAY_PREFIX):
+                    await self.relay(scope, receive, send)
+                    return
+            elif path.startswith("/v1/") or path == "/metrics":
                 await self.gateway(scope, receive, send)
                 return
         await self.api(scope, receive, send)  # type: ignore[arg-type]

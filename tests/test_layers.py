@@ -23,10 +23,11 @@ LAYERS: list[set[str]] = [
     {"llmgw.catalog"},
     {"llmgw.config"},
     {"llmgw.store", "llmgw.weights", "llmgw.scheduler", "llmgw.scheduler.base"},
-    {"llmgw.planner", "llmgw.scheduler.local", "llmgw.scheduler.nomad", "llmgw.modelsvc"},
+    {"llmgw.planner", "llmgw.scheduler.local", "llmgw.scheduler.nomad", "llmgw.scheduler.relay",
+     "llmgw.modelsvc"},
     {"llmgw.control", "llmgw.gateway"},
     {"llmgw.api", "llmgw.admin"},
-    {"llmgw.server"},
+    {"llmgw.server", "llmgw.workers"},
     {"llmgw.cli"},
     {"llmgw.__main__"},
 ]

@@ -32,6 +32,7 @@ from llmgw.control.views import (
     model_view,
     replica_view,
     replicas_of,
+    scaler_decisions,
 )
 from llmgw.scheduler.base import Prefetch
 
@@ -69,13 +70,14 @@ async def strict_body(request: Request[Any, Any, Any], type_: type[T]) -> T:
 @get("/models", summary="List the models in force")
 async def list_models(ctx: Ctx) -> list[ModelView]:
     replicas = await replicas_of(ctx)
-    return [model_view(ctx, m, replicas) for m in ctx.models.catalog]
+    decisions = await scaler_decisions(ctx)
+    return [model_view(ctx, m, replicas, decisions) for m in ctx.models.catalog]
 
 
 @get("/models/{name:str}", summary="Show one model")
 async def show_model(ctx: Ctx, name: FromPath[str]) -> ModelView:
     m = find_model(ctx, name)
-    return model_view(ctx, m, await replicas_of(ctx, name))
+    return model_view(ctx, m, await replicas_of(ctx, name), await scaler_decisions(ctx))
 
 
 @post("/models", status_code=HTTP_200_OK, summary="Add (or replace) a runtime model")

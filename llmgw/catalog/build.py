@@ -250,6 +250,32 @@ def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
     return list(caps)
 
 
+def _check_routing(m: Model) -> None:
+    r = m.routing
+    if not r.load_factor >= 1.0:
+        raise DefinitionError(
+            f"routing.load_factor: {r.load_factor} lets no replica take its share; give 1 or "
+            "more (1.25: a replica may carry a quarter more than the mean)",
+            field="routing.load_factor")
+    if r.prefix_bytes < 1:
+        raise DefinitionError("routing.prefix_bytes: must be at least 1",
+                              field="routing.prefix_bytes")
+    if r.max_concurrency is not None and r.max_concurrency < 1:
+        raise DefinitionError(
+            f"routing.max_concurrency: {r.max_concurrency}; give 1 or more, or omit it for no "
+            "limit in the gateway", field="routing.max_concurrency")
+    if r.max_waiting < 0:
+        raise DefinitionError("routing.max_waiting: must not be negative",
+                              field="routing.max_waiting")
+    if r.queue_size < 0:
+        raise DefinitionError(
+            "routing.queue_size: must not be negative (0: answer 429 at once when every "
+            "replica is saturated)", field="routing.queue_size")
+    if r.queue_wait <= 0:
+        raise DefinitionError("routing.queue_wait: must be more than 0",
+                              field="routing.queue_wait")
+
+
 def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
                 runtime: Runtime | None = None) -> Model:
     """Validate one model on its own and return it with defaults applied."""
@@ -318,6 +344,14 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
             "scaling.max: 0 means the model can never run; use min: 0 for an on-demand model",
             field="scaling.max",
         )
+    if s.target < 1:
+        raise DefinitionError(
+            f"scaling.target: {s.target} requests per replica; give 1 or more",
+            field="scaling.target")
+    if s.scale_down_delay < 0:
+        raise DefinitionError("scaling.scale_down_delay: must not be negative",
+                              field="scaling.scale_down_delay")
+    _check_routing(m)
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(

@@ -22,6 +22,7 @@ from llmgw.catalog.source import Source
 from llmgw.catalog.units import Duration, Size
 
 Engine = Literal["vllm", "llama.cpp"]
+RoutingPolicy = Literal["prefix-affinity", "least-outstanding", "round-robin"]
 
 # What a model's replicas answer themselves, one word per family of
 # endpoints: chat (/v1/chat/completions), completions, responses
@@ -68,21 +69,60 @@ class Profile(_Spec, frozen=True):
 class Scaling(_Spec, frozen=True):
     """How many replicas run.
 
-    A model with ``min`` > 0 runs exactly ``min`` replicas; nothing scales it
-    up under load. A model with ``min`` 0 is on demand: the first request
-    loads one replica (however high ``max`` is) and it is stopped again after
-    ``idle_timeout`` without requests. ``max`` defaults to ``min``, and to 1
-    when ``min`` is 0. ``wait`` is how long a request for a stopped on-demand
+    A model runs at least ``min`` replicas and at most ``max`` (which
+    defaults to ``min``, and to 1 when ``min`` is 0). Between the two the
+    gateway's scaler follows the load: it aims at ``target`` requests per
+    ready replica (running or waiting at the engine, plus queued in the
+    gateway), scales up at once, and scales down only when the load has
+    stayed low for ``scale_down_delay``. A model with ``min`` 0 is on demand:
+    the first request loads one replica, the scaler may add more up to
+    ``max`` while it is up, and it is stopped again after ``idle_timeout``
+    without requests. ``wait`` is how long a request for a stopped on-demand
     model is held while a replica loads.
     """
 
     min: int = 1
     max: int | None = None
+    target: int = 16
+    scale_down_delay: Duration = Duration(300, "5m")
     idle_timeout: Duration = Duration(900, "15m")
     wait: Duration = Duration(600, "10m")
     # Keep the weights on this many nodes beyond those running a replica, so the next
     # replica (a scale-up, a replacement) starts without downloading them (Nomad only).
     prefetch: int = 0
+
+
+class RoutingSpec(_Spec, frozen=True):
+    """How the gateway picks a replica of this model, and when it holds requests back.
+
+    ``policy``: ``prefix-affinity`` sends requests that share a prompt prefix
+    (a chat's system prompt and first turn, a completion prompt's first
+    ``prefix_bytes``) to the same replica, whose prefix cache then skips most
+    of their prefill; a replica loaded over ``load_factor`` times the mean
+    passes the request on to the next one on the hash ring.
+    ``least-outstanding``: the replica with the fewest requests in flight.
+    ``round-robin``: each replica in turn.
+
+    A replica is *saturated* when its engine reports more than
+    ``max_waiting`` requests waiting, or the gateway has ``max_concurrency``
+    requests in flight on it. When every replica is saturated, requests wait
+    in the gateway, ``interactive`` keys before ``batch`` keys, at most
+    ``queue_size`` of them and at most ``queue_wait`` each; beyond either a
+    request is answered 429 with Retry-After.
+
+    ``engine_metrics``: scrape each replica's ``/metrics`` (queue and cache
+    state); on by default for scheduled models, off for external ones (set it
+    for an external vLLM).
+    """
+
+    policy: RoutingPolicy = "prefix-affinity"
+    load_factor: float = 1.25
+    prefix_bytes: int = 2048
+    max_concurrency: int | None = None
+    max_waiting: int = 5
+    queue_size: int = 100
+    queue_wait: Duration = Duration(60, "1m")
+    engine_metrics: bool | None = None
 
 
 class Timeouts(_Spec, frozen=True):
@@ -117,6 +157,7 @@ class Model(_Spec, frozen=True):
     engine: Engine | None = None
     profiles: list[Profile] = []
     scaling: Scaling = Scaling()
+    routing: RoutingSpec = RoutingSpec()
     fallbacks: list[str] = []
     upstream: list[str] = []
     served_name: str | None = None
@@ -134,6 +175,12 @@ class Model(_Spec, frozen=True):
     def engine_model_name(self) -> str:
         """The ``model`` value the engine expects in a request body."""
         return self.served_name or self.name
+
+    @property
+    def scrapes_engine(self) -> bool:
+        """Whether the gateway reads this model's replicas' ``/metrics``."""
+        flag = self.routing.engine_metrics
+        return not self.external if flag is None else flag
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

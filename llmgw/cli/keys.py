@@ -59,10 +59,13 @@ def keys() -> None:
               help="Models the key may use, comma-separated (default: all).")
 @click.option("--rpm", type=int, default=None,
               help="Requests per minute allowed to the key (default: no limit).")
+@click.option("--priority", type=click.Choice(["interactive", "batch"]), default="interactive",
+              show_default=True,
+              help="When a model is saturated, queued interactive requests go before batch.")
 @_with_file_options
 @output_option
-def add(name: str, models: str, rpm: int | None, keys_file: str | None, config: str | None,
-        output: str) -> None:
+def add(name: str, models: str, rpm: int | None, priority: str, keys_file: str | None,
+        config: str | None, output: str) -> None:
     """Create a key NAME and print it: the only time it is shown.
 
     Only its SHA-256 is stored. Clients send it as `Authorization: Bearer KEY`
@@ -73,9 +76,10 @@ def add(name: str, models: str, rpm: int | None, keys_file: str | None, config: 
     allowed = [m.strip() for m in models.split(",") if m.strip()]
     with failures():
         path = _keys_path(keys_file, config)
-        key = add_key(path, name, allowed, rpm)
+        key = add_key(path, name, allowed, rpm, "batch" if priority == "batch" else "interactive")
     if output == "json":
-        print_json({"name": name, "key": key, "models": allowed, "rpm": rpm})
+        print_json({"name": name, "key": key, "models": allowed, "rpm": rpm,
+                    "priority": priority})
         return
     click.echo(key)
     click.echo(f"key {name!r} added to {path}; store it now, it cannot be shown again",
@@ -96,11 +100,12 @@ def list_(keys_file: str | None, config: str | None, output: str) -> None:
 
     if output == "json":
         print_json([{"name": k.name, "models": k.models, "rpm": k.rpm,
-                     "created_at": created(k.created_at)} for k in content.keys])
+                     "priority": k.priority, "created_at": created(k.created_at)}
+                    for k in content.keys])
         return
-    print_table([[k.name, ",".join(k.models) or "all", k.rpm or "unlimited",
+    print_table([[k.name, ",".join(k.models) or "all", k.rpm or "unlimited", k.priority,
                   created(k.created_at)] for k in content.keys],
-                ["name", "models", "rpm", "created"])
+                ["name", "models", "rpm", "priority", "created"])
 
 
 @keys.command("revoke")

@@ -67,24 +67,30 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
     (with the share on disk), loading, healthy.
 
     "stale profile" marks a replica started with an older definition of its
-    profile; `llmgw ctl rollout MODEL` replaces it. Below the table, each model
-    that runs fewer replicas than it should says why (waiting for capacity, a
-    crash loop, a failed deployment), and a failed rollout says what happened.
+    profile; `llmgw ctl rollout MODEL` replaces it. Below the table, per model: the
+    replicas desired and ready and why that many (the gateway's scaler decides
+    between scaling.min and scaling.max from the load), and for each model that
+    runs fewer replicas than it should, why (waiting for capacity, a crash loop,
+    a failed deployment).
     """
     path = "/api/v1/replicas" + (f"?model={quote(name)}" if name else "")
     with failures():
         rows = client.get(path)
+        if output == "json":
+            print_json(rows)
+            return
         models = [client.get(f"/api/v1/models/{quote(name)}")] if name else \
             client.get("/api/v1/models")
-    if output == "json":
-        print_json(rows)
-        return
     print_table(
         [(r["model"], _short_id(r["id"]), r["node"], r["state"], r.get("phase") or "-",
           "yes" if r["healthy"] else "no", r["profile"], _memory(r), _note(r)) for r in rows],
         ["model", "replica", "node", "state", "phase", "healthy", "profile",
          "memory used/reserved", "note"],
     )
+    counts = [_counts(m) for m in models if not m.get("external")]
+    if counts:
+        click.echo()
+        print_table(counts, ["model", "desired", "ready", "min..max", "why"])
     notes = [line for m in models for line in _model_notes(m)]
     if notes:
         click.echo()
@@ -101,6 +107,24 @@ def _model_notes(m: dict[str, Any]) -> list[str]:
     if st.get("deployment_failed"):
         out.append(f"{m['name']}: {st['deployment_failed']}")
     return out
+
+
+def _counts(m: dict[str, Any]) -> tuple[str, int, int, str, str]:
+    """A model's replica count: what the scheduler runs, and what the scaler asked and why."""
+    status, scaling, scaler = m["status"], m["scaling"], m.get("scaler")
+    if scaler:
+        since = scaler.get("since")
+        why = f"scaler ({scaler['kind']}): {scaler['reason']}"
+        if since is not None:
+            why += f"; count unchanged for {since:.0f}s"
+    elif scaling["max"] > max(scaling["min"], 1):
+        why = "no decision from the gateway's scaler yet"
+    elif scaling["min"] == 0:
+        why = "on demand: started by a request, stopped when idle"
+    else:
+        why = "fixed: scaling.min = scaling.max"
+    return (m["name"], status["desired"], status["ready"], f"{scaling['min']}..{scaling['max']}",
+            why)
 
 
 def _short_id(replica_id: str) -> str:

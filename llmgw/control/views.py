@@ -21,8 +21,14 @@ from llmgw.catalog.fingerprint import fingerprints, is_stale
 from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
 from llmgw.control.context import AppContext
-from llmgw.errors import NotFoundError
-from llmgw.scheduler.base import ModelStatus, Replica
+from llmgw.errors import NotFoundError, StoreUnavailableError
+from llmgw.scheduler.base import (
+    SCALER_REPORT,
+    ModelStatus,
+    Replica,
+    ScalerDecision,
+    ScalerDecisions,
+)
 
 log = logging.getLogger("llmgw.api")
 
@@ -40,12 +46,15 @@ class ScalingInForce(msgspec.Struct, kw_only=True):
 
     min: int
     max: int
+    target: int
+    scale_down_delay: Duration
     idle_timeout: Duration
     wait: Duration
 
     @classmethod
     def of(cls, s: Scaling) -> ScalingInForce:
         return cls(min=s.min, max=s.max if s.max is not None else max(s.min, 1),
+                   target=s.target, scale_down_delay=s.scale_down_delay,
                    idle_timeout=s.idle_timeout, wait=s.wait)
 
 
@@ -60,6 +69,7 @@ class ModelView(msgspec.Struct, kw_only=True):
     scaling: ScalingInForce
     fingerprints: dict[str, str]
     status: ModelStatus
+    scaler: ScalerDecision | None = None
     stale_replicas: int = 0
     memory_warnings: list[str] = []
     definition: Model
@@ -136,7 +146,34 @@ async def replicas_of(ctx: AppContext, model: str | None = None) -> list[Replica
         return None
 
 
-def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> ModelView:
+# How old the scaler's published decisions may be: a few of its ticks.
+SCALER_FRESH = 30.0
+
+
+async def scaler_decisions(ctx: AppContext) -> dict[str, ScalerDecision]:
+    """The gateway scaler's latest decisions, from the store; none when it cannot be read."""
+    try:
+        found = await ctx.store.reports(SCALER_REPORT[0], SCALER_FRESH)
+    except StoreUnavailableError as exc:
+        log.warning("cannot read the scaler's decisions: %s", exc.message)
+        return {}
+    except Exception as exc:  # the view must answer whatever the store does (not open yet)
+        log.warning("cannot read the scaler's decisions: %s", exc)
+        return {}
+    for report in found:
+        if report.key == SCALER_REPORT[1]:
+            try:
+                models = msgspec.json.decode(report.payload, type=ScalerDecisions).models
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return {}
+            return {name: msgspec.structs.replace(
+                d, since=None if d.since is None else d.since + report.age)
+                for name, d in models.items()}
+    return {}
+
+
+def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
+               decisions: dict[str, ScalerDecision] | None = None) -> ModelView:
     row = ctx.models.stored(m.name)
     mine = [r for r in replicas or [] if r.model == m.name]
     views = [replica_view(r, m) for r in mine]
@@ -151,6 +188,7 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None) -> Mod
         scaling=ScalingInForce.of(m.scaling),
         fingerprints=fingerprints(m),
         status=ctx.backend.status(m.name),
+        scaler=(decisions or {}).get(m.name),
         stale_replicas=sum(1 for v in views if v.stale),
         memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
         definition=m,

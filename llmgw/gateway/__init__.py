@@ -2,11 +2,16 @@
 
 Split by noun:
 
-* ``app``      — the ASGI entry (``Gateway``): keys, limits, dispatch, disconnects;
-* ``request``  — the client's request: its bounded body and its ``model``/``stream``;
-* ``routing``  — pure: least-outstanding choice, ejection and back-off bookkeeping;
-* ``proxy``    — the upstream client: forwarding, streaming, retries and fallbacks;
-* ``ondemand`` — scale-from-zero and idle scale-down of ``min: 0`` models;
+* ``app``       — the ASGI entry (``Gateway``): keys, limits, admission, dispatch, disconnects;
+* ``request``   — the client's request: its bounded body and its ``model``/``stream``;
+* ``routing``   — pure: replica choice by policy, load and headroom, ejection and back-off;
+* ``ring``      — pure: consistent hashing with bounded load;
+* ``prefix``    — pure: the prefix key of a prompt;
+* ``signals``   — scraping the engines' ``/metrics`` into the balancer;
+* ``admission`` — the bounded priority queue of requests for a saturated model;
+* ``scaling``   — pure: the scaler's decision; ``scaler`` — its loop, lease and reports;
+* ``proxy``     — the upstream client: forwarding, streaming, retries and fallbacks;
+* ``ondemand``  — scale-from-zero and idle scale-down of ``min: 0`` models;
 * ``keys``     — the keys file, key lookup, per-key allow-lists and rate limits;
 * ``metrics``  — the Prometheus metrics served at ``/metrics``;
 * ``errors``   — OpenAI's error shape.

@@ -12,14 +12,21 @@ almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
 (400); the model in the catalog in force (404); the key's allow-list (403).
 Then the capability check (400 when the model does not serve the endpoint;
-fallbacks that do not are skipped, see ``capabilities``). Then the
-forwarder answers it from a replica of the model or a fallback, or says why
-not (502/503/504).
+fallbacks that do not are skipped, see ``capabilities``). Then, for an
+on-demand model with no replica, the hold for a cold start; then admission
+(``admission``): when every replica of the model is saturated the request
+waits in the model's queue, or is answered 429. Then the forwarder answers it
+from a replica of the model or a fallback, or says why not (502/503/504).
 
 The endpoints beyond the JSON ones — Responses, audio uploads, files,
 batches — are a table of path prefixes to handlers in their own modules,
 which reach the core through ``exchange.Core``; the batch worker runs here
 too, one across all gateway instances by the store's lease.
+
+Beside the requests, each gateway process runs these loops: the engine
+scraper (``signals``), which feeds routing and admission; the scaler
+(``scaler``), one decider across every process; the batch worker; and
+housekeeping (keys, on-demand idle scale-down, pruning replica state).
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
@@ -48,6 +55,7 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError, StoreUnavailableError
+from llmgw.gateway.admission import AdmissionQueue, Priority, Ticket
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
@@ -71,12 +79,14 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
-from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics
+from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
 from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
 from llmgw.gateway.responses_api import ResponsesEndpoint
-from llmgw.gateway.routing import Balancer
+from llmgw.gateway.routing import UNLIMITED, Balancer
+from llmgw.gateway.scaler import ModelLoad, Scaler
+from llmgw.gateway.signals import SignalScraper
 from llmgw.scheduler.base import Routing
 from llmgw.store.base import Store
 
@@ -120,15 +130,25 @@ class Gateway:
         self.store = store
         self.max_body = int(gw.max_body_size)
         self._loop_time = _clock
-        self.balancer = Balancer(gw.eject_for, gw.eject_max)
-        self.metrics = GatewayMetrics(self._replica_counts)
+        # A scrape stays good for three intervals: one missed scrape is noise.
+        self.balancer = Balancer(gw.eject_for, gw.eject_max,
+                                 signal_ttl=3 * float(gw.signal_interval))
+        self.metrics = GatewayMetrics(self._replica_counts, self._live_figures)
         holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
         # in flight, not the model that was asked for).
         self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
-                                   gw.max_attempts, self._loop_time, activity=self.ondemand)
+                                   gw.max_attempts, self._loop_time,
+                                   activity=_Attempts(self))
+        self.queues: dict[str, AdmissionQueue] = {}
+        self.signals = SignalScraper(
+            self.balancer, self._scrape_targets, self._loop_time,
+            interval=float(gw.signal_interval), timeout=float(gw.signal_timeout),
+            on_round=self._pump_all)
+        self.scaler = Scaler(backend, store, self.balancer, self.metrics, holder,
+                             self._loop_time, float(gw.scale_interval), self._local_load)
         self.keys = KeyRing()
         self.keys_watcher: KeysFileWatcher | None = None
         self._keys_interval = float(gw.keys_check_interval)
@@ -177,6 +197,9 @@ class Gateway:
         if self.keys_watcher is not None:
             self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
+        self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
+        self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
+        self._tasks.append(asyncio.create_task(self._pump_loop(), name="llmgw-gw-admission"))
         self.batch_worker.start()
 
     async def close(self) -> None:
@@ -187,6 +210,25 @@ class Gateway:
         await self.batch_worker.close()
         await self.ondemand.close()
         await self.forwarder.close()
+        await self.signals.close()
+
+    async def _scale(self) -> None:
+        while True:
+            await asyncio.sleep(self.scaler.interval)
+            try:
+                await self.scaler.tick(self.models.catalog)
+            except Exception:
+                log.exception("the scaler failed; retrying on the next tick")
+
+    async def _pump_loop(self) -> None:
+        """Admit queued requests when a replica comes back or a limit is lifted.
+
+        Finished requests and scrapes admit at once; this catches what
+        neither announces (an ejection ending, a replica joining).
+        """
+        while True:
+            await asyncio.sleep(0.2)
+            self._pump_all()
 
     async def _watch_keys(self) -> None:
         assert self.keys_watcher is not None
@@ -224,6 +266,117 @@ class Gateway:
         for model in self.models.catalog:
             urls = self.replicas(model)
             yield model.name, len(urls), self.balancer.ejected_count(urls, now)
+
+    def _scrape_targets(self) -> Iterable[str]:
+        for model in self.models.catalog:
+            if model.scrapes_engine:
+                yield from self.replicas(model)
+
+    def _live_figures(self) -> Iterable[tuple[str, tuple[str, ...], float]]:
+        now = self._loop_time()
+        for model in self.models.catalog:
+            if not model.scrapes_engine:
+                continue
+            samples = [x for u in self.replicas(model)
+                       if (x := self.balancer.sample(u, now)) is not None]
+            if samples:
+                yield ("llmgw_gateway_engine_requests", (model.name, "running"),
+                       float(sum(x.running for x in samples)))
+                yield ("llmgw_gateway_engine_requests", (model.name, "waiting"),
+                       float(sum(x.waiting for x in samples)))
+                kv = [x.kv_usage for x in samples if x.kv_usage is not None]
+                if kv:
+                    yield ("llmgw_gateway_engine_kv_cache_usage", (model.name,),
+                           sum(kv) / len(kv))
+        yield from self.scaler.figures()
+
+    def _local_load(self) -> dict[str, ModelLoad]:
+        """This process's requests per model: in flight at its replicas, and queued."""
+        out: dict[str, ModelLoad] = {}
+        for model in self.models.catalog:
+            if model.external:
+                continue
+            in_flight = sum(self.balancer.outstanding(u) for u in self.replicas(model))
+            queue = self.queues.get(model.name)
+            queued = len(queue) if queue is not None else 0
+            if in_flight or queued:
+                out[model.name] = ModelLoad(in_flight, queued)
+        return out
+
+    # ------------------------------------------------------------ admission
+
+    def _headroom(self, model: Model) -> float | None:
+        """Requests the model's usable replicas take before all are saturated; None: no replica."""
+        now = self._loop_time()
+        r = model.routing
+        total = 0.0
+        usable = False
+        for url in self.replicas(model):
+            if self.balancer.is_ejected(url, now):
+                continue
+            usable = True
+            total += self.balancer.headroom(url, now, r.max_concurrency, r.max_waiting)
+        return total if usable else None
+
+    def _queue(self, model: Model) -> AdmissionQueue:
+        r = model.routing
+        queue = self.queues.get(model.name)
+        if queue is None:
+            queue = self.queues[model.name] = AdmissionQueue(
+                model.name, r.queue_size, float(r.queue_wait), self._loop_time)
+        else:   # the catalog may have changed the limits
+            queue.size, queue.wait = r.queue_size, float(r.queue_wait)
+        return queue
+
+    def _enter(self, model: Model, priority: Priority) -> Ticket | None:
+        """None: forward now. Else the request's place in the model's queue (429 when full)."""
+        r = model.routing
+        if r.max_concurrency is None and not model.scrapes_engine:
+            return None
+        headroom = self._headroom(model)
+        if headroom is None:
+            return None    # no replica: the forwarder answers (fallbacks, 503)
+        queue = self._queue(model)
+        if not len(queue) and headroom - queue.in_transit > 0:
+            return None
+        try:
+            ticket = queue.join(priority)
+        except LlmgwError:
+            self.metrics.rejected.labels(model.name, "queue_full").inc()
+            raise
+        queue.admit(headroom)
+        return ticket
+
+    def _pump(self, model: Model) -> None:
+        queue = self.queues.get(model.name)
+        if queue is None or not len(queue):
+            return
+        headroom = self._headroom(model)
+        # With no replica left, waiting cannot help: let the forwarder answer.
+        queue.admit(UNLIMITED if headroom is None else headroom)
+
+    def _pump_all(self) -> None:
+        catalog = self.models.catalog
+        for name, queue in list(self.queues.items()):
+            model = catalog.get(name)
+            if model is None:
+                if not len(queue):
+                    del self.queues[name]
+                continue
+            if len(queue):
+                self._pump(model)
+
+    async def _wait_in_queue(self, ticket: Ticket, model: Model, mm: ModelMetrics) -> None:
+        gauge = self.metrics.queued.labels(model.name, ticket.priority)
+        gauge.inc()
+        try:
+            await ticket.wait()
+        except LlmgwError:
+            self.metrics.rejected.labels(model.name, "queue_timeout").inc()
+            raise
+        finally:
+            gauge.dec()
+        mm.queue_wait.observe(self._loop_time() - ticket.joined)
 
     # ------------------------------------------------------------ ASGI
 
@@ -366,7 +519,8 @@ class Gateway:
             path = f"{path}?{query.decode('latin-1')}"
         call.request = ForwardRequest(path=path, body=body, model=head.model,
                                       stream=bool(head.stream), headers=scope["headers"],
-                                      started=started, metrics=call.metrics)
+                                      started=started, metrics=call.metrics,
+                                      priority=key.priority)
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
@@ -394,7 +548,7 @@ class Gateway:
                           if (fb := catalog.get(fb_name)) is not None)]
         return capable_chain(chain, path)
 
-    async def execute(self, path: str, body: bytes, model: str, *, priority: str = "batch",
+    async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
@@ -439,6 +593,14 @@ class Gateway:
                     self.ondemand.end(model)
                 if not up:
                     return await self._forward_after_cold_wait(req, chain, send)
+            ticket = self._enter(model, req.priority)
+            if ticket is not None:
+                try:
+                    await self._wait_in_queue(ticket, model, mm)
+                finally:
+                    # Admitted: the forwarder takes its replica with no await
+                    # in between, so the transit ends here.
+                    ticket.close()
             return await self.forwarder.forward(req, chain, send)
         except asyncio.CancelledError:
             if not state.gone:
@@ -466,6 +628,24 @@ class Gateway:
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _INTERNAL_HEADERS = [(b"content-type", b"application/json")]
+
+
+class _Attempts:
+    """Told of each attempt on a model: on-demand activity, and a freed slot for the queue."""
+
+    __slots__ = ("_gateway",)
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def begin(self, model: Model) -> None:
+        self._gateway.ondemand.begin(model)
+
+    def end(self, model: Model) -> None:
+        gateway = self._gateway
+        gateway.ondemand.end(model)
+        if gateway.queues:
+            gateway._pump(model)
 
 
 class _Collected:

@@ -16,7 +16,7 @@ The leaves below add the statuses the shared tree has no class for (405, 413,
     ForbiddenError   → ModelNotAllowedError 403
     NotFoundError    → ModelNotFoundError 404, UnknownPathError 404
     LlmgwError       → MethodNotAllowedError 405
-    RateLimitedError → KeyRateLimitedError 429 (Retry-After)
+    RateLimitedError → KeyRateLimitedError 429, ModelBusyError 429 (Retry-After)
     UnavailableError → NoReplicaError 503 (Retry-After)
                        UpstreamError 502 → UpstreamTimeoutError 504, StreamBrokenError
 """
@@ -183,3 +183,9 @@ async def send_error(send: Send, err: LlmgwError) -> None:
         headers.append((b"retry-after", str(seconds).encode()))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class ModelBusyError(RateLimitedError):
+    """Every replica of the model is saturated and its admission queue is full or too slow."""
+
+    code = "model_overloaded"

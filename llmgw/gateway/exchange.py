@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
+from llmgw.gateway.admission import Priority
 from llmgw.gateway.errors import Receive, Scope, Send
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
@@ -92,7 +93,7 @@ class Core(Protocol):
                         exchange: Exchange | None = None) -> None:
         """Serve one inference request end to end, ``exchange`` shaping it."""
 
-    async def execute(self, path: str, body: bytes, model: str, *, priority: str = "batch",
+    async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
         """Run one request on behalf of the gateway itself (``variant``: as ForwardRequest's)."""
 

@@ -3,7 +3,9 @@
 The keys file is JSON on the control-plane host, written by ``llmgw keys
 add|revoke`` and read by the gateway, which reloads it when it changes. It
 holds, per key: a name, the SHA-256 of the key, the models the key may use
-(empty: all) and a requests-per-minute limit (absent: none). The key itself
+(empty: all), a requests-per-minute limit (absent: none) and a priority class
+(``interactive``, the default, or ``batch``: when a model is saturated, its
+admission queue serves interactive requests first). The key itself
 is printed once by ``keys add`` and stored nowhere.
 
 Why a plain SHA-256 and not a slow password hash: a key is 256 bits from
@@ -44,6 +46,7 @@ from pathlib import Path
 import msgspec
 
 from llmgw.errors import ConfigError, DefinitionError, NotFoundError, RefusedError
+from llmgw.gateway.admission import Priority
 
 log = logging.getLogger("llmgw.gateway.keys")
 
@@ -59,6 +62,7 @@ class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     sha256: str                     # hex digest of the key
     models: list[str] = []          # empty: every model
     rpm: int | None = None          # requests per minute; None: unlimited
+    priority: Priority = "interactive"
     created_at: datetime | None = None
 
 
@@ -130,7 +134,7 @@ def _locked(path: Path) -> Iterator[KeysFile]:
 
 
 def add_key(path: str | Path, name: str, models: Sequence[str] = (),
-            rpm: int | None = None) -> str:
+            rpm: int | None = None, priority: Priority = "interactive") -> str:
     """Create a key named ``name``; returns the key, which is not stored anywhere."""
     if not NAME_RE.match(name):
         raise DefinitionError(
@@ -146,7 +150,7 @@ def add_key(path: str | Path, name: str, models: Sequence[str] = (),
                                "(`llmgw keys revoke NAME`) or choose another name")
         key = generate_key()
         entry = KeyEntry(name=name, sha256=hash_key(key), models=sorted(set(models)), rpm=rpm,
-                         created_at=datetime.now(UTC).replace(microsecond=0))
+                         priority=priority, created_at=datetime.now(UTC).replace(microsecond=0))
         content.keys.append(entry)
         _write_keys_file(p, content)
     return key
@@ -174,6 +178,7 @@ class ApiKey:
     sha256: str
     models: frozenset[str] | None       # None: every model
     rpm: int | None
+    priority: Priority = "interactive"
     tokens: float = 0.0
     refilled_at: float = field(default=-1.0)
 
@@ -224,7 +229,8 @@ class KeyRing:
         fresh: dict[str, ApiKey] = {}
         for e in entries:
             key = ApiKey(name=e.name, sha256=e.sha256,
-                         models=frozenset(e.models) if e.models else None, rpm=e.rpm)
+                         models=frozenset(e.models) if e.models else None, rpm=e.rpm,
+                         priority=e.priority)
             prev = old.get(e.name)
             if prev is not None and prev.sha256 == e.sha256 and prev.rpm == e.rpm:
                 key.tokens, key.refilled_at = prev.tokens, prev.refilled_at

@@ -14,16 +14,27 @@ not a label: on Nomad every restart is a new port, so they would grow forever.
 The hot path must not pay for label lookups on every request, so the children
 of each model are resolved once and cached (``for_model``).
 
+**Several worker processes** (``llmgw serve --workers N``) share one port, so
+a scrape reaches one of them at random. Counters, histograms and the in-flight
+and queued gauges are then kept in prometheus_client's multiprocess mode (one
+memory-mapped file per process under ``PROMETHEUS_MULTIPROC_DIR``, summed at
+scrape time), chosen over a ``worker`` label because a label would only let a
+scrape see the one worker that answered it. The figures every process knows
+alike (healthy replicas, engine queues, the scaler's decision) come from the
+answering process's collectors.
+
 Every metric is listed with its labels in the README table; keep them in step.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
@@ -37,6 +48,34 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 30
 
 # (model, healthy replicas, ejected replicas) for every model, read at scrape time.
 ReplicaCounts = Callable[[], Iterable[tuple[str, int, int]]]
+# (family, label values, value) of the figures below, read at scrape time.
+LiveFigures = Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]
+_LIVE = {
+    "llmgw_gateway_engine_requests": (
+        "Requests the replicas' engines report, summed over the replicas of a model with a "
+        "fresh scrape, by state (running, waiting).", ["model", "state"]),
+    "llmgw_gateway_engine_kv_cache_usage": (
+        "KV-cache usage (0..1) the engines report, the mean over the replicas of a model with "
+        "a fresh scrape.", ["model"]),
+    "llmgw_gateway_desired_replicas": (
+        "The scaler's desired replica count for a model, with the kind of its last decision "
+        "(load, min, max, stabilising, loading, capacity).", ["model", "reason"]),
+}
+
+
+class _LiveCollector(Collector):
+    def __init__(self, figures: LiveFigures) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        families = {name: GaugeMetricFamily(name, text, labels=labels)
+                    for name, (text, labels) in _LIVE.items()}
+        for name, labels, value in self._figures():
+            families[name].add_metric(list(labels), value)
+        yield from families.values()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
 
 class _ReplicaCollector(Collector):
@@ -71,6 +110,8 @@ class ModelMetrics:
         "_status",
         "in_flight",
         "latency",
+        "queue_wait",
+        "tokens_cached",
         "tokens_completion",
         "tokens_prompt",
         "ttft",
@@ -85,6 +126,8 @@ class ModelMetrics:
         self.ttft = m.ttft.labels(name)
         self.tokens_prompt = m.tokens.labels(name, "prompt")
         self.tokens_completion = m.tokens.labels(name, "completion")
+        self.tokens_cached = m.tokens.labels(name, "cached")
+        self.queue_wait = m.queue_wait.labels(name)
 
     def done(self, status: int) -> None:
         child = self._status.get(status)
@@ -94,7 +137,7 @@ class ModelMetrics:
 
 
 class GatewayMetrics:
-    def __init__(self, replica_counts: ReplicaCounts) -> None:
+    def __init__(self, replica_counts: ReplicaCounts, live: LiveFigures = lambda: ()) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "llmgw_gateway_requests", "Inference requests answered, by requested model and "
@@ -109,7 +152,19 @@ class GatewayMetrics:
             buckets=_TTFT_BUCKETS, registry=r)
         self.in_flight = Gauge(
             "llmgw_gateway_in_flight_requests", "Inference requests being served now, by "
-            "requested model.", ["model"], registry=r)
+            "requested model.", ["model"], registry=r, multiprocess_mode="livesum")
+        self.queued = Gauge(
+            "llmgw_gateway_queued_requests", "Requests waiting in a model's admission queue "
+            "because every replica is saturated, by priority class.", ["model", "priority"],
+            registry=r, multiprocess_mode="livesum")
+        self.queue_wait = Histogram(
+            "llmgw_gateway_queue_wait_seconds", "How long admitted requests waited in the "
+            "admission queue, by requested model.", ["model"], buckets=_TTFT_BUCKETS,
+            registry=r)
+        self.rejected = Counter(
+            "llmgw_gateway_admission_rejections", "Requests answered 429 by admission "
+            "control, by requested model and reason (queue_full, queue_timeout).",
+            ["model", "reason"], registry=r)
         self.retries = Counter(
             "llmgw_gateway_retries", "Attempts on another replica of the same model after a "
             "failure before the first byte.", ["model"], registry=r)
@@ -123,7 +178,12 @@ class GatewayMetrics:
         self.tokens = Counter(
             "llmgw_gateway_tokens", "Tokens reported in the engines' usage fields (also in "
             "streams when the engine sends usage), by answering model and kind (prompt, "
-            "completion).", ["model", "kind"], registry=r)
+            "completion, cached: prompt tokens served from the prefix cache).",
+            ["model", "kind"], registry=r)
+        self.scale_changes = Counter(
+            "llmgw_gateway_scaler_changes", "Replica counts the scaler asked the scheduler "
+            "for (this process held the scaler lease), by direction (up, down).",
+            ["model", "direction"], registry=r)
         self.scale_ups = Counter(
             "llmgw_gateway_scale_ups", "On-demand models this process asked the scheduler to "
             "start (holding the scale-up lease).", ["model"], registry=r)
@@ -141,7 +201,12 @@ class GatewayMetrics:
         self.key_reloads = Counter(
             "llmgw_gateway_key_reloads", "Times the keys file was reloaded after a change.",
             registry=r)
-        r.register(_ReplicaCollector(replica_counts))
+        # The collectors also in a registry of their own: in multiprocess mode
+        # the rest is read from every process's files instead.
+        self._collected = CollectorRegistry()
+        for collector in (_ReplicaCollector(replica_counts), _LiveCollector(live)):
+            r.register(collector)
+            self._collected.register(collector)
         self._models: dict[str, ModelMetrics] = {}
 
     def for_model(self, name: str) -> ModelMetrics:
@@ -151,4 +216,8 @@ class GatewayMetrics:
         return mm
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            every = CollectorRegistry()
+            MultiProcessCollector(every)  # type: ignore[no-untyped-call]
+            return generate_latest(every) + generate_latest(self._collected)
         return generate_latest(self.registry) + generate_latest(REGISTRY)

@@ -59,6 +59,7 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
+from llmgw.gateway.admission import Priority
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -71,6 +72,7 @@ from llmgw.gateway.errors import (
     sse_error_event,
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
+from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.routing import Balancer
 
 log = logging.getLogger("llmgw.gateway.proxy")
@@ -94,11 +96,16 @@ _ERROR_SNIPPET = 300
 CLIENT_SEND_TIMEOUT = 120.0
 
 
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     input_tokens: int = 0          # the Responses API's names for the same counts
     output_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
 
 
 class _WithUsage(msgspec.Struct):
@@ -208,11 +215,20 @@ class ForwardRequest:
     metrics: ModelMetrics
     bodies: dict[str, bytes] = field(default_factory=dict)   # body per served name
     responded: bool = False         # the response has started: nothing can be retried
-    # The admission class: "interactive" (clients) or "batch" (the batch
-    # worker's lines), for whatever orders requests waiting for a replica.
-    priority: str = "interactive"
+    # The admission class: "interactive" (clients, or the key's class) or "batch"
+    # (the batch worker's lines), which orders requests waiting for a replica.
+    priority: Priority = "interactive"
     # (path, body) for each model of the chain, when they differ by model.
     variant: Callable[[Model], tuple[str, Body]] | None = None
+    keys: dict[int, PrefixKey | None] | None = None  # per prefix_bytes, made when asked
+
+    def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
+        """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
+        if self.keys is None:
+            self.keys = {}
+        if prefix_bytes not in self.keys:
+            self.keys[prefix_bytes] = prefix_key(self.body, prefix_bytes)
+        return self.keys[prefix_bytes]
 
 
 @dataclass(slots=True)
@@ -312,8 +328,13 @@ class Forwarder:
         for index, model in enumerate(chain):
             urls = self.replicas(model)
             tried: set[str] = set()
+            routing = model.routing
+            # With one replica there is nothing to choose: the prompt is not read.
+            key = (req.prefix_key(routing.prefix_bytes)
+                   if routing.policy == "prefix-affinity" and len(urls) > 1 else None)
             while len(tried) < self.max_attempts:
-                url = self.balancer.choose(urls, self.clock(), tried)
+                url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
+                                         key=key, load_factor=routing.load_factor)
                 if url is None:
                     break
                 if tried:
@@ -387,6 +408,7 @@ class Forwarder:
         sent = False
         resp: aiohttp.ClientResponse | None = None
         self.balancer.acquire(url)
+        answered = False
         try:
             async with asyncio.timeout(first_byte) as deadline:
                 try:
@@ -409,6 +431,7 @@ class Forwarder:
                     if ctype.startswith(_STREAMED):
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
+                        answered = True
                         deadline.reschedule(None)   # the client's pace is not the replica's
                         await to_client({"type": "http.response.start", "status": status,
                                          "headers": headers})
@@ -419,6 +442,7 @@ class Forwarder:
                         deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
+                        answered = True
                         deadline.reschedule(None)
                         headers.append((b"content-length", str(len(data)).encode()))
                         await to_client({"type": "http.response.start", "status": status,
@@ -449,7 +473,7 @@ class Forwarder:
             return _Failure("timeout", f"no response within {first_byte:g} s "
                             f"(timeouts.first_byte of model {model.name!r})")
         finally:
-            self.balancer.release(url)
+            self.balancer.release(url, awaiting=not answered)
             if resp is not None:
                 resp.close()
 
@@ -513,6 +537,9 @@ class Forwarder:
             mm.tokens_prompt.inc(prompt)
         if completion > 0:
             mm.tokens_completion.inc(completion)
+        details = usage.prompt_tokens_details
+        if details is not None and details.cached_tokens:
+            mm.tokens_cached.inc(details.cached_tokens)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,7 +1,26 @@
-"""Choosing a replica: least outstanding requests among the healthy, minus the ejected.
+"""Choosing a replica: by policy among the healthy, minus the ejected; and how full each is.
 
 This module decides and counts; it does no I/O and reads no clock (callers
 pass ``now``), so every rule here is tested without a server.
+
+Policies (a model's ``routing.policy``): ``least-outstanding``, the replica
+with the fewest requests in flight from this gateway; ``round-robin``, each
+in turn; ``prefix-affinity``, the replica a request's prefix key hashes to on
+a consistent-hash ring with bounded load (``ring``), by least outstanding
+when the request has no key.
+
+What each replica's engine reports (``observe``, fed by ``signals``) refines
+two figures. Its **load**: the engine's running and waiting requests, which
+count every gateway's traffic, plus what this gateway sent since that scrape
+and minus what came back; without a fresh report, this gateway's in-flight
+count. And its **headroom** before it is saturated (admission control): up
+to the model's ``max_concurrency`` in flight from this gateway, and, while its
+engine reports a queue, up to ``max_waiting`` waiting. An engine reporting no
+queue is taken to have room until the next scrape says otherwise, so a burst
+onto an idle fleet is not throttled to what a stale figure allows; the
+overshoot is bounded by one scrape interval of arrivals. A report older than
+``signal_ttl`` is ignored: a failed scrape degrades to in-flight counts,
+never to a refused request.
 
 Three rules, each the fix for a failure seen in other gateways:
 
@@ -27,25 +46,164 @@ go away.
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+
+import msgspec
+
+from llmgw.catalog.model import RoutingPolicy
+from llmgw.gateway.prefix import PrefixKey
+from llmgw.gateway.ring import HashRing
+
+UNLIMITED = math.inf
+# Conversations whose last replica this gateway remembers (an LRU: ~100 bytes each).
+PLACED = 65536
+
+
+class EngineSample(msgspec.Struct, frozen=True, kw_only=True):
+    """What one scrape of an engine's ``/metrics`` said (None: the engine does not say)."""
+
+    running: int
+    waiting: int
+    kv_usage: float | None = None         # 0..1
+    prefix_queries: float | None = None   # counters since the engine started, in tokens
+    prefix_hits: float | None = None
 
 
 @dataclass(slots=True)
 class ReplicaState:
     outstanding: int = 0
+    awaiting: int = 0          # of those, still waiting for their first byte
     failures: int = 0          # consecutive failures, counted once per ejection
     ejected_until: float = 0.0
+    sample: EngineSample | None = None
+    sampled_at: float = -math.inf
+    outstanding_at_sample: int = 0
 
 
 class Balancer:
-    """Least-outstanding choice and passive-health bookkeeping for every replica URL."""
+    """Replica choice by policy, engine signals and passive health for every replica URL."""
 
-    def __init__(self, eject_for: float, eject_max: float) -> None:
+    def __init__(self, eject_for: float, eject_max: float, signal_ttl: float = 3.0) -> None:
         self.eject_for = eject_for
         self.eject_max = max(eject_max, eject_for)
+        self.signal_ttl = signal_ttl
         self._state: dict[str, ReplicaState] = {}
         self._turn = 0
+        self._rings: dict[tuple[str, ...], HashRing] = {}
+        # Where each conversation went last (its longest cached prefix is there).
+        self._placed: OrderedDict[int, str] = OrderedDict()
+
+    def pick(self, urls: Sequence[str], now: float, exclude: Collection[str] = (), *,
+             policy: RoutingPolicy = "least-outstanding", key: PrefixKey | None = None,
+             load_factor: float = 1.25) -> str | None:
+        """The usable replica ``policy`` chooses, or None (see ``choose`` for usable).
+
+        Prefix affinity bounds each replica's prefill queue (``pending``) at
+        ``load_factor`` times the mean. A later turn of a conversation may
+        exceed that by one request: at low load the mean is a fraction of
+        one, and the bare bound would send a conversation away from its cache
+        whenever its replica is busy with one other prefill, when waiting
+        behind that one costs about what prefilling the whole conversation
+        elsewhere would. A first turn has nothing cached to wait for, so it
+        takes no slack and spreads like least-outstanding.
+
+        A turn goes first to the replica its conversation's previous turn
+        went to, if this gateway placed it and it is within the bound: a turn
+        passed on from its ring home was prefilled whole where it went, which
+        now holds the longest prefix of the conversation. The ring remains
+        the answer every gateway process gives alike (a turn reaching another
+        worker or instance).
+        """
+        if policy == "prefix-affinity" and key is not None and urls:
+            usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]
+            placed = self._placed
+            url = self._ring(urls).choose(
+                key.point, usable, lambda u: self.pending(u, now), load_factor,
+                slack=1 if key.follows else 0, preferred=placed.get(key.point))
+            if url is not None:
+                placed[key.point] = url
+                placed.move_to_end(key.point)
+                if len(placed) > PLACED:
+                    placed.popitem(last=False)
+            return url
+        if policy == "round-robin":
+            n = len(urls)
+            for _ in range(n):
+                self._turn += 1
+                url = urls[self._turn % n]
+                if url not in exclude and not self.is_ejected(url, now):
+                    return url
+            return None
+        return self.choose(urls, now, exclude)
+
+    def _ring(self, urls: Sequence[str]) -> HashRing:
+        """The ring of ``urls``; ejected or excluded replicas are skipped on it, not removed,
+        so the others keep their keys."""
+        members = tuple(urls)
+        ring = self._rings.get(members)
+        if ring is None:
+            if len(self._rings) > 64:
+                self._rings.clear()
+            ring = self._rings[members] = HashRing(members)
+        return ring
+
+    # ------------------------------------------------------------ engine signals
+
+    def observe(self, url: str, sample: EngineSample | None, now: float) -> None:
+        """Record a scrape of ``url``'s engine (None: it failed or said nothing useful)."""
+        state = self._get(url)
+        state.sample = sample
+        state.sampled_at = now if sample is not None else -math.inf
+        state.outstanding_at_sample = state.outstanding
+
+    def sample(self, url: str, now: float) -> EngineSample | None:
+        """The engine's last report, if it is fresh."""
+        state = self._state.get(url)
+        if state is None or state.sample is None or now - state.sampled_at > self.signal_ttl:
+            return None
+        return state.sample
+
+    def load(self, url: str, now: float) -> int:
+        """Requests on the replica: the engine's count brought up to date, else in flight."""
+        state = self._state.get(url)
+        if state is None:
+            return 0
+        sample = self.sample(url, now)
+        if sample is None:
+            return state.outstanding
+        since = state.outstanding - state.outstanding_at_sample
+        return max(state.outstanding, sample.running + sample.waiting + since)
+
+    def pending(self, url: str, now: float) -> int:
+        """Requests on the replica that have not had their first token: its prefill queue.
+
+        This gateway's own count, or the engine's waiting count when that is
+        higher (other gateways' requests). It is what a new request's time to
+        first token depends on: a request that is decoding costs the engine a
+        token per step, one that is prefilling costs it the whole prompt.
+        """
+        state = self._state.get(url)
+        if state is None:
+            return 0
+        sample = self.sample(url, now)
+        return max(state.awaiting, sample.waiting if sample is not None else 0)
+
+    def headroom(self, url: str, now: float, max_concurrency: int | None,
+                 max_waiting: int) -> float:
+        """How many more requests the replica takes before it is saturated (UNLIMITED: no bound)."""
+        state = self._state.get(url)
+        outstanding = state.outstanding if state else 0
+        room = UNLIMITED
+        if max_concurrency is not None:
+            room = max_concurrency - outstanding
+        sample = self.sample(url, now)
+        if sample is not None and sample.waiting > 0 and state is not None:
+            waiting = sample.waiting + outstanding - state.outstanding_at_sample
+            room = min(room, max_waiting + 1 - waiting)
+        return max(room, 0)
 
     def _get(self, url: str) -> ReplicaState:
         state = self._state.get(url)
@@ -103,12 +261,18 @@ class Balancer:
         return state is not None and state.ejected_until > now
 
     def acquire(self, url: str) -> None:
-        self._get(url).outstanding += 1
+        state = self._get(url)
+        state.outstanding += 1
+        state.awaiting += 1
 
-    def release(self, url: str) -> None:
+    def release(self, url: str, *, awaiting: bool = False) -> None:
+        """A request ended; ``awaiting``: before its first byte (``succeeded`` was not called)."""
         state = self._state.get(url)
-        if state is not None and state.outstanding > 0:
-            state.outstanding -= 1
+        if state is not None:
+            if state.outstanding > 0:
+                state.outstanding -= 1
+            if awaiting and state.awaiting > 0:
+                state.awaiting -= 1
 
     def outstanding(self, url: str) -> int:
         state = self._state.get(url)
@@ -125,10 +289,14 @@ class Balancer:
         return state.ejected_until
 
     def succeeded(self, url: str) -> None:
+        """The first byte of a request's answer arrived from ``url``: healthy, and past its
+        prefill."""
         state = self._state.get(url)
         if state is not None:
             state.failures = 0
             state.ejected_until = 0.0
+            if state.awaiting > 0:
+                state.awaiting -= 1
 
     def back_in(self, urls: Iterable[str], now: float) -> float | None:
         """Seconds until the first of ``urls`` that is ejected comes back, if any is."""

@@ -63,6 +63,29 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     deployment_failed: str | None = None
 
 
+class ScalerDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """The gateway scaler's latest count for a model and why (published in the store).
+
+    ``kind``: ``load`` (following it), ``min`` or ``max`` (held at the range's
+    end), ``stabilising`` (lower load, inside scale_down_delay), ``loading``
+    (waiting for replicas asked for), ``capacity`` (the scheduler has no room).
+    ``since``: seconds since the count last changed, when known.
+    """
+
+    desired: int
+    kind: str
+    reason: str
+    since: float | None = None
+
+
+class ScalerDecisions(msgspec.Struct, frozen=True):
+    models: dict[str, ScalerDecision]
+
+
+# Where the scaler publishes them: store.reports(SCALER_REPORT, ...), one row.
+SCALER_REPORT = ("scaler", "decisions")
+
+
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     """One machine of the fleet, totals and free capacity as the scheduler counts them."""
 
@@ -133,7 +156,7 @@ class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
 
 class Routing(Protocol):
     """What the gateway needs of a scheduler: where a model's healthy replicas are,
-    word when that may have changed, and on-demand scaling. Every read is from the
+    word when that may have changed, and a replica count to run. Every read is from the
     backend's cache, so the request path never waits on the scheduler."""
 
     def endpoints(self, model: str) -> list[str]:
@@ -143,7 +166,15 @@ class Routing(Protocol):
         """Return when the set of endpoints may have changed, or after ``timeout``."""
 
     async def set_demand(self, model: str, replicas: int) -> None:
-        """On-demand scaling: run ``replicas`` copies of a min-0 model (0 stops it)."""
+        """Run ``replicas`` copies of the model, kept within ``[scaling.min, scaling.max]``.
+
+        The gateway's two scaling paths call this: the on-demand path for a
+        min-0 model (1 starts it, 0 stops it) and the load-based scaler
+        between min and max. The count holds until the next call; a catalog
+        change clamps it into the new range. The backend may accept the call
+        before the scheduler has acted (``status().desired`` and ``ready``
+        show the progress).
+        """
 
     def status(self, model: str) -> ModelStatus: ...
 

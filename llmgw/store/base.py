@@ -38,6 +38,14 @@ connection (a missed NOTIFY would leave an instance serving an old catalog
 until the next change), and its cost is negligible next to the one-second
 visibility the system promises.
 
+Reports are what processes publish for each other, a few times a minute:
+each gateway's load (requests in flight and queued per model) and the
+scaler's latest decisions, so that the one process deciding sees every
+gateway's traffic and every instance's API can show why a model runs the
+replicas it runs. Each is one row per (kind, key), overwritten in place;
+rows nobody has refreshed for ``REPORT_RETENTION`` are deleted on the next
+write of their kind.
+
 Any failure to reach the database raises ``StoreUnavailableError`` (HTTP 503);
 callers keep serving the catalog already in force.
 """
@@ -49,6 +57,15 @@ from datetime import datetime
 from typing import Protocol
 
 import msgspec
+
+# Reports older than this are deleted (their writer is gone).
+REPORT_RETENTION = 600.0
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    payload: bytes
+    age: float                 # seconds since it was written (database time)
 
 
 class StoredModel(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,3 +251,11 @@ class Store(Protocol):
         """(lines that succeeded, lines that failed)."""
 
     async def delete_batch_results(self, batch_id: str) -> None: ...
+
+    # --- reports ------------------------------------------------------------------
+
+    async def put_report(self, kind: str, key: str, payload: bytes) -> None:
+        """Write (or overwrite) the report ``kind``/``key``, stamped with database time."""
+
+    async def reports(self, kind: str, within: float) -> list[Report]:
+        """The reports of ``kind`` written less than ``within`` seconds ago, by key."""

@@ -52,10 +52,12 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.redact import redact_url
 from llmgw.store.base import (
+    REPORT_RETENTION,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
+    Report,
     StoredModel,
     StoredResponse,
 )
@@ -622,3 +624,22 @@ class PostgresStore:
     async def delete_batch_results(self, batch_id: str) -> None:
         await self._query(f"delete results of batch {batch_id!r}",
                           "DELETE FROM batch_results WHERE batch_id = %s", (batch_id,))
+
+    async def put_report(self, kind: str, key: str, payload: bytes) -> None:
+        await self._query(
+            f"write the {kind} report of {key!r}",
+            "WITH dropped AS (DELETE FROM reports WHERE kind = %s"
+            " AND at < now() - %s * interval '1 second')"
+            " INSERT INTO reports (kind, key, payload, at) VALUES (%s, %s, %s, now())"
+            " ON CONFLICT (kind, key) DO UPDATE SET payload = EXCLUDED.payload, at = EXCLUDED.at",
+            (kind, REPORT_RETENTION, kind, key, payload),
+        )
+
+    async def reports(self, kind: str, within: float) -> list[Report]:
+        rows = await self._query(
+            f"read the {kind} reports",
+            "SELECT key, payload, EXTRACT(EPOCH FROM now() - at)::float8 FROM reports"
+            " WHERE kind = %s AND at > now() - %s * interval '1 second' ORDER BY key",
+            (kind, float(within)),
+        )
+        return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]

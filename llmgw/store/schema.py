@@ -14,7 +14,7 @@ each migration exactly once and neither sees a half-built schema.
 Time columns differ on purpose. ``models`` keeps the caller's timestamps
 (who added a model and when is the application's statement, made with its
 clock); SQLite stores them as ISO 8601 UTC text, which stays readable in an
-``sqlite3`` shell and sorts correctly. ``leases`` and ``activity`` hold the
+``sqlite3`` shell and sorts correctly. ``leases``, ``activity`` and ``reports`` hold the
 database's own clock — REAL Unix seconds on SQLite, ``timestamptz`` on
 Postgres — because they are compared across hosts whose clocks may disagree.
 
@@ -202,6 +202,28 @@ MIGRATIONS: tuple[Migration, ...] = (
                 ok       boolean NOT NULL,
                 data     bytea NOT NULL,
                 PRIMARY KEY (batch_id, line)
+            )""",
+        ),
+    ),
+    Migration(
+        number=3,
+        name="reports: each gateway's load and the scaler's decisions",
+        sqlite=(
+            """CREATE TABLE reports (
+                kind    TEXT NOT NULL,
+                key     TEXT NOT NULL,
+                payload BLOB NOT NULL,
+                at      REAL NOT NULL,
+                PRIMARY KEY (kind, key)
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE reports (
+                kind    text NOT NULL,
+                key     text NOT NULL,
+                payload bytea NOT NULL,
+                at      timestamptz NOT NULL,
+                PRIMARY KEY (kind, key)
             )""",
         ),
     ),

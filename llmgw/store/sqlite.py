@@ -49,10 +49,12 @@ from urllib.parse import unquote
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
+    REPORT_RETENTION,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
+    Report,
     StoredModel,
     StoredResponse,
 )
@@ -128,6 +130,19 @@ _ACTIVE_BATCHES = (
     "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
     " WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
     " ORDER BY created_at, id"
+)
+_PUT_REPORT = (
+    "INSERT INTO reports (kind, key, payload, at)"
+    " VALUES (?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0))"
+    " ON CONFLICT (kind, key) DO UPDATE SET payload = excluded.payload, at = excluded.at"
+)
+_DROP_REPORTS = (
+    "DELETE FROM reports WHERE kind = ? AND at < ((julianday('now') - 2440587.5) * 86400.0) - ?"
+)
+_REPORTS = (
+    "SELECT key, CAST(payload AS BLOB), ((julianday('now') - 2440587.5) * 86400.0) - at"
+    " FROM reports WHERE kind = ? AND at > ((julianday('now') - 2440587.5) * 86400.0) - ?"
+    " ORDER BY key"
 )
 
 _SELECT_MODELS = (
@@ -705,3 +720,16 @@ class SqliteStore:
     async def delete_batch_results(self, batch_id: str) -> None:
         await self._conn(self._writes).run(lambda db: db.execute(
             "DELETE FROM batch_results WHERE batch_id = ?", (batch_id,)))
+
+    async def put_report(self, kind: str, key: str, payload: bytes) -> None:
+        def run(db: sqlite3.Connection) -> None:
+            db.execute(_PUT_REPORT, (kind, key, payload))
+            db.execute(_DROP_REPORTS, (kind, REPORT_RETENTION))
+
+        await self._conn(self._writes).run(run)
+
+    async def reports(self, kind: str, within: float) -> list[Report]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_REPORTS, (kind, float(within))).fetchall()
+        )
+        return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]

@@ -158,7 +158,8 @@ async def test_scale_and_resources_answer_what_is_in_force(client: AsyncTestClie
     """C9/C10 through HTTP: max filled in; negative counts refused with the field."""
     await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
     r = await client.put("/api/v1/models/trial/scale", json={"min": 2}, headers=ADMIN)
-    assert r.json() == {"min": 2, "max": 2, "idle_timeout": "15m", "wait": "10m"}
+    assert r.json() == {"min": 2, "max": 2, "target": 16, "scale_down_delay": "5m",
+                        "idle_timeout": "15m", "wait": "10m"}
     r = await client.put("/api/v1/models/trial/scale", json={"min": -1}, headers=ADMIN)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "min"

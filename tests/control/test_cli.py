@@ -204,3 +204,32 @@ def test_prefetch_prints_each_nodes_progress_and_the_warm_nodes(api_url: str) ->
     code, out = ctl(api_url, "model", "prefetch", "prod-chat", "--nodes", "2", "--node", "x")
     assert code == 2
     assert "not both" in out
+
+
+def test_replicas_shows_the_count_the_scaler_asked_for_and_why(api_url: str,
+                                                               store_url: str) -> None:
+    """ctl replicas lists, per model, desired and ready and the scaler's reason from the store."""
+    import msgspec
+
+    from llmgw.scheduler.base import SCALER_REPORT, ScalerDecision, ScalerDecisions
+
+    decisions = ScalerDecisions(models={"prod-chat": ScalerDecision(
+        desired=3, kind="load", reason="40 requests on 2 ready replicas against a target of "
+        "16 per replica: 2 → 3", since=12.0)})
+
+    async def publish() -> None:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            await store.put_report(*SCALER_REPORT, msgspec.json.encode(decisions))
+        finally:
+            await store.close()
+
+    asyncio.run(publish())
+    code, out = ctl(api_url, "replicas")
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("prod-chat"))
+    assert "scaler (load): 40 requests on 2 ready replicas" in line
+    assert "unchanged for 1" in line
+    code, out = ctl(api_url, "model", "show", "prod-chat", "--output", "json")
+    assert json.loads(out)["scaler"]["desired"] == 3

@@ -179,6 +179,24 @@ async def test_on_demand_models_follow_set_demand(backend: LocalBackend, tmp_pat
     await until(gone, "the on-demand replica to stop", 30)
 
 
+async def test_set_demand_moves_a_model_within_min_and_max(backend: LocalBackend,
+                                                          tmp_path: Path) -> None:
+    """Min 1, max 3: the scaler's count is run, kept within the range, and survives a pass."""
+    m = cpu_model("chat", missing(tmp_path), min_=1)
+    wide = msgspec.structs.replace(m, scaling=msgspec.structs.replace(m.scaling, max=3))
+    await backend.apply(build_catalog([wide]))
+    assert backend.status("chat").desired == 1
+    await backend.set_demand("chat", 2)
+    assert backend.status("chat").desired == 2
+    assert len(await backend.replicas("chat")) == 2
+    await backend.apply(build_catalog([wide]))
+    assert backend.status("chat").desired == 2
+    await backend.set_demand("chat", 9)
+    assert backend.status("chat").desired == 3
+    await backend.set_demand("chat", 0)
+    assert backend.status("chat").desired == 1
+
+
 async def test_set_demand_for_an_unknown_model_is_not_found(backend: LocalBackend) -> None:
     """The gateway learns of a name the scheduler does not run."""
     await backend.apply(build_catalog([]))

@@ -14,11 +14,18 @@ def view(rid: str, *, healthy: bool = True, stale: bool = False, retiring: bool 
     return ReplicaView(id=rid, healthy=healthy, stale=stale, retiring=retiring, seq=seq)
 
 
-def test_a_model_with_a_minimum_runs_exactly_that_many() -> None:
-    """min > 0 is the count, whatever the on-demand request says."""
+def test_a_model_runs_its_minimum_until_the_gateway_asks_for_more_within_max() -> None:
+    """min > 0 is the count until set_demand; a request is kept within [min, max]."""
     m = cpu_model("m", min_=2)
+    assert desired_count(m, None) == 2
     assert desired_count(m, 0) == 2
     assert desired_count(m, 5) == 2
+    wide = Model(name="w", source=Source.parse("x"), engine="llama.cpp", profiles=m.profiles,
+                 scaling=Scaling(min=2, max=4))
+    assert desired_count(wide, None) == 2
+    assert desired_count(wide, 3) == 3
+    assert desired_count(wide, 9) == 4
+    assert desired_count(wide, 1) == 2
 
 
 def test_an_on_demand_model_runs_what_was_asked_up_to_its_max() -> None:

@@ -233,6 +233,25 @@ async def test_an_on_demand_model_is_scaled_by_demand_and_kept_there(fake, backe
     assert fake.allocations("llmgw-burst") == []
 
 
+async def test_the_scaler_moves_a_model_within_min_and_max_and_the_reconciler_keeps_it(
+        fake, backend):
+    """Min 1, max 3: set_demand scales within the range (clamped), and a pass keeps it."""
+    m = cpu_model("chat", min_=1, max_=3)
+    await applied(backend, catalog(m))
+    fake.settle()
+    assert len(fake.allocations("llmgw-chat")) == 1
+    await backend.set_demand("chat", 3)
+    fake.settle()
+    assert len(fake.allocations("llmgw-chat")) == 3
+    await applied(backend, catalog(m))
+    fake.settle()
+    assert len(fake.allocations("llmgw-chat")) == 3
+    assert backend.status("chat").desired == 3
+    await backend.set_demand("chat", 0)
+    fake.settle()
+    assert fake.job("llmgw-chat")["TaskGroups"][0]["Count"] == 1
+
+
 async def test_the_fleet_groups_the_fake_nodes_and_counts_what_is_placed(fake, backend):
     """Pools by class and fabric; a placed 2-GPU replica takes 2 from its node."""
     before = {p.name: p for p in (await backend.fleet()).pools}

@@ -47,11 +47,15 @@ def test_a_model_without_a_live_job_is_registered():
     assert actions.register == ["a", "b"]
 
 
-def test_a_model_with_a_minimum_runs_exactly_that_many():
-    """Min > 0: the count is scaled to min whatever it is now."""
+def test_a_model_with_a_minimum_keeps_the_scaled_count_within_its_range():
+    """Min > 0: a count the scaler set within [min, max] stays; one outside is clamped."""
     cat = build_catalog([_model("a", min_=3, max_=5)], GPU_CLASSES)
-    assert decide(cat, {"llmgw-a": _job("a", count=5)}, _spec).scale == {"a": 3}
-    assert decide(cat, {"llmgw-a": _job("a", count=3)}, _spec).scale == {}
+    assert decide(cat, {"llmgw-a": _job("a", count=5)}, _spec).scale == {}
+    assert decide(cat, {"llmgw-a": _job("a", count=4)}, _spec).scale == {}
+    assert decide(cat, {"llmgw-a": _job("a", count=2)}, _spec).scale == {"a": 3}
+    assert decide(cat, {"llmgw-a": _job("a", count=8)}, _spec).scale == {"a": 5}
+    fixed = build_catalog([_model("a", min_=3)], GPU_CLASSES)
+    assert decide(fixed, {"llmgw-a": _job("a", count=5)}, _spec).scale == {"a": 3}
 
 
 def test_an_on_demand_model_keeps_the_count_the_gateway_set_up_to_max():

@@ -331,6 +331,35 @@ async def test_activity_is_none_until_marked_then_counts_up(make_store: StoreFac
     assert await reconciler.last_activity("gemma-3-270m") is None
 
 
+# --- reports --------------------------------------------------------------------
+
+
+async def test_reports_are_overwritten_per_key_and_read_back_with_their_age(
+        make_store: StoreFactory) -> None:
+    """A report replaces the earlier one of its kind and key; other kinds are not listed."""
+    gateway_a, gateway_b, scaler = await make_store(), await make_store(), await make_store()
+    await gateway_a.put_report("load", "host-a:1", b'{"n":1}')
+    await gateway_a.put_report("load", "host-a:1", b'{"n":2}')
+    await gateway_b.put_report("load", "host-b:7", b"\xff\x00 not utf-8")
+    await gateway_b.put_report("scaler", "decisions", b"{}")
+    found = await scaler.reports("load", 60.0)
+    assert [(r.key, r.payload) for r in found] == [
+        ("host-a:1", b'{"n":2}'), ("host-b:7", b"\xff\x00 not utf-8")]
+    assert all(0.0 <= r.age < 10.0 for r in found)
+
+
+async def test_reports_older_than_the_window_are_not_read(make_store: StoreFactory) -> None:
+    """A report not refreshed within ``within`` seconds is left out (its writer may be gone)."""
+    store = await make_store()
+    await store.put_report("load", "gone", b"{}")
+
+    async def aged() -> bool:
+        return not await store.reports("load", 0.05)
+
+    await wait_for(aged, "the report ageing past the window")
+    assert [r.key for r in await store.reports("load", 60.0)] == ["gone"]
+
+
 def _running_on_catalog_thread(store: AnyStore) -> bool:
     """The SQLite adapter's catalog connection is executing a statement right now."""
     threads = store._catalog._executor._threads  # type: ignore[union-attr]

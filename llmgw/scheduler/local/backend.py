@@ -435,7 +435,7 @@ class LocalBackend:
 
     def _reconcile_model(self, m: Model, catalog: Catalog) -> None:
         name = m.name
-        desired = desired_count(m, self._demand.get(name, 0))
+        desired = desired_count(m, self._demand.get(name))
         self._desired[name] = desired
         live = self._live(name)
         views = [ReplicaView(id=r.id, healthy=r.healthy, stale=self._stale(m, r),

@@ -6,9 +6,9 @@ so a plan may ask for a start that then waits for capacity.
 
 Rules, and the reason for each:
 
-* A model with ``min`` > 0 runs exactly ``min`` replicas; an on-demand model
-  runs what the gateway asked for through ``set_demand`` (one, at most
-  ``max``). Nothing here scales on load, as with Nomad.
+* A model runs what the gateway last asked for through ``set_demand`` (the
+  on-demand path or the load-based scaler), kept within ``[min, max]``; until
+  it asks, ``min``. The load itself is the gateway's to judge, as with Nomad.
 * A replica whose profile was edited keeps counting: it serves, shown as stale,
   until a rollout. Replacing it on every edit would turn a typo fix in a
   description-adjacent field into an outage of every replica at once.
@@ -45,15 +45,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     stop: list[str] = []
 
 
-def desired_count(model: Model, demand: int) -> int:
-    """How many replicas ``model`` should run, given the on-demand request ``demand``."""
+def desired_count(model: Model, demand: int | None) -> int:
+    """How many replicas ``model`` should run, given the gateway's request (None: none yet)."""
     if model.external:
         return 0
     s = model.scaling
-    if s.min > 0:
-        return s.min
-    ceiling = s.max if s.max is not None else 1
-    return max(0, min(demand, ceiling))
+    ceiling = s.max if s.max is not None else max(s.min, 1)
+    return max(s.min, min(s.min if demand is None else demand, ceiling))
 
 
 def _stop_order(r: ReplicaView) -> tuple[bool, bool, int]:

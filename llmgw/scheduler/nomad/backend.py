@@ -624,9 +624,16 @@ class NomadBackend:
         await self._offload.run(self._keeper.ensure, model, render.job_id(model.name))
 
     async def set_demand(self, model: str, replicas: int) -> None:
+        # The on-demand path and the load-based scaler both land here. While a
+        # deployment runs — for a model load, possibly the better part of an
+        # hour — Nomad refuses /scale (docs/nomad-api.md §5.3); _scale then
+        # re-registers the job with the new count when its spec is the one
+        # registered, and otherwise records that the change waits for the
+        # deployment, which the scaler's next tick asks for again.
         m = self._model(model)
-        high = m.scaling.max if m.scaling.max is not None else 1
-        count = max(0, min(replicas, high))
+        s = m.scaling
+        high = s.max if s.max is not None else max(s.min, 1)
+        count = max(s.min, min(replicas, high))
         found = await self._jobs(only=model)
         entry = found.get(render.job_id(model))
         if entry is None or entry[0].stopped:

@@ -6,11 +6,11 @@ rules, and what each one protects:
 
 * A model with no live job is **registered** (the backend chooses its profile
   by planning each in order).
-* A job whose count differs from the desired one is **scaled**. A model with
-  ``scaling.min`` > 0 runs exactly ``min``. An on-demand model (``min`` 0)
-  keeps whatever count the gateway last asked for (``set_demand``), clamped to
-  ``[0, max]``: the reconciler must not undo a scale-up another process made
-  a moment ago.
+* A job whose count differs from the desired one is **scaled**. A job keeps
+  whatever count the gateway last asked for (``set_demand``: the on-demand
+  path, or the load-based scaler), clamped to ``[min, max]``: the reconciler
+  must not undo a scale-up another process made a moment ago, and a catalog
+  change of the range still applies.
 * A job whose rendered spec differs from the registered one is left alone
   and reported **stale**. Re-registering would replace every running replica
   (a meta change is destructive, docs/nomad-api.md §9, item 8), and a replica that is
@@ -239,12 +239,10 @@ def shortfall(st: JobState, waiting: str | None) -> str | None:
 def desired_count(model: Model, current: int | None) -> int | None:
     """The count the job should have, or None when there is nothing to decide yet."""
     s = model.scaling
-    if s.min > 0:
-        return s.min
+    high = s.max if s.max is not None else max(s.min, 1)
     if current is None:
-        return None
-    high = s.max if s.max is not None else 1
-    return max(0, min(current, high))
+        return s.min if s.min > 0 else None
+    return max(s.min, min(current, high))
 
 
 def decide(catalog: Catalog, jobs: Mapping[str, JobState],

@@ -1,0 +1,254 @@
+"""The scheduler's routing face, relayed from the control process to gateway worker processes.
+
+With ``llmgw serve --workers N`` exactly one process owns the scheduler: the
+embedded scheduler's engines are its child processes, and two schedulers
+would count the same cores twice. The gateway workers still need the four
+things ``Routing`` gives — the healthy endpoints (read on every request, so
+from memory), word when they change, the status of a model and
+``set_demand`` — so the control process serves them over a Unix socket and
+each worker keeps a copy:
+
+* ``GET /_relay/routing?after=V&wait=S`` answers the endpoints and status of
+  every scheduled model as of version ``V + 1`` or later, holding the request
+  up to ``S`` seconds until there is one (a long poll, as Nomad's blocking
+  queries, so a change reaches the workers at once and an idle fleet costs
+  one request per ``S`` per worker);
+* ``POST /_relay/demand`` calls ``set_demand`` on the real scheduler and
+  answers its error, if any, in the control API's error shape.
+
+A worker that cannot reach the control process keeps routing to the
+endpoints it last knew (as the Nomad backend does through a Nomad outage)
+and asks again with back-off. The socket sits in a directory only the
+server's user can enter; the workers' proxy of the control API refuses the
+``/_relay`` prefix, so it is never reachable from the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from llmgw.errors import (
+    BackendUnavailableError,
+    DefinitionError,
+    LlmgwError,
+    NotFoundError,
+    RefusedError,
+    UnavailableError,
+)
+from llmgw.scheduler.base import ModelStatus, Routing
+
+log = logging.getLogger("llmgw.relay")
+
+PREFIX = "/_relay"
+# How long one long poll is held; the worker asks again at once after it.
+POLL = 20.0
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    endpoints: dict[str, list[str]]
+    status: dict[str, ModelStatus]
+
+
+class _Demand(msgspec.Struct, frozen=True):
+    model: str
+    replicas: int
+
+
+class _Failure(msgspec.Struct, frozen=True):
+    status: int
+    message: str
+
+
+# The control process's error, raised in the worker as the same kind.
+_ERRORS: dict[int, type[LlmgwError]] = {
+    400: DefinitionError, 404: NotFoundError, 409: RefusedError, 503: UnavailableError}
+
+_snapshot = msgspec.json.Decoder(Snapshot)
+_demand = msgspec.json.Decoder(_Demand)
+_failure = msgspec.json.Decoder(_Failure)
+_encode = msgspec.json.Encoder().encode
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+
+
+class RoutingRelay:
+    """The control process's side: watches its scheduler, answers the workers."""
+
+    def __init__(self, backend: Routing, models: Callable[[], Iterable[str]]) -> None:
+        self.backend = backend
+        self.models = models
+        self._snapshot = Snapshot(version=0, endpoints={}, status={})
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._take()
+        self._task = asyncio.create_task(self._watch(), name="llmgw-relay-watch")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _take(self) -> None:
+        names = list(self.models())
+        endpoints = {n: self.backend.endpoints(n) for n in names}
+        status = {n: self.backend.status(n) for n in names}
+        old = self._snapshot
+        # The first snapshot is version 1 even when empty: a worker that has
+        # none (version 0) is answered at once.
+        if old.version == 0 or endpoints != old.endpoints or status != old.status:
+            self._snapshot = Snapshot(version=old.version + 1, endpoints=endpoints,
+                                      status=status)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _watch(self) -> None:
+        # Status (desired, waiting for capacity) changes without an endpoint
+        # change, so the scheduler is also read once a second.
+        while True:
+            await self.backend.wait_changed(1.0)
+            try:
+                self._take()
+            except Exception:
+                log.exception("reading the scheduler for the gateway workers failed")
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        path: str = scope["path"]
+        if path == f"{PREFIX}/routing":
+            query = dict(part.split("=", 1) for part in
+                         scope.get("query_string", b"").decode().split("&") if "=" in part)
+            try:
+                after, wait = int(query.get("after", "0")), float(query.get("wait", POLL))
+            except ValueError:
+                await _answer(send, 400, _encode(_Failure(400, "after and wait are numbers")))
+                return
+            if self._snapshot.version <= after:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(wait, POLL)):
+                        await self._changed.wait()
+            await _answer(send, 200, _encode(self._snapshot))
+        elif path == f"{PREFIX}/demand" and scope["method"] == "POST":
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            try:
+                asked = _demand.decode(body)
+                await self.backend.set_demand(asked.model, asked.replicas)
+            except LlmgwError as exc:
+                await _answer(send, exc.status, _encode(_Failure(exc.status, exc.message)))
+                return
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await _answer(send, 400, _encode(_Failure(400, str(exc))))
+                return
+            self._take()
+            await _answer(send, 200, b"{}")
+        else:
+            await _answer(send, 404, _encode(_Failure(404, f"no relay endpoint {path}")))
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RelayRouting:
+    """A gateway worker's ``Routing``: a copy of the control process's scheduler view."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._snapshot = Snapshot(version=0, endpoints={}, status={})
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.synced = asyncio.Event()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.socket_path),
+                timeout=aiohttp.ClientTimeout(total=POLL + 10))
+        return self._session
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name="llmgw-relay-follow")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _follow(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async with self._client().get(
+                        f"http://control{PREFIX}/routing",
+                        params={"after": str(self._snapshot.version), "wait": str(POLL)}) as r:
+                    data = await r.read()
+                snapshot = _snapshot.decode(data)
+            except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError,
+                    msgspec.ValidationError) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("cannot read the scheduler from the control process (%s); "
+                                "routing to the replicas last known", exc)
+                await asyncio.sleep(min(5.0, 0.1 * 2 ** min(failures, 6)))
+                continue
+            if failures:
+                log.info("the control process answers again")
+            failures = 0
+            if snapshot.version != self._snapshot.version:
+                self._snapshot = snapshot
+                self._changed.set()
+                self._changed = asyncio.Event()
+            self.synced.set()
+
+    def endpoints(self, model: str) -> list[str]:
+        return self._snapshot.endpoints.get(model, [])
+
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
+
+    def status(self, model: str) -> ModelStatus:
+        return self._snapshot.status.get(model, ModelStatus())
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        try:
+            async with self._client().post(f"http://control{PREFIX}/demand",
+                                           data=_encode(_Demand(model, replicas))) as r:
+                status, data = r.status, await r.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise BackendUnavailableError(
+                f"the control process of this llmgw does not answer on {self.socket_path} "
+                f"({exc}); check that `llmgw serve` is still running") from None
+        if status != 200:
+            try:
+                failure = _failure.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                failure = _Failure(status, data.decode("utf-8", "replace")[:300])
+            cls = _ERRORS.get(failure.status, LlmgwError)
+            raise cls(failure.message)
