@@ -85,7 +85,7 @@ from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
 from llmgw.catalog.source import HfSource, UrlSource, strip_userinfo
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
-from llmgw.scheduler.nomad import credentials
+from llmgw.scheduler.nomad import credentials, jobui
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.fleet import GPU_CLASS_META
 from llmgw.scheduler.nomad.jobspec import ns
@@ -410,11 +410,12 @@ def tags(model: str, profile: str, fp: str) -> list[str]:
 
 def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                gpu_classes: Mapping[str, GpuClass], count: int,
-               mirror: str | None = None) -> js.Job:
+               mirror: str | None = None, ui: js.JobUIConfig | None = None) -> js.Job:
     """The Nomad job running ``count`` replicas of ``model`` with ``profile``.
 
     ``model`` comes from a catalog built for Nomad (``Runtime``), and ``cfg`` was
-    checked by ``load_config``; nothing is validated again here.
+    checked by ``load_config``; nothing is validated again here. ``ui`` is the
+    job's ``ui`` block (``jobui.ui_block``), which the spec hash leaves out.
     """
     assert model.engine is not None, f"model {model.name!r} is external; it has no job"
     need = need_of(model, profile, cfg, gpu_classes)
@@ -473,7 +474,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
         ID=job_id(model.name), Name=job_id(model.name), Type="service",
         Namespace=cfg.namespace or None, Region=cfg.region or None,
         Datacenters=list(cfg.datacenters), NodePool=cfg.node_pool or None,
-        Meta=meta, TaskGroups=[group],
+        Meta=meta, UI=ui, TaskGroups=[group],
     )
     return msgspec.structs.replace(job, Meta={**meta, META_SPEC: spec_hash(job)})
 
@@ -485,19 +486,21 @@ def with_count(job: js.Job, count: int) -> js.Job:
 
 
 def spec_hash(job: js.Job) -> str:
-    """A hash of everything in the job except the count and this hash itself.
+    """A hash of everything in the job except the count, the ``ui`` block and this
+    hash itself.
 
-    Two renders with equal hashes register as the same Nomad job version, so
-    the reconciler may re-register to change the count without replacing a
-    single allocation.
+    Two renders with equal hashes differ in nothing Nomad replaces an allocation
+    for, so the reconciler may re-register to change the count or the ``ui``
+    block without replacing a single allocation (``jobui`` argues the latter).
     """
     meta = {k: v for k, v in job.Meta.items() if k != META_SPEC}
-    bare = msgspec.structs.replace(with_count(job, 0), Meta=meta)
+    bare = msgspec.structs.replace(with_count(job, 0), Meta=meta, UI=None)
     return hashlib.sha256(js.encode(bare)).hexdigest()[:16]
 
 
 def static_jobs(catalog: Catalog, cfg: NomadConfig, mirror: str | None,
-                only: Iterable[str] | None = None) -> list[js.Job]:
+                only: Iterable[str] | None = None,
+                links: jobui.Links | None = None) -> list[js.Job]:
     """Every scheduled model with its first profile and ``scaling.min`` replicas.
 
     This is what ``llmgw jobspec render`` prints and ``jobspecs/`` holds: the
@@ -508,6 +511,8 @@ def static_jobs(catalog: Catalog, cfg: NomadConfig, mirror: str | None,
     for m in catalog:
         if m.external or (wanted is not None and m.name not in wanted):
             continue
-        jobs.append(render_job(m, m.profiles[0], cfg, catalog.gpu_classes,
-                               count=m.scaling.min, mirror=mirror))
+        p = m.profiles[0]
+        ui = jobui.ui_block(m, p, links or jobui.Links(), catalog.origin(m.name))
+        jobs.append(render_job(m, p, cfg, catalog.gpu_classes, count=m.scaling.min,
+                               mirror=mirror, ui=ui))
     return jobs
