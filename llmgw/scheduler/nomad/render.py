@@ -291,9 +291,11 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
     served = model.engine_model_name
     config: dict[str, object]
     if model.engine == "llama.cpp":
+        # --metrics: llama-server answers /metrics only when asked to, and Prometheus
+        # and the gateway read the replica's load there.
         args = ["--model", src.model_arg, "--alias", served, "--host", "0.0.0.0",
                 "--port", str(port), "--ctx-size", str(profile.context),
-                "--threads", str(need.cores)]
+                "--threads", str(need.cores), "--metrics"]
         if profile.gpus > 0:
             args += ["--n-gpu-layers", "999"]
         config = {"image": cfg.llama_cpp_image, "ports": [PORT_LABEL],
@@ -404,8 +406,23 @@ def _placement(profile: Profile) -> tuple[list[js.Constraint], list[js.Spread]]:
     return constraints, spreads
 
 
-def tags(model: str, profile: str, fp: str) -> list[str]:
-    return ["llmgw", f"model={model}", f"profile={profile}", f"fingerprint={fp}"]
+# The tag every replica's service carries, and the one a gateway's service carries
+# (a gateway run as a Nomad job, README "What operators see"): what Prometheus's Nomad
+# service discovery keeps (deploy/prometheus.yml).
+SERVICE_TAG = "llmgw"
+GATEWAY_TAG = "llmgw-gateway"
+
+
+def tags(model: str, profile: Profile, fp: str) -> list[str]:
+    """A replica's service tags, ``key=value`` after the first: what Prometheus relabels
+    into the labels that join an engine's metrics to llmgw's (``model``) and group them
+    (``profile``, ``gpu_class``; none on a CPU profile). Tags are part of the spec: a
+    new one reads as a stale profile until ``rollout``, which Nomad then applies in
+    place (docs/nomad-api.md §1.9)."""
+    out = [SERVICE_TAG, f"model={model}", f"profile={profile.name}", f"fingerprint={fp}"]
+    if profile.gpus and profile.gpu_class:
+        out.append(f"gpu_class={profile.gpu_class}")
+    return out
 
 
 def render_job(model: Model, profile: Profile, cfg: NomadConfig,
@@ -432,7 +449,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
         CheckRestart=js.CheckRestart(Limit=3, Grace=ns(limits.grace)),
     )
     service = js.Service(Name=job_id(model.name), Provider="nomad", PortLabel=PORT_LABEL,
-                         Tags=tags(model.name, profile.name, fp), Checks=[check])
+                         Tags=tags(model.name, profile, fp), Checks=[check])
     constraints, spreads = _placement(profile)
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
