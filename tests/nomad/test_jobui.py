@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -193,3 +194,19 @@ def test_a_link_that_would_mislead_or_leak_is_refused_at_startup(tmp_path: Path,
     assert said in err.value.message
     assert "s3cret" not in err.value.message
     assert err.value.message.startswith(str(tmp_path / "server.yaml"))
+
+
+def test_the_readme_shows_the_block_the_example_configuration_renders():
+    """README's "What operators see" example is exactly the first example model's block."""
+    from llmgw.catalog.build import Runtime, build_catalog
+    from llmgw.scheduler.nomad import jobspec as js
+    from llmgw.scheduler.nomad.render import static_jobs
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "server.yaml", env={})
+    catalog = build_catalog(cfg.models, cfg.gpu_classes, Runtime(scheduler="nomad",
+                                                                 mirror=cfg.mirror))
+    job = static_jobs(catalog, cfg.scheduler.nomad, cfg.mirror, links=Links.of(cfg))[0]
+    section = (root / "README.md").read_text().split("### In the Nomad UI\n", 1)[1]
+    shown = section.split("```json\n", 1)[1].split("```", 1)[0]
+    assert json.loads("{" + shown + "}")["UI"] == js.to_builtins(job.UI)
