@@ -105,6 +105,9 @@ def test_without_a_public_url_or_dashboard_no_link_is_invented():
     "- item\n1. first\n> quote\n\n---\n| a | b |\n|---|---|",
     "    indented code\n\n```\nfence\n```",
     "2) two \\* escaped already",
+    "> a quote first",
+    "12. a list item first",
+    "= setext? and snake_case_words stay, _but not these_",
 ])
 def test_markup_and_newlines_in_a_description_show_as_the_characters_typed(typed: str):
     """Whatever a model's description holds, the Nomad UI shows it as one line of its own

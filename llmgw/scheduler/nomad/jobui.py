@@ -58,10 +58,9 @@ NAME_BYTES = 64
 ELLIPSIS = "…"
 ENGINE_NAMES = {"vllm": "vLLM", "llama.cpp": "llama.cpp server"}
 
-# What Markdown or HTML reads as markup inside a line, and what opens a block at the
-# start of one (a heading, quote, list item, table, setext underline).
-_INLINE = frozenset("\\`*_[]<>&~|")
-_BLOCK_START = frozenset("#>+-=")
+# What opens a block at the start of a line besides what _MARKUP escapes anywhere: a
+# heading, a list item, a setext underline.
+_BLOCK_START = frozenset("#+-=")
 _ORDERED_ITEM = re.compile(r"^(\d{1,9})([.)])")
 _SPACE = re.compile(r"\s+")
 
@@ -80,44 +79,46 @@ class Links(msgspec.Struct, frozen=True, kw_only=True):
 def _visible(text: str) -> str:
     """Whitespace runs as one space; control and format characters (Unicode Cc, Cf:
     NUL, escape, bidirectional overrides, zero-width joiners) removed."""
-    text = "".join(" " if ch.isspace() else ch for ch in text
-                   if ch.isspace() or unicodedata.category(ch) not in ("Cc", "Cf"))
+    if not text.isprintable():   # the common case, printable text, skips the walk
+        text = "".join(" " if ch.isspace() else ch for ch in text
+                       if ch.isspace() or unicodedata.category(ch) not in ("Cc", "Cf"))
     return _SPACE.sub(" ", text).strip()
 
 
-def _escaped(ch: str, first: bool) -> str:
-    if ch in _INLINE or (first and ch in _BLOCK_START):
-        return "\\" + ch
-    return ch
+# What Markdown or HTML reads as markup inside a line: code, emphasis, links and
+# images, tags and entities, strikethrough, table cells, quotes. An underscore between
+# two letters or digits (``q8_0``) can neither open nor close emphasis in CommonMark,
+# so it stays as written; any other is escaped.
+_MARKUP = re.compile(r"[\\`*\[\]<>&~|]|(?<![^\W_])_|_(?![^\W_])")
 
 
-def _intraword(text: str, i: int) -> bool:
-    """An underscore between two letters or digits (``q8_0``), which can neither open nor
-    close emphasis in CommonMark, so it stays as written."""
-    return (text[i] == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum()
-            and text[i + 1].isalnum())
+def _escape(text: str) -> str:
+    out = _MARKUP.sub(lambda m: "\\" + m.group(), text)
+    if text[:1] in _BLOCK_START:
+        out = "\\" + out
+    ordered = _ORDERED_ITEM.match(out)
+    if ordered:   # "1." or "2)" would open a numbered list
+        out = f"{ordered.group(1)}\\{out[ordered.end(1):]}"
+    return out
 
 
 def plain(text: str, budget: int) -> str:
     """``text`` as one line of literal text in GitHub-flavoured Markdown, at most
     ``budget`` bytes of UTF-8 (cut with an ellipsis when longer)."""
     text = _visible(text)
-    ordered = _ORDERED_ITEM.match(text)
-    pieces = [ch if _intraword(text, i) else _escaped(ch, i == 0)
-              for i, ch in enumerate(text)]
-    if ordered:
-        pieces[ordered.end(1)] = "\\" + text[ordered.end(1)]   # "1." would open a list
-    sizes = [len(p.encode()) for p in pieces]
-    if sum(sizes) <= budget:
-        return "".join(pieces)
+    out = _escape(text)
+    if len(out.encode()) <= budget:
+        return out
+    # Cut the text, not its escaped form, so no escape is split from its character.
     room = budget - len(ELLIPSIS.encode())
-    kept, used = [], 0
-    for piece, size in zip(pieces, sizes, strict=True):
-        if used + size > room:
-            break
-        kept.append(piece)
-        used += size
-    return "".join(kept).rstrip() + ELLIPSIS
+    low, high = 0, len(text)
+    while low < high:   # the longest prefix whose escaped form fits
+        mid = (low + high + 1) // 2
+        if len(_escape(text[:mid].rstrip()).encode()) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return _escape(text[:low].rstrip()) + ELLIPSIS
 
 
 def _hardware(profile: Profile) -> str:
