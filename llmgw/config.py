@@ -31,6 +31,7 @@ from llmgw.catalog.decode import decode_yaml
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
+from llmgw.redact import redact_url
 
 GiB = 1024**3
 MiB = 1024**2
@@ -150,6 +151,12 @@ class ServerConfig(_Conf, frozen=True):
     keys_file: str | None = None
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
+    # Where people reach this server (its admin site), as a browser would: each Nomad
+    # job's UI block links to the model's page under it. None: no such link.
+    public_url: str | None = None
+    # A dashboard for one model, linked from each job's UI block; ``{model}`` is
+    # replaced with the model's name (e.g. a Grafana URL with ``var-model={model}``).
+    dashboard_url: str | None = None
     models: list[Model] = []
 
     @property
@@ -301,6 +308,34 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                           "run", field="gateway.batch_concurrency")
 
 
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+def _check_link(value: str, key: str, *, placeholders: bool = False) -> None:
+    """A URL every reader of a Nomad job may follow: http(s), a host, no credentials."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: {value!r} is not an http(s) URL with a host, e.g. "
+                          "https://llmgw.example.com", field=key)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"{key}: {redact_url(value)!r} carries credentials; every Nomad "
+                          "job and everyone who can read one would see them, so give the URL "
+                          "without user:password@", field=key)
+    if not placeholders:
+        if parts.query or parts.fragment:
+            raise ConfigError(f"{key}: {value!r} has a query or fragment; give the base URL "
+                              "the admin site is served under", field=key)
+        return
+    for found in _PLACEHOLDER.findall(value):
+        if found != "{model}":
+            raise ConfigError(f"{key}: {found} is not a placeholder llmgw fills; the only one "
+                              "is {model}, the model's name", field=key)
+    rest = _PLACEHOLDER.sub("", value)
+    if "{" in rest or "}" in rest:
+        raise ConfigError(f"{key}: {value!r} has an unmatched brace; write {{model}} where the "
+                          "model's name goes", field=key)
+
+
 def check_config(cfg: ServerConfig, source: str) -> None:
     """Every cross-field and range check of ``cfg``; ConfigError naming ``source`` and key."""
     _check_tokens(cfg, f"{source} (or LLMGW_ADMIN_TOKENS)")
@@ -316,6 +351,13 @@ def check_config(cfg: ServerConfig, source: str) -> None:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"{source}: mirror: {cfg.mirror!r} is not an http(s) URL",
                               field="mirror")
+    try:
+        if cfg.public_url is not None:
+            _check_link(cfg.public_url, "public_url")
+        if cfg.dashboard_url is not None:
+            _check_link(cfg.dashboard_url, "dashboard_url", placeholders=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc.message}", field=exc.field) from None
     if not cfg.database.startswith(("sqlite://", "postgresql://", "postgres://")):
         raise ConfigError(
             f"{source}: database: {cfg.database!r} is neither sqlite:///PATH nor postgresql://…",

@@ -29,13 +29,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
 
-from llmgw.catalog.build import Catalog, Runtime, build_catalog, check_model, dependants
+from llmgw.catalog.build import (
+    Catalog,
+    Provenance,
+    Runtime,
+    build_catalog,
+    check_model,
+    dependants,
+)
 from llmgw.catalog.decode import decode_json, encode
 from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
 from llmgw.catalog.units import Size
@@ -48,6 +55,12 @@ Origin = Literal["declared", "runtime"]
 Listener = Callable[[Catalog], Awaitable[None] | None]
 PlacementCheck = Callable[[Model, Catalog], Awaitable[None]]
 
+
+
+def provenance(rows: Mapping[str, StoredModel]) -> dict[str, Provenance]:
+    """The runtime models in force and who added each (the rest are declared)."""
+    return {name: Provenance(origin="runtime", added_by=row.added_by)
+            for name, row in rows.items()}
 
 
 class ModelService:
@@ -171,7 +184,8 @@ class ModelService:
             if version == self._version:
                 return self._catalog
             accepted, kept = self._assemble(rows)
-            catalog = build_catalog(accepted, self._gpu_classes, self._runtime)
+            catalog = build_catalog(accepted, self._gpu_classes, self._runtime,
+                                    provenance=provenance(kept))
             self._catalog, self._rows, self._version = catalog, kept, version
         await self._notify(catalog)
         return catalog

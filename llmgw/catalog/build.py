@@ -74,15 +74,34 @@ class Runtime(msgspec.Struct, frozen=True, kw_only=True):
     mirror: str | None = None
 
 
+class Provenance(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a model in force was defined: declared in configuration, or added at run
+    time through the API or the admin site, and by whom."""
+
+    origin: Literal["declared", "runtime"] = "declared"
+    added_by: str | None = None
+
+
+DECLARED = Provenance()
+
+
 @dataclass(frozen=True)
 class Catalog:
-    """The validated set of models in force, with defaults applied."""
+    """The validated set of models in force, with defaults applied.
+
+    ``provenance`` names the models added at run time; every other model was
+    declared in configuration.
+    """
 
     models: Mapping[str, Model]
     gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
+    provenance: Mapping[str, Provenance] = field(default_factory=dict)
 
     def get(self, name: str) -> Model | None:
         return self.models.get(name)
+
+    def origin(self, name: str) -> Provenance:
+        return self.provenance.get(name, DECLARED)
 
     def __iter__(self) -> Iterator[Model]:
         return iter(self.models.values())
@@ -368,7 +387,7 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
 
 def build_catalog(
     models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None,
-    runtime: Runtime | None = None,
+    runtime: Runtime | None = None, provenance: Mapping[str, Provenance] | None = None,
 ) -> Catalog:
     """Validate ``models`` together and return the catalog they make.
 
@@ -395,7 +414,8 @@ def build_catalog(
                     f"model {m.name!r}: fallbacks[{i}]: there is no model {fb!r} to fall back to",
                     field=f"fallbacks[{i}]",
                 )
-    return Catalog(models=built, gpu_classes=classes)
+    kept = {name: p for name, p in (provenance or {}).items() if name in built}
+    return Catalog(models=built, gpu_classes=classes, provenance=kept)
 
 
 def dependants(catalog_models: Sequence[Model], name: str) -> list[str]:

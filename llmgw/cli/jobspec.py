@@ -38,6 +38,7 @@ def render(config_path: str, out_dir: str | None, model: str | None) -> None:
     from llmgw.config import load_config
     from llmgw.errors import NotFoundError
     from llmgw.scheduler.nomad import jobspec as js
+    from llmgw.scheduler.nomad.jobui import Links
     from llmgw.scheduler.nomad.render import static_jobs
 
     with failures():
@@ -52,7 +53,7 @@ def render(config_path: str, out_dir: str | None, model: str | None) -> None:
                 raise NotFoundError(
                     f"{config_path}: no scheduled model {model!r} (scheduled models: {known})")
         jobs = static_jobs(catalog, cfg.scheduler.nomad, cfg.mirror,
-                           only=[model] if model else None)
+                           only=[model] if model else None, links=Links.of(cfg))
     bodies = [js.JobRegisterRequest(Job=j) for j in jobs]
     if out_dir is None:
         print_json(js.to_builtins(bodies[0]) if model else [js.to_builtins(b) for b in bodies])

@@ -19,6 +19,7 @@ import msgspec
 from llmgw.catalog.units import format_size
 from llmgw.cli.client import ApiClient
 from llmgw.cli.output import failures, output_option, print_json, print_table
+from llmgw.weights.fetchlog import LOG_INTERVAL
 
 if TYPE_CHECKING:
     from llmgw.weights.mirror.add import AddResult
@@ -190,56 +191,71 @@ def remove(path: str, mirror_dir: str, mirror_url: str | None, url: str,
                    "makes progress does not count).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Seconds to wait for the server on each read.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, even on a terminal.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No progress bar or progress lines; only the files and the summary.")
 @click.option("--progress-file", default=None, type=click.Path(dir_okay=False),
               help="Keep this JSON file current with the bytes fetched, the rate and the "
                    "total (a Nomad job points it into the allocation directory, where the "
                    "control plane reads it).")
+@click.option("--log-interval", type=click.FloatRange(min=0.1), default=LOG_INTERVAL,
+              show_default=True,
+              help="Seconds between two progress lines when no terminal shows a bar (a "
+                   "Nomad task's log).")
 def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
-          quiet: bool, progress_file: str | None) -> None:
+          quiet: bool, progress_file: str | None, log_interval: float) -> None:
     """Fetch URL to DEST: resumed, verified, renamed into place (the prestart task).
 
     A URL ending in '/' is a mirror directory: every file below it is fetched into
     DEST. Two fetches of one file on one node download it once; the second waits.
     Credentials come from LLMGW_FETCH_USERINFO (user:password, percent-encoded as in
     a URL), which a Nomad job sets from its Variable, so none is on the command line.
+
+    Without a terminal (as a Nomad task) it writes a progress line every
+    --log-interval seconds, and always a one-line summary at the end; on failure the
+    last line says what went wrong and what to do, on stdout and stderr.
     """
+    import contextlib
     import os
 
+    from llmgw.redact import redact_url
     from llmgw.weights import cache
     from llmgw.weights.fetch import fetch as fetch_url
-    from llmgw.weights.fetch import with_userinfo
+    from llmgw.weights.fetch import remote_size, with_userinfo
+    from llmgw.weights.fetchlog import FetchLog
     from llmgw.weights.mirror.add import ProgressBar
 
     url = with_userinfo(url, os.environ.get("LLMGW_FETCH_USERINFO"))
-
+    shown = redact_url(url)
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
-    with failures(), cache.using(dest):   # a cache sweep leaves this entry alone meanwhile
-        tracker = cache_progress(progress_file, url, dest, timeout)
-        progress = _both(bar, tracker)
-        try:
-            results = fetch_url(url, dest, sha256=sha256, retries=retries, timeout=timeout,
-                                notify=lambda m: click.echo(m, err=True), progress=progress)
-        finally:
-            if bar is not None:
-                bar.close()
-        if tracker is not None:
-            tracker.write(finished=True)
-        cache.record_use(dest)
+    try:
+        with failures(), cache.using(dest):   # a cache sweep leaves this entry alone meanwhile
+            lines = bar is None and not quiet
+            # The total, from a HEAD or the mirror's listing: only for what shows it.
+            size = remote_size(url, timeout) if progress_file or lines else None
+            tracker = (cache.ProgressFile(progress_file, shown, dest, size)
+                       if progress_file else None)
+            log = FetchLog(cache.Meter(shown, dest, size), click.echo, interval=log_interval)
+            try:
+                with log.running() if lines else contextlib.nullcontext():
+                    results = fetch_url(url, dest, sha256=sha256, retries=retries,
+                                        timeout=timeout,
+                                        notify=lambda m: click.echo(m, err=True),
+                                        progress=_both(bar, tracker))
+            finally:
+                if bar is not None:
+                    bar.close()
+            if tracker is not None:
+                tracker.write(finished=True)
+            cache.record_use(dest)
+    except click.ClickException as exc:
+        # The error goes to stderr as ever; stdout, which the Nomad UI shows first,
+        # must not end on a progress line either.
+        click.echo(f"failed: {exc.format_message()}")
+        raise
     for r in results:
         note = "" if r.transferred else "  (already in place)"
         click.echo(f"{r.sha256 or '-'}  {r.path}{note}")
-
-
-def cache_progress(path: str | None, url: str, dest: str, timeout: float) -> Any:
-    """The progress file of a fetch, sized from the mirror's listing; None without a path."""
-    if path is None:
-        return None
-    from llmgw.redact import redact_url
-    from llmgw.weights.cache import ProgressFile
-    from llmgw.weights.fetch import remote_size
-
-    return ProgressFile(path, redact_url(url), dest, remote_size(url, timeout))
+    log.summary(results)
 
 
 def _both(*callbacks: Any) -> Any:

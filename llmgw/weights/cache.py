@@ -230,54 +230,70 @@ class Progress(msgspec.Struct, kw_only=True):
         return max(0.0, (self.total - self.done) / self.rate)
 
 
-class ProgressFile:
-    """A ``progress`` callback for ``llmgw.weights.fetch`` that keeps a JSON file current.
+class Meter:
+    """What a fetch into ``dest`` has on disk, of ``total``, and its rate since it began.
 
     The byte count is what is on disk below the destination (parts included), so a
     resumed fetch starts from what it had and a directory of shards counts as one
-    total; ``total`` is the size the mirror lists, when known.
+    total; ``total`` is the size the mirror lists, when known. The rate counts only
+    what this run brought.
     """
 
-    def __init__(self, path: str | Path, url: str, dest: str | Path, total: int | None, *,
-                 clock: object = time.time, interval: float = PROGRESS_INTERVAL) -> None:
-        self.path = Path(path)
+    def __init__(self, url: str, dest: str | Path, total: int | None, *,
+                 clock: object = time.time) -> None:
         self.url, self.dest, self.total = url, _entry_path(dest), total
         self._clock = clock
-        self._interval = interval
-        self.started = self._now()
-        self._base = du(self.dest)
-        self._last = float("-inf")
+        self.started = self.now()
+        self.base = self.on_disk()
 
-    def _now(self) -> float:
+    def now(self) -> float:
         clock = self._clock
         assert callable(clock)
         return float(clock())
 
-    def __call__(self, _done: int, _total: int | None) -> None:
-        now = self._now()
-        if now - self._last >= self._interval:
-            self.write(now)
+    def on_disk(self) -> int:
+        return du(self.dest) + self._parts()
 
-    def write(self, now: float | None = None, *, finished: bool = False) -> Progress:
-        now = self._now() if now is None else now
-        self._last = now
-        done = du(self.dest) + self._parts()
+    def read(self, now: float | None = None, *, finished: bool = False) -> Progress:
+        now = self.now() if now is None else now
+        done = self.on_disk()
         elapsed = max(now - self.started, 1e-9)
         total = self.total if self.total is not None else (done if finished else None)
-        p = Progress(url=self.url, done=done, total=total,
-                     rate=max(0, done - self._base) / elapsed, started=self.started,
-                     updated=now, finished=finished)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_bytes(msgspec.json.encode(p))
-        tmp.replace(self.path)
-        return p
+        return Progress(url=self.url, done=done, total=total,
+                        rate=max(0, done - self.base) / elapsed, started=self.started,
+                        updated=now, finished=finished)
 
     def _parts(self) -> int:
         """A single file's part lies beside it, outside ``dest``."""
         if self.dest.is_dir():
             return 0
         return du(self.dest.with_name(self.dest.name + ".part"))
+
+
+class ProgressFile:
+    """A ``progress`` callback for ``llmgw.weights.fetch`` that keeps a JSON file current
+    with what its ``Meter`` reads, at most once per ``interval``."""
+
+    def __init__(self, path: str | Path, url: str, dest: str | Path, total: int | None, *,
+                 clock: object = time.time, interval: float = PROGRESS_INTERVAL) -> None:
+        self.path = Path(path)
+        self.meter = Meter(url, dest, total, clock=clock)
+        self._interval = interval
+        self._last = float("-inf")
+
+    def __call__(self, _done: int, _total: int | None) -> None:
+        now = self.meter.now()
+        if now - self._last >= self._interval:
+            self.write(now)
+
+    def write(self, now: float | None = None, *, finished: bool = False) -> Progress:
+        p = self.meter.read(now, finished=finished)
+        self._last = p.updated
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(msgspec.json.encode(p))
+        tmp.replace(self.path)
+        return p
 
 
 def read_progress(data: bytes) -> Progress | None:

@@ -29,6 +29,11 @@ model, and a file present under its final name needs no second look.
   wait; it then finds ``DEST`` in place and returns. The lock file is left
   behind on purpose: deleting it lets a third process lock a different inode.
 
+- **The disk is not the network.** A full, read-only or unwritable cache volume is
+  an ``OSError`` like a reset connection, but retrying it only wastes the attempts
+  and then blames the mirror. Every write to the cache goes through ``_disk``, which
+  says which path could not be written and what to do on the node (``disk_error``).
+
 The transfer uses the standard library's ``http.client`` reading into one
 reused buffer: measured on loopback from ``llmgw mirror serve`` it moved
 2–3.5 GB/s against ~0.7 GB/s for httpx's streaming iterator, well above a
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import http.client
@@ -156,6 +162,31 @@ def _request(url: str, headers: dict[str, str], timeout: float
 _TRANSPORT = (OSError, http.client.HTTPException)
 
 
+def disk_error(path: Path, exc: OSError) -> LlmgwError:
+    """A failure to write the cache, with what to do on the node. Not retried: a full or
+    read-only volume stays so, and the task's restart policy tries again later."""
+    said = f"cannot write {path}: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LlmgwError(f"{said}; the node's model cache is full. Free room there: "
+                          "`llmgw cache sweep` removes weights no replica uses, and "
+                          "scheduler.nomad.cache_max makes llmgw keep the cache within a bound")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return LlmgwError(f"{said}; the fetch runs as uid {os.getuid()}, which must be able "
+                          f"to write the cache volume: on the node, `chown -R {os.getuid()}` "
+                          "its host directory (the host_volume path in the client's "
+                          "configuration) and make sure it is not mounted read-only")
+    return LlmgwError(f"{said}; check the node's disk (dmesg, df) and the cache volume")
+
+
+@contextlib.contextmanager
+def _disk(path: Path) -> Iterator[None]:
+    """Writes to the cache: an OSError there is the disk's, never the network's."""
+    try:
+        yield
+    except OSError as exc:
+        raise disk_error(path, exc) from None
+
+
 def _status_error(url: str, status: int, reason: str) -> LlmgwError:
     url = redact_url(url)
     if status == 404:
@@ -164,7 +195,8 @@ def _status_error(url: str, status: int, reason: str) -> LlmgwError:
     if status == 401:
         return LlmgwError(f"{url}: the server asks for credentials (HTTP 401 {reason}); put "
                           "them in the URL as http://USER:PASSWORD@HOST/...")
-    return LlmgwError(f"{url}: the server answered HTTP {status} {reason}")
+    return LlmgwError(f"{url}: the server answered HTTP {status} {reason}; check the "
+                      "mirror's own log for why it refuses this file")
 
 
 def head_length(url: str, timeout: float = 60.0) -> int | None:
@@ -268,13 +300,15 @@ class _Part:
             return 0
 
     def reset(self, validator: str | None = None, total: int | None = None) -> None:
-        self.path.write_bytes(b"")
+        with _disk(self.path):
+            self.path.write_bytes(b"")
         self.hasher = hashlib.sha256()
         self.save(validator, total)
 
     def save(self, validator: str | None, total: int | None) -> None:
         self.meta = _PartMeta(url=self.meta.url, validator=validator, total=total)
-        self.meta_path.write_bytes(msgspec.json.encode(self.meta))
+        with _disk(self.meta_path):
+            self.meta_path.write_bytes(msgspec.json.encode(self.meta))
 
     def discard(self) -> None:
         for p in (self.path, self.meta_path):
@@ -290,7 +324,8 @@ def _receive(resp: http.client.HTTPResponse, part: _Part, progress: Progress | N
     done = part.size
     # Unbuffered: what was received is on disk at once, so a task killed at any
     # moment leaves a part that holds exactly the bytes its hash covers.
-    fd = os.open(part.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    with _disk(part.path):
+        fd = os.open(part.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         while True:
             try:
@@ -302,14 +337,16 @@ def _receive(resp: http.client.HTTPResponse, part: _Part, progress: Progress | N
             if not n:
                 break
             written = 0
-            while written < n:
-                written += os.write(fd, view[written:n])
+            with _disk(part.path):
+                while written < n:
+                    written += os.write(fd, view[written:n])
             part.hasher.update(view[:n])
             got += n
             done += n
             if progress is not None:
                 progress(done, total)
-        os.fsync(fd)
+        with _disk(part.path):
+            os.fsync(fd)
     finally:
         os.close(fd)
     return got
@@ -389,7 +426,8 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
 @contextlib.contextmanager
 def _locked(dest: Path, notify: Notify) -> Iterator[None]:
     lock_path = dest.with_name(dest.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with _disk(lock_path):
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -441,7 +479,8 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
                backoff: float = 0.5, timeout: float = 60.0, notify: Notify = _noop,
                progress: Progress | None = None) -> FetchResult:
     """Download one file to ``dest``, resuming, verifying and renaming into place."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _disk(dest.parent):
+        dest.parent.mkdir(parents=True, exist_ok=True)
     expected = sha256.lower() if sha256 else None
     with _locked(dest, notify):
         done = _already_there(dest, expected, notify)
@@ -500,14 +539,15 @@ def fetch_file(url: str, dest: Path, *, sha256: str | None = None, retries: int 
                 f"for {size} bytes; the partial file was removed. Check the mirror's copy "
                 "with `sha256sum -c` beside it, or the sum given"
             )
-        os.replace(part.path, dest)
-        _write_sidecar(dest, digest)
-        part.meta_path.unlink(missing_ok=True)
-        dir_fd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        with _disk(dest):
+            os.replace(part.path, dest)
+            _write_sidecar(dest, digest)
+            part.meta_path.unlink(missing_ok=True)
+            dir_fd = os.open(dest.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         return FetchResult(path=str(dest), size=size, sha256=digest, transferred=size,
                            verified=expected is not None)
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
+from llmgw.catalog.build import Provenance
 from llmgw.catalog.decode import decode_json, encode
 from llmgw.catalog.model import Model, Profile, Scaling
 from llmgw.catalog.source import Source
@@ -61,6 +62,15 @@ async def test_add_records_who_added_the_model_and_when(store: Store) -> None:
     assert "trial" in svc.catalog
     assert svc.origin("trial") == "runtime"
     assert svc.origin("prod-chat") == "declared"
+
+
+async def test_the_catalog_says_who_added_each_runtime_model(store: Store) -> None:
+    """The catalog in force carries each runtime model's origin and adder (what its Nomad
+    job's description names); a declared model is declared."""
+    svc = await service(store)
+    await svc.add(cpu("trial"), "alice")
+    assert svc.catalog.origin("trial") == Provenance(origin="runtime", added_by="alice")
+    assert svc.catalog.origin("prod-chat") == Provenance(origin="declared")
 
 
 async def test_add_replaces_a_runtime_model_of_the_same_name(store: Store) -> None:

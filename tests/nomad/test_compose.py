@@ -43,10 +43,14 @@ def server_config(tmp_path_factory: pytest.TempPathFactory) -> ServerConfig:
 
 
 def test_compose_runs_postgres_and_llmgw_and_leaves_nomad_to_the_host():
-    """Two services, llmgw after a healthy Postgres; no Nomad container, since a Nomad
-    client needs the host's cgroups, network and Docker daemon."""
+    """Two services by default, llmgw after a healthy Postgres (Prometheus and Grafana
+    only with the observability profile); no Nomad container, since a Nomad client
+    needs the host's cgroups, network and Docker daemon."""
     services = COMPOSE["services"]
-    assert set(services) == {"postgres", "llmgw"}
+    assert {name for name, s in services.items() if not s.get("profiles")} == \
+        {"postgres", "llmgw"}
+    assert {name for name, s in services.items() if s.get("profiles")} == \
+        {"prometheus", "grafana"}
     assert services["llmgw"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert services["postgres"]["healthcheck"]["test"]
     assert "nomad agent -dev -config nomad/dev.hcl" in (ROOT / "docker-compose.yml").read_text()

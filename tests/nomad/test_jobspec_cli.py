@@ -13,6 +13,7 @@ from llmgw.cli import main
 from llmgw.cli.jobspec import render_file
 from llmgw.config import load_config
 from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad.jobui import Links
 from llmgw.scheduler.nomad.render import static_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,8 @@ def test_jobspecs_directory_is_the_rendering_of_the_example_catalog():
     cfg = load_config(EXAMPLE, env={})
     catalog = build_catalog(cfg.models, cfg.gpu_classes)
     expected = {f"{j.ID}.json": render_file(js.JobRegisterRequest(Job=j))
-                for j in static_jobs(catalog, cfg.scheduler.nomad, cfg.mirror)}
+                for j in static_jobs(catalog, cfg.scheduler.nomad, cfg.mirror,
+                                     links=Links.of(cfg))}
     present = {p.name: p.read_text() for p in JOBSPECS.glob("*.json")}
     assert sorted(present) == sorted(expected), f"regenerate with: {REGENERATE}"
     for name, text in expected.items():

@@ -196,3 +196,35 @@ def test_a_job_with_all_its_replicas_has_no_shortfall():
     """Running its count (or more, while one stops) is not short."""
     assert shortfall(_deployed(_deployment(3, "failed"), running=2), None) is None
     assert shortfall(JobState(**{**_job("a", count=0).__dict__}), None) is None
+
+
+def _ui(model: Model, profile: str) -> str | None:
+    return "ui-new" if model.profile(profile) else None
+
+
+def _described(st: JobState, cat_min: int = 2) -> dict[str, int]:
+    cat = build_catalog([_model("a", min_=cat_min)], GPU_CLASSES)
+    return decide(cat, {"llmgw-a": st}, _spec, _ui).describe
+
+
+def test_a_new_ui_block_on_a_current_spec_is_registered_again_at_the_jobs_own_count():
+    """Only the description or links differ: the job is described again, count unchanged."""
+    st = JobState(**{**_job("a", count=2).__dict__, "ui": "ui-old"})
+    assert _described(st) == {"a": 2}
+    assert _described(JobState(**{**st.__dict__, "ui": "ui-new"})) == {}
+
+
+def test_a_ui_block_is_not_rewritten_where_that_would_disturb_the_job():
+    """Not on a stale spec (rollout brings it), not while a rollout runs or after one
+    failed (a new version would restart or retry it), not while the count changes, and
+    not before the registered block was read."""
+    base = {**_job("a", count=2).__dict__, "ui": "ui-old"}
+    assert _described(JobState(**{**base, "spec": "old"})) == {}
+    running = _deployed(_deployment(3, "running"), running=2)
+    assert _described(JobState(**{**running.__dict__, "ui": "ui-old"})) == {}
+    failed = _deployed(_deployment(3, "failed"), running=2)
+    assert _described(JobState(**{**failed.__dict__, "ui": "ui-old"})) == {}
+    done = _deployed(_deployment(3, "successful"), running=2)
+    assert _described(JobState(**{**done.__dict__, "ui": "ui-old"})) == {"a": 2}
+    assert _described(JobState(**base), cat_min=3) == {}
+    assert _described(JobState(**{**base, "ui": None})) == {}

@@ -126,7 +126,8 @@ def test_vllm_runs_in_docker_with_port_context_tensor_parallel_and_quantization(
 
 
 def test_llama_cpp_server_threads_are_the_reserved_cores():
-    """llama-server runs with --threads = cpu_cores, --ctx-size = context, on its port."""
+    """llama-server runs with --threads = cpu_cores, --ctx-size = context, on its port, and
+    publishes /metrics."""
     job = _json(render_job(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES, 2, MIRROR))
     engine = _task(job, "engine")
     assert engine["Config"]["image"] == CFG.llama_cpp_image
@@ -135,6 +136,7 @@ def test_llama_cpp_server_threads_are_the_reserved_cores():
     assert args[args.index("--ctx-size") + 1] == "8192"
     assert args[args.index("--port") + 1] == "8080"
     assert args[args.index("--alias") + 1] == "nomic-embed-text"
+    assert "--metrics" in args   # or llama-server answers /metrics with 501
     assert "Devices" not in engine["Resources"]
     assert engine["Resources"] == {"Cores": 8, "MemoryMB": 4096}
 
@@ -205,7 +207,7 @@ def test_the_service_uses_the_nomad_provider_with_an_http_health_check_in_nanose
     assert service["PortLabel"] == "http"
     fp = fingerprint(LLAMA, LLAMA.profiles[0])
     assert service["Tags"] == ["llmgw", "model=llama-3-3-70b-instruct", "profile=h100-tp2",
-                               f"fingerprint={fp}"]
+                               f"fingerprint={fp}", "gpu_class=h100-80g"]
     (check,) = service["Checks"]
     assert check["Type"] == "http"
     assert check["Path"] == "/health"
@@ -342,3 +344,11 @@ def test_gpu_nodes_is_refused_on_a_gpu_profile():
     p = msgspec.structs.replace(LLAMA.profiles[0], gpu_nodes=True)
     with pytest.raises(DefinitionError, match=r"profiles\[0\]\.gpu_nodes: only a CPU profile"):
         build_catalog([msgspec.structs.replace(LLAMA, profiles=[p])], GPU_CLASSES)
+
+
+def test_a_cpu_replicas_service_has_no_gpu_class_tag():
+    """Only a GPU profile names a gpu class; Prometheus leaves the label off a CPU one."""
+    job = _json(render_job(EMBED, EMBED.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    (service,) = _task(job, "engine")["Services"]
+    assert [t for t in service["Tags"] if t.startswith("gpu_class=")] == []
+    assert service["Tags"][:3] == ["llmgw", "model=nomic-embed-text", "profile=cpu-8"]

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from llmgw.catalog.build import Catalog
-from llmgw.catalog.model import Model
+from llmgw.catalog.build import DECLARED, Catalog
+from llmgw.catalog.model import Model, Profile
 from llmgw.config import ServerConfig
 from llmgw.errors import (
     BackendUnavailableError,
@@ -70,10 +70,10 @@ from llmgw.scheduler.base import (
     Prefetch,
     Replica,
 )
-from llmgw.scheduler.nomad import credentials, render, wire
+from llmgw.scheduler.nomad import credentials, jobui, render, wire
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.caches import CacheKeeper
-from llmgw.scheduler.nomad.client import NomadClient, ScaleBlockedError
+from llmgw.scheduler.nomad.client import JobChangedError, NomadClient, ScaleBlockedError
 from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
 from llmgw.scheduler.nomad.offload import Offloader
@@ -128,6 +128,7 @@ class NomadBackend:
         self._cfg = config.scheduler.nomad
         self._classes = dict(config.gpu_classes)
         self._mirror = config.mirror
+        self._links = jobui.Links.of(config)
         self._store = store
         self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._interval = reconcile_interval
@@ -147,7 +148,8 @@ class NomadBackend:
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
-        self._versions: dict[str, tuple[int, int]] = {}  # job ID → (JobModifyIndex, Version)
+        # job ID → the job as last read (version, ui block), good while its JobModifyIndex is
+        self._versions: dict[str, wire.JobVersion] = {}
         # job ID → (what the summary said when read, the current version's allocations)
         self._current: dict[str, tuple[tuple[int, ...], VersionAllocs]] = {}
         self._pass_lock = asyncio.Lock()
@@ -336,6 +338,15 @@ class NomadBackend:
         self._counts[st.id] = (stub.ModifyIndex, group.Desired)
         return group.Desired
 
+    def _render(self, m: Model, p: Profile, count: int, catalog: Catalog | None = None
+                ) -> js.Job:
+        """The job of ``m`` with profile ``p``, its ``ui`` block included."""
+        known = catalog or self._catalog
+        origin = known.origin(m.name) if known is not None else DECLARED
+        classes = (catalog.gpu_classes if catalog is not None else None) or self._classes
+        return render.render_job(m, p, self._cfg, classes, count, self._mirror,
+                                 ui=jobui.ui_block(m, p, self._links, origin))
+
     def _spec_of(self, model: Model, profile: str) -> str | None:
         p = model.profile(profile)
         if p is None:
@@ -346,17 +357,28 @@ class NomadBackend:
             return None
         return job.Meta[render.META_SPEC]
 
+    def _ui_of(self, model: Model, profile: str) -> str | None:
+        p = model.profile(profile)
+        if p is None or self._catalog is None:
+            return None
+        return jobui.key(jobui.ui_block(model, p, self._links, self._catalog.origin(model.name)))
+
+    async def _job(self, st: JobState) -> wire.JobVersion:
+        """The job's version and ui block, read again only when its JobModifyIndex moved
+        (a register or a /scale): one read per job at start, then one per change."""
+        cached = self._versions.get(st.id)
+        if cached is not None and cached.JobModifyIndex == st.job_modify_index:
+            return cached
+        job = await self._offload.run(self._client.job_version, st.id)
+        self._versions[st.id] = job
+        return job
+
     async def _version(self, st: JobState) -> int:
         """The job's current version: its current deployment says so, else read the job."""
         d = st.current_deployment
         if d is not None:
             return d.JobVersion
-        cached = self._versions.get(st.id)
-        if cached and cached[0] == st.job_modify_index:
-            return cached[1]
-        job = await self._offload.run(self._client.job_version, st.id)
-        self._versions[st.id] = (job.JobModifyIndex, job.Version)
-        return job.Version
+        return (await self._job(st)).Version
 
     async def _current_allocs(self, st: JobState) -> VersionAllocs | None:
         """The current version's allocations, read again only when the summary moved."""
@@ -384,8 +406,12 @@ class NomadBackend:
             if listed.stopped:
                 states[jid] = listed
                 continue
+            try:
+                ui: str | None = jobui.registered_key((await self._job(listed)).UI)
+            except NotFoundError:
+                ui = None   # gone since it was listed
             st = dataclasses.replace(listed, count=await self._count(listed, stub),
-                                     deployment=deployments.get(jid))
+                                     deployment=deployments.get(jid), ui=ui)
             if st.may_crash_loop or st.short:
                 st = dataclasses.replace(st, current=await self._current_allocs(st))
             states[jid] = st
@@ -397,11 +423,11 @@ class NomadBackend:
 
     async def _pass(self, catalog: Catalog, *, act: bool) -> None:
         states = await self._read_jobs()
-        actions = decide(catalog, states, self._spec_of)
+        actions = decide(catalog, states, self._spec_of, self._ui_of)
         nodes: list[NodeView] | None = None
         if not act:
             actions.register, actions.scale, actions.deregister = [], {}, []
-            actions.recover = {}
+            actions.recover, actions.describe = {}, {}
         elif not await self._act(catalog, states, actions):
             return
         else:
@@ -450,6 +476,9 @@ class NomadBackend:
                         catalog.models[name], states[render.job_id(name)], count, leased=True))
                 for name, count in actions.recover.items():
                     await self._guard(name, self._recover(states[render.job_id(name)], count))
+                for name, count in actions.describe.items():
+                    await self._guard(name, self._describe(
+                        catalog.models[name], states[render.job_id(name)], count))
                 for jid in actions.deregister:
                     await self._hold()
                     await self._offload.run(self._client.deregister, jid)
@@ -507,8 +536,7 @@ class NomadBackend:
         nodes: list[NodeView] | None = None
         for p in m.profiles:
             try:
-                job = render.render_job(m, p, self._cfg, self._classes, max(count, 1),
-                                        self._mirror)
+                job = self._render(m, p, max(count, 1))
             except DefinitionError as exc:
                 reasons.append(f"profile {p.name!r}: {exc.message}")
                 continue
@@ -578,8 +606,7 @@ class NomadBackend:
             # same thing — but only when the spec is the one registered, or it
             # would replace every replica.
             p = m.profile(st.profile)
-            job = (render.render_job(m, p, self._cfg, self._classes, count, self._mirror)
-                   if p else None)
+            job = self._render(m, p, count) if p else None
             if job is None or job.Meta[render.META_SPEC] != st.spec:
                 ms.last_error = (f"scaling to {count} waits for the running deployment to "
                                  "finish (the job's spec is stale, so it is not re-registered)")
@@ -590,6 +617,27 @@ class NomadBackend:
         ms.desired, ms.last_error = count, None
         self._counts.pop(st.id, None)
         log.info("scaled %s to %d", st.id, count)
+
+    async def _describe(self, m: Model, st: JobState, count: int) -> None:
+        """Register the job's own spec and count again with its new ui block: a new job
+        version Nomad applies in place (``reconcile`` argues it). Only if the job is still
+        as read, so a scale made meanwhile is not undone."""
+        p = m.profile(st.profile)
+        assert p is not None   # decide() describes only a job whose spec is current
+        job = self._render(m, p, count)
+        if job.Meta[render.META_SPEC] != st.spec:
+            return   # the catalog changed since the pass decided; the next pass decides again
+        await self._hold()
+        try:
+            await self._offload.run(lambda: self._client.register(
+                job, if_index=st.job_modify_index))
+        except JobChangedError:
+            log.info("%s changed while its ui block was being updated; the next pass compares "
+                     "it again", st.id)
+            return
+        log.info("updated the description and links of %s in place (no replica restarts)",
+                 st.id)
+        self._counts.pop(st.id, None)
 
     async def _recover(self, st: JobState, count: int) -> None:
         """A new version of the same spec: Nomad places what a failed deployment left out."""
@@ -611,8 +659,7 @@ class NomadBackend:
         if model.external:
             return
         for p in model.profiles:
-            job = render.render_job(model, p, self._cfg, catalog.gpu_classes or self._classes, 1,
-                                    self._mirror)
+            job = self._render(model, p, 1, catalog)
             await self._validate(model, job)
         choice = await self._choose(model, 1)
         if choice.job is None:

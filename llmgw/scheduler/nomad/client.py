@@ -69,6 +69,12 @@ class NodeUnreachableError(BackendUnavailableError):
 _CLUSTER_TROUBLE = ("No cluster leader", "No path to region")
 
 
+class JobChangedError(RefusedError):
+    """A check-and-set register found the job changed since it was read (§1.1)."""
+
+    kind = "job_changed"
+
+
 class NomadRejectedError(LlmgwError):
     """Nomad refused a job llmgw rendered; the text is Nomad's."""
 
@@ -175,6 +181,8 @@ class NomadClient:
             return ScaleBlockedError(said)
         if status >= 500 and forwarded and not any(t in text for t in _CLUSTER_TROUBLE):
             return self._node_unreachable(where, f"{status}: {text}")
+        if status >= 500 and job_write and "Enforcing job modify index" in text:
+            return JobChangedError(said)
         if status >= 500 and job_write and "No cluster leader" not in text:
             # An invalid job is a 500 carrying the validation errors (§7).
             return NomadRejectedError(
@@ -223,9 +231,12 @@ class NomadClient:
                           body=js.encode(js.JobPlanRequest(Job=job, Diff=False)), job_write=True)
         return self._decode(resp, wire.PlanResponse, f"POST /v1/job/{job.ID}/plan")
 
-    def register(self, job: js.Job) -> wire.RegisterResponse:
-        resp = self._send("post", "jobs", params=self._ns,
-                          body=js.encode(js.JobRegisterRequest(Job=job)), job_write=True)
+    def register(self, job: js.Job, *, if_index: int | None = None) -> wire.RegisterResponse:
+        """Register ``job``; with ``if_index``, only if the job's JobModifyIndex still is
+        that (JobChangedError otherwise)."""
+        body = (js.JobRegisterRequest(Job=job) if if_index is None else
+                js.JobRegisterRequest(Job=job, EnforceIndex=True, JobModifyIndex=if_index))
+        resp = self._send("post", "jobs", params=self._ns, body=js.encode(body), job_write=True)
         return self._decode(resp, wire.RegisterResponse, "POST /v1/jobs")
 
     def deregister(self, job_id: str) -> None:

@@ -206,6 +206,21 @@ class TaskGroup(_Wire, frozen=True):
     ShutdownDelay: int | None = None
 
 
+class JobUILink(_Wire, frozen=True):
+    """A link on the job's page in the Nomad UI. ``URL`` in the request; the server
+    keeps it as ``Url`` and answers with that spelling (§1.9)."""
+
+    Label: str
+    URL: str
+
+
+class JobUIConfig(_Wire, frozen=True):
+    """The job's ``ui`` block: a description (at most 1,000 bytes) and links (§1.9)."""
+
+    Description: str = ""
+    Links: list[JobUILink] = []
+
+
 class Job(_Wire, frozen=True):
     ID: str
     Name: str
@@ -215,11 +230,17 @@ class Job(_Wire, frozen=True):
     Datacenters: list[str] = []
     NodePool: str | None = None
     Meta: dict[str, str] = {}
+    UI: JobUIConfig | None = None
     TaskGroups: list[TaskGroup] = []
 
 
 class JobRegisterRequest(_Wire, frozen=True):
+    """``EnforceIndex`` with ``JobModifyIndex``: register only if the job is still at
+    that index (a check-and-set, §1.1)."""
+
     Job: Job
+    EnforceIndex: bool = False
+    JobModifyIndex: int = 0
 
 
 class JobPlanRequest(_Wire, frozen=True):

@@ -16,6 +16,13 @@ rules, and what each one protects:
   (a meta change is destructive, docs/nomad-api.md §9, item 8), and a replica that is
   serving is worth more than the imperfection; ``rollout`` applies the new
   spec when an operator chooses to.
+* A job whose spec is current but whose ``ui`` block is not (a new description, a
+  new public URL) is **described**: the same spec is registered again with the new
+  block and the job's own count, as a check-and-set on the JobModifyIndex read, so a
+  scale made meanwhile is never undone. Nomad updates every allocation in place:
+  ``tasksUpdated`` never reads ``Job.UI`` (scheduler/util.go; ``jobui`` says more).
+  Not while a deployment of the job's current version is running: the new version
+  would restart its progress clock mid-rollout; the next pass after it ends does it.
 * A job llmgw owns whose model left the catalog is **deregistered**. Jobs
   without llmgw's meta are never touched, whatever their name.
 * A job whose current version's **deployment failed** while it runs fewer
@@ -67,6 +74,11 @@ from llmgw.scheduler.nomad.render import (
     job_id,
 )
 
+# Deployment statuses in which Nomad is still rolling the version out
+# (nomad/structs/deployment.go ``Deployment.Active``).
+ACTIVE_DEPLOYMENT = frozenset({"running", "paused", "pending", "blocked", "unblocking",
+                               "initializing"})
+
 
 @dataclass(frozen=True)
 class VersionAllocs:
@@ -98,6 +110,7 @@ class JobState:
     job_modify_index: int = 0
     deployment: wire.Deployment | None = None   # the job's latest, whichever version
     current: VersionAllocs | None = None        # read only when something may be wrong
+    ui: str | None = None      # the registered ui block's key (jobui.key); None: not read
 
     @property
     def live(self) -> int:
@@ -116,6 +129,12 @@ class JobState:
                 d.JobSpecModifyIndex != self.job_modify_index:
             return None
         return d
+
+    @property
+    def deploying(self) -> bool:
+        """A deployment of the job's current version is under way."""
+        d = self.current_deployment
+        return d is not None and d.Status in ACTIVE_DEPLOYMENT
 
     @property
     def deployment_failed(self) -> bool:
@@ -144,6 +163,7 @@ class Actions:
     stale: dict[str, str] = field(default_factory=dict)         # model → why
     waiting: list[str] = field(default_factory=list)            # models with queued allocs
     deployment_failed: dict[str, str] = field(default_factory=dict)   # model → what happened
+    describe: dict[str, int] = field(default_factory=dict)      # model → count, ui changed
 
 
 def job_state(stub: wire.JobListStub, count: int | None = None) -> JobState | None:
@@ -246,11 +266,13 @@ def desired_count(model: Model, current: int | None) -> int | None:
 
 
 def decide(catalog: Catalog, jobs: Mapping[str, JobState],
-           spec_of: Callable[[Model, str], str | None]) -> Actions:
+           spec_of: Callable[[Model, str], str | None],
+           ui_of: Callable[[Model, str], str | None] | None = None) -> Actions:
     """The actions that bring Nomad to the catalog.
 
     ``spec_of(model, profile)`` is the spec hash the current catalog renders
-    for that profile, or None when the profile no longer exists.
+    for that profile, or None when the profile no longer exists; ``ui_of`` the key
+    of the ``ui`` block it renders (``jobui.key``).
     """
     out = Actions()
     for m in catalog:
@@ -286,6 +308,10 @@ def decide(catalog: Catalog, jobs: Mapping[str, JobState],
             out.stale[m.name] = (
                 f"its profile {st.profile!r} changed since it was registered; "
                 f"run `llmgw ctl rollout {m.name}` to replace its replicas")
+        elif (ui_of is not None and st.ui is not None and st.count is not None
+              and not st.deploying and not st.deployment_failed
+              and m.name not in out.scale and ui_of(m, st.profile) not in (None, st.ui)):
+            out.describe[m.name] = st.count
     wanted = {job_id(m.name) for m in catalog if not m.external}
     for jid, st in sorted(jobs.items()):
         if jid not in wanted and not st.stopped:

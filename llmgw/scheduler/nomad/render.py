@@ -85,7 +85,7 @@ from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
 from llmgw.catalog.source import HfSource, UrlSource, strip_userinfo
 from llmgw.config import MIN_HEALTHY_TIME, NomadConfig
-from llmgw.scheduler.nomad import credentials
+from llmgw.scheduler.nomad import credentials, jobui
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad.fleet import GPU_CLASS_META
 from llmgw.scheduler.nomad.jobspec import ns
@@ -291,9 +291,11 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
     served = model.engine_model_name
     config: dict[str, object]
     if model.engine == "llama.cpp":
+        # --metrics: llama-server answers /metrics only when asked to, and Prometheus
+        # and the gateway read the replica's load there.
         args = ["--model", src.model_arg, "--alias", served, "--host", "0.0.0.0",
                 "--port", str(port), "--ctx-size", str(profile.context),
-                "--threads", str(need.cores)]
+                "--threads", str(need.cores), "--metrics"]
         if profile.gpus > 0:
             args += ["--n-gpu-layers", "999"]
         config = {"image": cfg.llama_cpp_image, "ports": [PORT_LABEL],
@@ -404,17 +406,33 @@ def _placement(profile: Profile) -> tuple[list[js.Constraint], list[js.Spread]]:
     return constraints, spreads
 
 
-def tags(model: str, profile: str, fp: str) -> list[str]:
-    return ["llmgw", f"model={model}", f"profile={profile}", f"fingerprint={fp}"]
+# The tag every replica's service carries, and the one a gateway's service carries
+# (a gateway run as a Nomad job, README "What operators see"): what Prometheus's Nomad
+# service discovery keeps (deploy/prometheus.yml).
+SERVICE_TAG = "llmgw"
+GATEWAY_TAG = "llmgw-gateway"
+
+
+def tags(model: str, profile: Profile, fp: str) -> list[str]:
+    """A replica's service tags, ``key=value`` after the first: what Prometheus relabels
+    into the labels that join an engine's metrics to llmgw's (``model``) and group them
+    (``profile``, ``gpu_class``; none on a CPU profile). Tags are part of the spec: a
+    new one reads as a stale profile until ``rollout``, which Nomad then applies in
+    place (docs/nomad-api.md §1.9)."""
+    out = [SERVICE_TAG, f"model={model}", f"profile={profile.name}", f"fingerprint={fp}"]
+    if profile.gpus and profile.gpu_class:
+        out.append(f"gpu_class={profile.gpu_class}")
+    return out
 
 
 def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                gpu_classes: Mapping[str, GpuClass], count: int,
-               mirror: str | None = None) -> js.Job:
+               mirror: str | None = None, ui: js.JobUIConfig | None = None) -> js.Job:
     """The Nomad job running ``count`` replicas of ``model`` with ``profile``.
 
     ``model`` comes from a catalog built for Nomad (``Runtime``), and ``cfg`` was
-    checked by ``load_config``; nothing is validated again here.
+    checked by ``load_config``; nothing is validated again here. ``ui`` is the
+    job's ``ui`` block (``jobui.ui_block``), which the spec hash leaves out.
     """
     assert model.engine is not None, f"model {model.name!r} is external; it has no job"
     need = need_of(model, profile, cfg, gpu_classes)
@@ -431,7 +449,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
         CheckRestart=js.CheckRestart(Limit=3, Grace=ns(limits.grace)),
     )
     service = js.Service(Name=job_id(model.name), Provider="nomad", PortLabel=PORT_LABEL,
-                         Tags=tags(model.name, profile.name, fp), Checks=[check])
+                         Tags=tags(model.name, profile, fp), Checks=[check])
     constraints, spreads = _placement(profile)
     if profile.fabric:
         constraints.append(js.Constraint(LTarget=f"${{meta.{cfg.fabric_meta_key}}}",
@@ -473,7 +491,7 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
         ID=job_id(model.name), Name=job_id(model.name), Type="service",
         Namespace=cfg.namespace or None, Region=cfg.region or None,
         Datacenters=list(cfg.datacenters), NodePool=cfg.node_pool or None,
-        Meta=meta, TaskGroups=[group],
+        Meta=meta, UI=ui, TaskGroups=[group],
     )
     return msgspec.structs.replace(job, Meta={**meta, META_SPEC: spec_hash(job)})
 
@@ -485,19 +503,21 @@ def with_count(job: js.Job, count: int) -> js.Job:
 
 
 def spec_hash(job: js.Job) -> str:
-    """A hash of everything in the job except the count and this hash itself.
+    """A hash of everything in the job except the count, the ``ui`` block and this
+    hash itself.
 
-    Two renders with equal hashes register as the same Nomad job version, so
-    the reconciler may re-register to change the count without replacing a
-    single allocation.
+    Two renders with equal hashes differ in nothing Nomad replaces an allocation
+    for, so the reconciler may re-register to change the count or the ``ui``
+    block without replacing a single allocation (``jobui`` argues the latter).
     """
     meta = {k: v for k, v in job.Meta.items() if k != META_SPEC}
-    bare = msgspec.structs.replace(with_count(job, 0), Meta=meta)
+    bare = msgspec.structs.replace(with_count(job, 0), Meta=meta, UI=None)
     return hashlib.sha256(js.encode(bare)).hexdigest()[:16]
 
 
 def static_jobs(catalog: Catalog, cfg: NomadConfig, mirror: str | None,
-                only: Iterable[str] | None = None) -> list[js.Job]:
+                only: Iterable[str] | None = None,
+                links: jobui.Links | None = None) -> list[js.Job]:
     """Every scheduled model with its first profile and ``scaling.min`` replicas.
 
     This is what ``llmgw jobspec render`` prints and ``jobspecs/`` holds: the
@@ -508,6 +528,8 @@ def static_jobs(catalog: Catalog, cfg: NomadConfig, mirror: str | None,
     for m in catalog:
         if m.external or (wanted is not None and m.name not in wanted):
             continue
-        jobs.append(render_job(m, m.profiles[0], cfg, catalog.gpu_classes,
-                               count=m.scaling.min, mirror=mirror))
+        p = m.profiles[0]
+        ui = jobui.ui_block(m, p, links or jobui.Links(), catalog.origin(m.name))
+        jobs.append(render_job(m, p, cfg, catalog.gpu_classes, count=m.scaling.min,
+                               mirror=mirror, ui=ui))
     return jobs

@@ -57,12 +57,24 @@ class JobListStub(_R, frozen=True):
     JobModifyIndex: int = 0   # moves with every new job version (a /scale too)
 
 
+class JobUILink(_R, frozen=True):
+    Label: str = ""
+    Url: str = ""   # the server struct's spelling; a request says URL (§1.9)
+
+
+class JobUI(_R, frozen=True):
+    Description: str = ""
+    Links: list[JobUILink] | None = None
+
+
 class JobVersion(_R, frozen=True):
-    """The part of ``GET /v1/job/:id`` read to learn which version is current."""
+    """The part of ``GET /v1/job/:id`` read to learn which version is current, and the
+    ``ui`` block it shows (which the job list leaves out)."""
 
     ID: str = ""
     Version: int = 0
     JobModifyIndex: int = 0
+    UI: JobUI | None = None
 
 
 class DeploymentState(_R, frozen=True):

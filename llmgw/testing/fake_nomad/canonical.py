@@ -93,8 +93,20 @@ def canonicalize(job: Json) -> Json:
         a.setdefault("Weight", 50)
     for sp in job.get("Spreads", []):  # api/tasks.go Spread.Canonicalize
         sp.setdefault("Weight", 50)
+    job["UI"] = _ui(job.get("UI"))
     _implied_constraints(job)
     return job
+
+
+def _ui(ui: Json | None) -> Json | None:
+    """api/jobs.go ``JobUIConfig.Canonicalize`` (no links: nil), then the agent's copy into
+    the server struct, whose link field is ``Url`` (command/agent/job_endpoint.go
+    ``ApiJobUIConfigToStructs``): what the job's reads answer (docs/nomad-api.md §1.9)."""
+    if ui is None:
+        return None
+    links = [{"Label": link.get("Label", ""), "Url": link.get("URL", "")}
+             for link in ui.get("Links") or () if link is not None]
+    return {"Description": ui.get("Description", ""), "Links": links or None}
 
 
 def _group(tg: Json, job: Json) -> None:

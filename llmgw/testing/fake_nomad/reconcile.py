@@ -9,9 +9,12 @@ and the eval worker commits it with ``commit``. The rules are Nomad's
   the **highest** indexes (docs/nomad-api.md §5.3);
 * updates: an allocation of an older job version is updated *in place* unless the
   change is destructive — any task driver/config/env/resources/meta change, any group
-  or job ``Meta`` change (docs/nomad-api.md §1.7, ``tasksUpdated``), networks, volumes, or a new
-  constraint its node no longer meets. Destructive updates roll ``Update.MaxParallel``
-  at a time: the next batch waits until the previous one is healthy;
+  or job ``Meta`` change (docs/nomad-api.md §1.7, ``tasksUpdated``), networks, volumes,
+  affinities or spreads at any level (scheduler/util.go ``affinitiesUpdated``,
+  ``spreadsUpdated``), or a new constraint its node no longer meets. Everything else is
+  in place: the job's ``UI`` block, a service's tags and checks, the count (§1.9).
+  Destructive updates roll ``Update.MaxParallel`` at a time: the next batch waits
+  until the previous one is healthy;
 * a replacement that cannot be placed leaves the old allocation running;
 * a batch job's allocation that completed holds its place for the job's version: it is
   not placed again, while one of an older version is ignored and the new version runs;
@@ -91,12 +94,21 @@ def _group(job: Json, name: str) -> Json | None:
     return next((g for g in job.get("TaskGroups", []) if g.get("Name") == name), None)
 
 
+def _placement_prefs(job: Json, tg: Json) -> tuple[list[Any], list[Any]]:
+    """Every affinity (job, group, tasks) and spread (job, group) that applies to ``tg``."""
+    affinities = [*job.get("Affinities", []), *tg.get("Affinities", []),
+                  *(a for t in tg.get("Tasks", []) for a in t.get("Affinities", []))]
+    return affinities, [*job.get("Spreads", []), *tg.get("Spreads", [])]
+
+
 def destructive(old_job: Json, new_job: Json, name: str, node: Node | None) -> bool:
     """Would moving an alloc from ``old_job`` to ``new_job`` replace it?"""
     old, new = _group(old_job, name), _group(new_job, name)
     if old is None or new is None or (old_job.get("Meta") or {}) != (new_job.get("Meta") or {}):
         return True
     if any(old.get(k) != new.get(k) for k in _GROUP_KEYS):
+        return True
+    if _placement_prefs(old_job, old) != _placement_prefs(new_job, new):
         return True
     old_tasks = {t["Name"]: t for t in old.get("Tasks", [])}
     new_tasks = {t["Name"]: t for t in new.get("Tasks", [])}

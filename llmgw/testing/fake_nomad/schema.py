@@ -223,6 +223,7 @@ SUPPLEMENT: dict[str, dict[str, str]] = {
     "ParameterizedJobConfig": {
         "Payload": "string", "MetaRequired": "[]string", "MetaOptional": "[]string",
     },
+    # api/jobs.go:1008-1016: the job's ui block (docs/nomad-api.md §1.9)
     "JobUIConfig": {"Description": "string", "Links": "[]*JobUILink"},
     "JobUILink": {"Label": "string", "URL": "string"},
     "JobVersionTag": {"Name": "string", "Description": "string", "TaggedTime": "int64"},

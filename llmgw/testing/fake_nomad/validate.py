@@ -25,6 +25,8 @@ from llmgw.testing.fake_nomad.gotext import multi
 from llmgw.testing.fake_nomad.gotext import quote as q
 
 Json = dict[str, Any]
+# nomad/structs/structs.go Job.Validate: MaxDescriptionCharacters
+MAX_UI_DESCRIPTION = 1000
 
 
 def validate_job(job: Json, namespaces: set[str], max_priority: int = 100) -> list[str]:
@@ -72,6 +74,10 @@ def validate_job(job: Json, namespaces: set[str], max_priority: int = 100) -> li
         if tg_errs:
             errs.append(f"Task group {tg.get('Name', '')} validation failed: {multi(tg_errs)}")
     errs += _numbered("Spread", job.get("Spreads", []), rules.spread)
+    # Go's len: bytes of UTF-8, whatever the message says (docs/nomad-api.md §1.9)
+    size = len(((job.get("UI") or {}).get("Description") or "").encode())
+    if size > MAX_UI_DESCRIPTION:
+        errs.append(f"UI description must be under 1000 characters, currently {size}")
     if jtype == "_core":
         errs.append("job type cannot be core")
     if not 1 <= job.get("Priority", 50) <= max_priority:
