@@ -19,17 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD: dict[str, Any] = json.loads((ROOT / "deploy" / "grafana" / "llmgw.json").read_text())
 README = (ROOT / "README.md").read_text()
 
-# Gateway metrics of admission control, engine signals and load-based scaling, which the
-# dashboard reads and this registry does not export yet. The list goes once they are
-# exported: test_not_yet_exported_names_only_what_is_missing fails from then on.
-NOT_YET_EXPORTED = frozenset({
-    "llmgw_gateway_queued_requests",
-    "llmgw_gateway_queue_wait_seconds_bucket",
-    "llmgw_gateway_admission_rejections_total",
-    "llmgw_gateway_desired_replicas",
-    "llmgw_gateway_engine_kv_cache_usage",
-    "llmgw_gateway_engine_requests",
-})
 
 # The series names a family of each type exposes (prometheus_client's text format).
 _SAMPLES = {"counter": ("_total", "_created"), "gauge": ("",), "untyped": ("",),
@@ -133,17 +122,10 @@ def test_metric_names_are_read_from_promql_as_prometheus_would(expr: str, names:
 def test_every_metric_the_dashboard_reads_is_exported_or_listed_in_the_readme():
     """Each name a panel or variable reads comes from the gateway's registry, the README's
     list of engine and exporter metrics, or the short list not yet exported."""
-    known = exported() | readme_listed() | NOT_YET_EXPORTED
+    known = exported() | readme_listed()
     unknown = {name: where for name, where in used().items() if name not in known}
     assert unknown == {}, ("add the metric to the README table under 'What operators see' "
                            "if an engine or exporter publishes it, or fix the query")
-
-
-def test_not_yet_exported_names_only_what_is_missing():
-    """Every name on NOT_YET_EXPORTED is still missing from the registry and read by the
-    dashboard: once the gateway exports one, take it off the list."""
-    assert NOT_YET_EXPORTED & exported() == set()
-    assert set(used()) >= NOT_YET_EXPORTED
 
 
 def test_the_readme_lists_each_engine_metric_by_its_exposed_name():

@@ -178,6 +178,17 @@ async def test_interactive_keys_are_served_before_batch_keys(
     assert done == ["first", "interactive", "batch"]
 
 
+async def published(gw: Any, kind: str, timeout: float = 30.0) -> list[Any]:
+    """The store's fresh reports of ``kind``, once there is at least one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (reports := await gw.store.reports(kind, 60)):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for a {kind!r} report")
+        await asyncio.sleep(0.02)
+    return reports
+
+
 async def test_the_scaler_asks_for_more_replicas_under_load_and_publishes_why(
         make_gateway: GatewayFactory, sims: SimFactory) -> None:
     """Demand over target per replica makes the lease holder raise the count, with a reason."""
@@ -190,16 +201,21 @@ async def test_the_scaler_asks_for_more_replicas_under_load_and_publishes_why(
     gw = await make_gateway([model], backend=backend, **FAST)
     load = [asyncio.create_task(ask(gw, "m", conversation(i, 1), max_tokens=60))
             for i in range(8)]
-    await wait_for(lambda: any(n > 1 for _, n in backend.demand_calls),
-                   what="the scaler to ask for more replicas")
-    model_name, count = backend.demand_calls[0]
-    assert model_name == "m"
-    assert 2 <= count <= 4
-    reports = await gw.store.reports("scaler", 60)
-    decided = msgspec.json.decode(reports[0].payload, type=Decisions).models["m"]
-    assert decided.desired == count
-    assert "requests on 1 ready replica" in decided.reason
-    await asyncio.gather(*load)
+    try:
+        await wait_for(lambda: any(n > 1 for _, n in backend.demand_calls),
+                       what="the scaler to ask for more replicas")
+        model_name, count = backend.demand_calls[0]
+        assert model_name == "m"
+        assert 2 <= count <= 4
+        # The scaler asks the backend first and publishes its decisions after.
+        reports = await published(gw, "scaler")
+        decided = msgspec.json.decode(reports[0].payload, type=Decisions).models["m"]
+        assert decided.desired == count
+        assert "requests on 1 ready replica" in decided.reason
+    finally:
+        for outcome in await asyncio.gather(*load, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
     metrics = (await gw.client.get("/metrics")).text
     assert 'llmgw_gateway_desired_replicas{model="m",reason="' in metrics
 
