@@ -117,6 +117,8 @@ class WorkerApp:
         self._session: aiohttp.ClientSession | None = None
         self._serving = False
         self._store_open = False
+        # Whether the server has been asked to stop (set by worker_main).
+        self.stopping: Callable[[], bool] = lambda: False
 
     async def start(self) -> None:
         try:
@@ -126,9 +128,16 @@ class WorkerApp:
         except StoreUnavailableError as exc:
             log.warning("the store is unreachable; routing the declared models: %s", exc.message)
         self.routing.start()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                await self.routing.synced.wait()
+        # The endpoints before the first request, for up to 10 s; a stop asked
+        # for meanwhile (uvicorn only notes the signal until start-up ends)
+        # is not kept waiting.
+        for _ in range(100):
+            if self.stopping():
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await self.routing.synced.wait()
+                    break
         self._tasks.append(asyncio.create_task(self._follow(), name="llmgw-worker-catalog"))
         parent = os.getppid()
         self._tasks.append(asyncio.create_task(self._orphaned(parent), name="llmgw-orphan"))
@@ -251,6 +260,7 @@ def worker_main(args: WorkerArgs, sock: socket.socket) -> None:
     server = uvicorn.Server(uvicorn.Config(
         app, lifespan="on", log_level=args.log_level, access_log=False, interface="asgi3",
         timeout_graceful_shutdown=30))
+    app.stopping = lambda: server.should_exit
     server.run(sockets=[sock])
 
 
@@ -282,10 +292,11 @@ class Workers:
         log.info("gateway worker %d started (pid %s)", i, proc.pid)
 
     async def run(self) -> None:
+        """Start the workers and restart any that dies, until ``stopping()``."""
         for i in range(self.count):
             self._spawn(i)
         started = [time.monotonic()] * self.count
-        while True:
+        while not self.stopping():
             await asyncio.sleep(0.5)
             for i, proc in enumerate(self._procs):
                 if proc is None or proc.is_alive() or self.stopping():

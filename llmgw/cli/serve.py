@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import signal
 import sys
 
 import click
@@ -92,20 +93,37 @@ def _serve_with_workers(server: object, listen_addr: str, config_path: str, list
                                        control_socket=control, log_level=log_level),
                    sock, stopping=lambda: control_server.should_exit)
 
+    async def supervise() -> None:
+        await pool.run()
+        await pool.stop()
+
+    def stop(*_: object) -> None:
+        control_server.should_exit = True
+
     async def main() -> None:
+        # uvicorn puts back the handlers it found and raises a caught signal
+        # again once its server has shut down: with the default handlers that
+        # second delivery would end this process before it stops the workers.
+        # With these it only asks for the stop already under way.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop)
         serving = asyncio.create_task(control_server.serve())
         while not control_server.started:
             if serving.done():
                 await serving
                 return
             await asyncio.sleep(0.05)
-        supervising = asyncio.create_task(pool.run())
+        supervising = asyncio.create_task(supervise())
         click.echo(f"llmgw listening on http://{shown}:{port} with {workers} gateway workers "
                    f"(gateway /v1, control API /api/v1, metrics /metrics)", err=True)
         try:
             await serving
         finally:
-            supervising.cancel()
+            # The workers stop as soon as the control server begins to (the
+            # supervisor returns then), not after it: until they hang up, the
+            # server's shutdown waits on their long polls of the relay.
+            if not control_server.should_exit:
+                supervising.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervising
             await pool.stop()

@@ -95,11 +95,28 @@ class RoutingRelay:
         self._task = asyncio.create_task(self._watch(), name="llmgw-relay-watch")
 
     async def close(self) -> None:
+        """Stop watching and answer every held poll now: a server shutting down
+        waits for its open requests, and a poll would hold it for ``POLL``."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._changed.set()
+
+    async def _held(self, receive: Any, wait: float) -> bool:
+        """Hold a poll until the snapshot changes or ``wait`` passes (True), or until
+        the worker hangs up (False: nobody is left to answer)."""
+        changed = asyncio.ensure_future(self._changed.wait())
+        gone = asyncio.ensure_future(_hung_up(receive))
+        try:
+            await asyncio.wait((changed, gone), timeout=wait,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (changed, gone):
+                waiter.cancel()
+            await asyncio.gather(changed, gone, return_exceptions=True)
+        return not (gone.done() and not gone.cancelled())
 
     def _take(self) -> None:
         names = list(self.models())
@@ -134,10 +151,8 @@ class RoutingRelay:
             except ValueError:
                 await _answer(send, 400, _encode(_Failure(400, "after and wait are numbers")))
                 return
-            if self._snapshot.version <= after:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(wait, POLL)):
-                        await self._changed.wait()
+            if self._snapshot.version <= after and not await self._held(receive, min(wait, POLL)):
+                return
             await _answer(send, 200, _encode(self._snapshot))
         elif path == f"{PREFIX}/demand" and scope["method"] == "POST":
             body = b""
@@ -159,6 +174,12 @@ class RoutingRelay:
             await _answer(send, 200, b"{}")
         else:
             await _answer(send, 404, _encode(_Failure(404, f"no relay endpoint {path}")))
+
+
+async def _hung_up(receive: Any) -> None:
+    """Return once the client has disconnected (a GET's one request message comes first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _answer(send: Any, status: int, body: bytes) -> None:

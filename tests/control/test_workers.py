@@ -19,12 +19,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 import uvicorn
 
 from llmgw.errors import NotFoundError
-from llmgw.scheduler.relay import RelayRouting, RoutingRelay
+from llmgw.scheduler.relay import POLL, RelayRouting, RoutingRelay
 from tests.gateway.doubles import FakeBackend
 
 TOKEN = "workers-t0ken"
@@ -205,3 +206,49 @@ def test_a_worker_that_dies_is_replaced_and_the_port_keeps_serving(
         Path(log).read_text()
     total = _served_total(httpx.get(f"{url}/metrics", timeout=10).text)
     assert total >= 5
+
+
+def test_serve_stops_its_workers_at_once_instead_of_waiting_out_their_polls(
+        served: tuple[str, subprocess.Popen[bytes], str]) -> None:
+    """SIGTERM ends `serve --workers 2` well within one relay poll: the control server's
+    shutdown waits for open requests, and the workers' long polls are open requests."""
+    _, proc, log = served
+    workers = _workers(proc)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(POLL / 2)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {POLL / 2:.0f}s after SIGTERM:\n"
+                             + Path(log).read_text()) from None
+    # uvicorn re-raises the signal it caught once it has shut down: -SIGTERM is a clean stop.
+    assert proc.returncode in (0, -signal.SIGTERM), Path(log).read_text()
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+async def test_closing_the_relay_answers_a_held_poll_at_once(tmp_path: Path) -> None:
+    """A poll held for a change is answered when the relay closes, not when it times out."""
+    backend = FakeBackend()
+    relay = RoutingRelay(backend, lambda: ["m"])
+    relay.start()
+    path = str(tmp_path / "control.sock")
+    server = uvicorn.Server(uvicorn.Config(relay, uds=path, lifespan="off", log_level="error"))
+    task = asyncio.create_task(server.serve())
+    try:
+        await _until(lambda: server.started, "the relay to listen")
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as session:
+            poll = asyncio.create_task(_get(session, "/_relay/routing?after=1&wait=600"))
+            await _until(lambda: bool(server.server_state.tasks), "the poll to be held")
+            await relay.close()
+            async with asyncio.timeout(POLL / 2):
+                status = await poll
+        assert status == 200
+    finally:
+        server.should_exit = True
+        await task
+        await relay.close()
+
+
+async def _get(session: aiohttp.ClientSession, target: str) -> int:
+    async with session.get(f"http://control{target}") as r:
+        await r.read()
+        return r.status
