@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Router, get
+from litestar import Litestar, Request, Router, get
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
@@ -29,6 +29,7 @@ from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
 from llmgw.errors import BackendUnavailableError, LlmgwError
+from llmgw.nesting import check_json_depth
 from llmgw.scheduler.base import BackendHealth, Fleet
 
 log = logging.getLogger("llmgw.api")
@@ -85,6 +86,12 @@ async def readyz(ctx: Ctx) -> Response[Any]:
     return error_response(503, "not_ready", f"not ready: {reason}")
 
 
+async def bounded_nesting(request: Request[Any, Any, Any]) -> None:
+    """Refuse a body nested too deeply before Litestar's decoder recurses into it (400)."""
+    if request.method in ("POST", "PUT", "PATCH"):
+        check_json_depth(await request.body(), source="request body")
+
+
 def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
                template_config: TemplateConfig[JinjaTemplateEngine] | None = None,
                debug: bool = False) -> Litestar:
@@ -98,6 +105,7 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         template_config=template_config,
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
+        before_request=bounded_nesting,
         request_max_body_size=MAX_BODY,
         type_encoders=TYPE_ENCODERS,
         response_class=TypedResponse,

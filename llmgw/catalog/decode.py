@@ -24,6 +24,7 @@ import yaml
 from llmgw.catalog.source import Source, parse_source
 from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
+from llmgw.nesting import check_json_depth, safe_load
 
 T = TypeVar("T")
 
@@ -86,8 +87,9 @@ def decode_yaml(data: bytes | str, type_: type[T], *, source: str) -> T:
     """Decode YAML text into ``type_``; ConfigError for server.yaml, else DefinitionError."""
     err = ConfigError if type_.__name__ == "ServerConfig" else DefinitionError
     try:
-        # safe_load: a catalog is data; no YAML tags may construct objects.
-        raw = yaml.safe_load(data)
+        # safe_load: a catalog is data; no YAML tags may construct objects,
+        # and its nesting is bounded (llmgw.nesting).
+        raw = safe_load(data)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -114,6 +116,7 @@ def decode_json(data: bytes | str, type_: type[T], *, source: str = "request bod
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_, dec_hook=dec_hook)
+    check_json_depth(data, source=source)
     try:
         return decoder.decode(data)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
