@@ -54,6 +54,7 @@ import aiohttp
 import msgspec
 
 from llmgw.config import ServerConfig, load_config, split_listen
+from llmgw.connection import uvicorn_options
 from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.app import Gateway
 from llmgw.modelsvc import ModelService
@@ -250,7 +251,7 @@ def worker_main(args: WorkerArgs, sock: socket.socket) -> None:
     app = WorkerApp(config, args.control_socket, args.config_path)
     server = uvicorn.Server(uvicorn.Config(
         app, lifespan="on", log_level=args.log_level, access_log=False, interface="asgi3",
-        timeout_graceful_shutdown=30))
+        timeout_graceful_shutdown=30, **uvicorn_options(config.gateway)))
     server.run(sockets=[sock])
 
 
