@@ -544,9 +544,7 @@ class Gateway:
         if key is not None and not key.allows(model.name):
             raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
                                        field="model")
-        chain = [model, *(fb for fb_name in model.fallbacks
-                          if (fb := catalog.get(fb_name)) is not None)]
-        return capable_chain(chain, path)
+        return capable_chain(catalog.fallback_chain(model), path)
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:

@@ -110,6 +110,30 @@ async def test_fallbacks_are_tried_in_order(make_gateway: GatewayFactory, engine
     assert (len(main.requests), len(first.requests), len(second.requests)) == (1, 1, 1)
 
 
+async def test_a_fallbacks_own_fallbacks_come_before_the_next_one(
+        make_gateway: GatewayFactory, engines) -> None:
+    """a → [b, d], b → [c]: with a and b down, c answers (depth-first), and d is not asked;
+    a model on two branches of the chain is tried once."""
+    main, first, deep, last = (await engines("main"), await engines("first"),
+                               await engines("deep"), await engines("last"))
+    main.fail_status = first.fail_status = 503
+    gw = await make_gateway([
+        chat_model("a", upstream=[main.url], fallbacks=["b", "d"]),
+        chat_model("b", upstream=[first.url], fallbacks=["c", "d"]),
+        chat_model("c", upstream=[deep.url]),
+        chat_model("d", upstream=[last.url]),
+    ])
+    r = await gw.chat("a")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-llmgw-model"] == "c"
+    assert (len(main.requests), len(first.requests), len(deep.requests),
+            len(last.requests)) == (1, 1, 1, 0)
+    deep.fail_status = 503
+    r = await gw.chat("a")
+    assert r.headers["x-llmgw-model"] == "d"
+    assert len(last.requests) == 1
+
+
 async def test_everything_failing_is_502_naming_each_failure(make_gateway: GatewayFactory,
                                                              engines) -> None:
     """When no replica nor fallback answers, the client gets 502 listing what was tried,
