@@ -542,6 +542,9 @@ class Gateway:
                 "this key may use)", field="model")
         call.metrics = self.metrics.for_model(model.name)
         if key is not None and not key.allows(model.name):
+            # A request the key may never make costs the engines nothing, so
+            # it does not use up the key's allowance for the ones it may.
+            key.refund()
             raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
                                        field="model")
         return capable_chain(catalog.fallback_chain(model), path)

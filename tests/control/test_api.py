@@ -133,11 +133,18 @@ async def test_a_ten_megabyte_body_is_refused(client: AsyncTestClient, store: St
     assert await store.models() == []
 
 
-async def test_refusals_of_declared_models_are_409(client: AsyncTestClient) -> None:
-    """Adding, removing or scaling a declared model is a conflict with the config file."""
+async def test_adding_over_a_declared_model_is_400_naming_the_name(
+        client: AsyncTestClient) -> None:
+    """Every failure adding a model is the definition being wrong: its name, here."""
     r = await client.post("/api/v1/models", json=cpu("prod-chat"), headers=ADMIN)
-    assert r.status_code == 409
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "name"
+    assert r.json()["error"]["type"] == "invalid_definition"
     assert "edit it there" in r.json()["error"]["message"]
+
+
+async def test_refusals_of_declared_models_are_409(client: AsyncTestClient) -> None:
+    """Removing or scaling a declared model is a conflict with the config file."""
     r = await client.delete("/api/v1/models/prod-chat", headers=ADMIN)
     assert r.status_code == 409
     r = await client.put("/api/v1/models/prod-chat/scale", json={"min": 3}, headers=ADMIN)
