@@ -147,6 +147,14 @@ class GatewayConfig(_Conf, frozen=True):
     scale_interval: Duration = Duration(2, "2s")
 
 
+class MetricsConfig(_Conf, frozen=True):
+    # Whether /metrics and the OpenAPI document (/api/docs) answer without an
+    # admin token. On by default: Prometheus scrapes without credentials, and
+    # neither shows a secret; turn it off where the port is reachable by
+    # people who should not see the catalog's names and traffic.
+    public: bool = True
+
+
 class AdminToken(_Conf, frozen=True):
     name: str
     token: str
@@ -161,6 +169,7 @@ class ServerConfig(_Conf, frozen=True):
     keys_file: str | None = None
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
+    metrics: MetricsConfig = MetricsConfig()
     # Where people reach this server (its admin site), as a browser would: each Nomad
     # job's UI block links to the model's page under it. None: no such link.
     public_url: str | None = None

@@ -55,6 +55,7 @@ import msgspec
 
 from llmgw.config import ServerConfig, load_config, split_listen
 from llmgw.connection import uvicorn_options
+from llmgw.control.identity import is_private, refuse_unless_admin
 from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.app import Gateway
 from llmgw.modelsvc import ModelService
@@ -185,6 +186,9 @@ class WorkerApp:
         if kind != "http":
             return
         path: str = scope["path"]
+        if is_private(path, self.config) and await refuse_unless_admin(scope, send,
+                                                                       self.config):
+            return
         if self._serving and (path.startswith("/v1/") or path == "/metrics"):
             await self.gateway(scope, receive, send)
         elif path.startswith(RELAY_PREFIX):

@@ -24,10 +24,11 @@ from litestar.template import TemplateConfig
 
 from llmgw import __version__
 from llmgw.api import models, plan, sourcecheck
-from llmgw.api.auth import admin_guard
+from llmgw.api.auth import admin_guard, bearer
 from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
+from llmgw.control.identity import identify
 from llmgw.errors import BackendUnavailableError, LlmgwError
 from llmgw.nesting import check_json_depth
 from llmgw.scheduler.base import BackendHealth, Fleet
@@ -68,12 +69,32 @@ async def healthz() -> dict[str, bool]:
     return {"ok": True}
 
 
+class Readiness(msgspec.Struct, kw_only=True):
+    """What /readyz tells anyone: ready or not, and which dependency is the reason."""
+
+    ok: bool
+    reason: str | None = None
+
+
 @get("/readyz", summary="Readiness: the store and the scheduler are reachable")
-async def readyz(ctx: Ctx) -> Response[Any]:
+async def readyz(ctx: Ctx, request: Request[Any, Any, Any]) -> Response[Any]:
+    """Ready or not, and the class of reason (``store``, ``scheduler``), for anyone.
+
+    The details — the store's and the scheduler's own error text (database
+    host, user and name, Nomad's address), the catalog's version, skipped
+    models — are for an admin token only: a load balancer needs none of it,
+    and an attacker would learn the topology behind the port.
+    """
     backend = ctx.backend.health()
     store_error = ctx.models.store_error
+    ok = store_error is None and backend.ok
+    if identify(ctx.config.admin_token_names(), bearer(request)) is None:
+        if ok:
+            return Response(Readiness(ok=True))
+        reason = "store" if store_error is not None else "scheduler"
+        return error_response(503, "not_ready", f"not ready: the {reason} cannot be reached")
     body = Health(
-        ok=store_error is None and backend.ok,
+        ok=ok,
         catalog_version=ctx.models.version,
         models=len(ctx.models.catalog),
         store="ok" if store_error is None else store_error,

@@ -61,6 +61,8 @@ async def test_probes_need_no_token(client: AsyncTestClient) -> None:
     assert (await client.get("/healthz")).json() == {"ok": True}
     r = await client.get("/readyz")
     assert r.status_code == 200
+    assert r.json() == {"ok": True, "reason": None}
+    r = await client.get("/readyz", headers=ADMIN)
     assert r.json()["models"] == 1
 
 
