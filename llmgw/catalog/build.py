@@ -292,6 +292,20 @@ def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
     return list(caps)
 
 
+def _check_health(m: Model) -> None:
+    h = m.health
+    if h.path is not None and not h.path.startswith("/"):
+        raise DefinitionError(f"health.path: {h.path!r} must start with / (e.g. /health)",
+                              field="health.path")
+    for key in ("interval", "timeout"):
+        if getattr(h, key) <= 0:
+            raise DefinitionError(f"health.{key}: must be more than 0", field=f"health.{key}")
+    if h.timeout > h.interval:
+        raise DefinitionError(
+            f"health.timeout ({h.timeout}) is longer than health.interval ({h.interval}); a "
+            "probe would still be waiting when the next is due", field="health.timeout")
+
+
 def _check_routing(m: Model) -> None:
     r = m.routing
     if not r.load_factor >= 1.0:
@@ -394,6 +408,7 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
         raise DefinitionError("scaling.scale_down_delay: must not be negative",
                               field="scaling.scale_down_delay")
     _check_routing(m)
+    _check_health(m)
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(

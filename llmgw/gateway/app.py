@@ -81,6 +81,7 @@ from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
+from llmgw.gateway.probes import UpstreamProber
 from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
 from llmgw.gateway.responses_api import ResponsesEndpoint
@@ -147,6 +148,8 @@ class Gateway:
             self.balancer, self._scrape_targets, self._loop_time,
             interval=float(gw.signal_interval), timeout=float(gw.signal_timeout),
             on_round=self._pump_all)
+        self.prober = UpstreamProber(self.balancer, lambda: self.models.catalog,
+                                     self._loop_time, on_change=self._pump_all)
         self.scaler = Scaler(backend, store, self.balancer, self.metrics, holder,
                              self._loop_time, float(gw.scale_interval), self._local_load)
         self.keys = KeyRing()
@@ -199,6 +202,7 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
+        self._tasks.append(asyncio.create_task(self.prober.run(), name="llmgw-gw-probes"))
         self._tasks.append(asyncio.create_task(self._pump_loop(), name="llmgw-gw-admission"))
         self.batch_worker.start()
 
@@ -211,6 +215,7 @@ class Gateway:
         await self.ondemand.close()
         await self.forwarder.close()
         await self.signals.close()
+        await self.prober.close()
 
     async def _scale(self) -> None:
         while True:
@@ -258,7 +263,8 @@ class Gateway:
     def replicas(self, model: Model) -> list[str]:
         """The base URLs that may serve ``model`` now: its upstream list, or the scheduler's."""
         if model.upstream:
-            return model.upstream
+            down = self.prober.down
+            return [u for u in model.upstream if u not in down] if down else model.upstream
         return self.backend.endpoints(model.name)
 
     def _replica_counts(self) -> Iterable[tuple[str, int, int]]:
