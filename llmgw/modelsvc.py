@@ -102,6 +102,11 @@ class ModelService:
     def version(self) -> int:
         return self._version
 
+    @property
+    def complete(self) -> bool:
+        """Whether the catalog in force includes the store's models (it was read once)."""
+        return self._version >= 0
+
     def origin(self, name: str) -> Origin:
         return "declared" if name in self._declared_index else "runtime"
 

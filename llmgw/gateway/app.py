@@ -61,6 +61,7 @@ from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
 from llmgw.gateway.capabilities import capable_chain
 from llmgw.gateway.errors import (
+    CatalogUnavailableError,
     ClientGone,
     InvalidKeyError,
     KeyRateLimitedError,
@@ -103,8 +104,14 @@ class CatalogView(Protocol):
     @property
     def catalog(self) -> Catalog: ...
 
+    # Optionally also ``complete: bool``, False until the runtime models were read
+    # from the store (a name missing from the catalog may then be a model that
+    # exists); a view without it is always complete.
+
 
 _encode = msgspec.json.Encoder().encode
+# Retry-After for a model that may exist while the store cannot be read.
+CATALOG_RETRY = 5.0
 
 
 class _ModelCard(msgspec.Struct):
@@ -543,6 +550,12 @@ class Gateway:
         model = catalog.get(name)
         if model is None:
             call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
+            if not getattr(self.models, "complete", True):
+                raise CatalogUnavailableError(
+                    f"model {name!r} is not declared in the configuration, and the models "
+                    "added at run time cannot be read: the store was unreachable when this "
+                    "gateway started and is being retried; retry shortly",
+                    retry_after=CATALOG_RETRY)
             raise ModelNotFoundError(
                 f"model {name!r} does not exist (GET /v1/models lists the models "
                 "this key may use)", field="model")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from litestar.testing import AsyncTestClient
 
-from llmgw.catalog.model import Model
+from llmgw.catalog.model import HealthCheck, Model
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.server import Server
 
@@ -82,3 +82,23 @@ async def test_metrics_and_docs_need_a_token_when_not_public(tmp_path: Path) -> 
                 r = await client.get(path, headers={"Authorization": "Bearer t0ken-ops"})
                 assert r.status_code == 200, (path, r.text)
             assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_a_gateway_started_with_the_store_down_answers_503_for_models_it_cannot_know(
+) -> None:
+    """Not declared, and the runtime models unread: 503 with Retry-After, not 404."""
+    config = ServerConfig(
+        database=f"postgresql://postgres@127.0.0.1:{closed_port()}/llmgw",
+        admin_tokens=[AdminToken(name="ops", token="t0ken-ops")],
+        models=[Model(name="declared-ext", upstream=["http://127.0.0.1:9"],
+                      health=HealthCheck(path=None))],
+    )
+    server = Server(config, backend=RecordingBackend())
+    async with AsyncTestClient(server.asgi) as client:  # type: ignore[arg-type]
+        r = await client.post("/v1/chat/completions", json={
+            "model": "added-at-runtime", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "catalog_unavailable"
+        assert int(r.headers["retry-after"]) >= 1
+        r = await client.get("/v1/models")
+        assert [m["id"] for m in r.json()["data"]] == ["declared-ext"]
