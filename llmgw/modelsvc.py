@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
@@ -50,6 +51,10 @@ from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnav
 from llmgw.store.base import Store, StoredModel
 
 log = logging.getLogger("llmgw.models")
+
+# How long a read of the catalog version may go unanswered before readiness
+# says the store is unreachable (the read is repeated about twice a second).
+STORE_SILENCE = 3.0
 
 Origin = Literal["declared", "runtime"]
 Listener = Callable[[Catalog], Awaitable[None] | None]
@@ -90,6 +95,7 @@ class ModelService:
         self._reload_lock = asyncio.Lock()
         self.skipped: dict[str, str] = {}
         self.store_error: str | None = None
+        self._asking_since: float | None = None
 
     # -- reading -----------------------------------------------------------
 
@@ -101,6 +107,22 @@ class ModelService:
     @property
     def version(self) -> int:
         return self._version
+
+    def store_problem(self) -> str | None:
+        """Why the store cannot be used now, or None.
+
+        Besides the last error, a poll of the store left unanswered for
+        ``STORE_SILENCE`` seconds counts: a connection whose packets are
+        dropped raises nothing until the query timeout (and psycopg's attempt
+        to cancel) has passed, and readiness should not say ``ok`` meanwhile.
+        """
+        if self.store_error is not None:
+            return self.store_error
+        since = self._asking_since
+        if since is not None and (silent := time.monotonic() - since) > STORE_SILENCE:
+            return (f"the store has not answered a read of the catalog version for "
+                    f"{silent:.0f} s; check that the database is up and the network to it")
+        return None
 
     @property
     def complete(self) -> bool:
@@ -204,11 +226,14 @@ class ModelService:
 
     async def refresh(self) -> bool:
         """Reload if another process changed the catalog; True when it did."""
+        self._asking_since = time.monotonic()
         try:
             version = await self._store.catalog_version()
         except StoreUnavailableError as exc:
             self.store_error = exc.message
             return False
+        finally:
+            self._asking_since = None
         self.store_error = None
         if version == self._version:
             return False

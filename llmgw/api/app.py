@@ -86,7 +86,7 @@ async def readyz(ctx: Ctx, request: Request[Any, Any, Any]) -> Response[Any]:
     and an attacker would learn the topology behind the port.
     """
     backend = ctx.backend.health()
-    store_error = ctx.models.store_error
+    store_error = ctx.models.store_problem()
     ok = store_error is None and backend.ok
     if identify(ctx.config.admin_token_names(), bearer(request)) is None:
         if ok:
