@@ -25,6 +25,7 @@ from litestar.template import TemplateConfig
 from llmgw import __version__
 from llmgw.api import models, plan, sourcecheck
 from llmgw.api.auth import admin_guard, bearer
+from llmgw.api.contract import allowed_methods, tell_the_truth
 from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
@@ -107,10 +108,18 @@ async def readyz(ctx: Ctx, request: Request[Any, Any, Any]) -> Response[Any]:
     return error_response(503, "not_ready", f"not ready: {reason}")
 
 
-async def bounded_nesting(request: Request[Any, Any, Any]) -> None:
-    """Refuse a body nested too deeply before Litestar's decoder recurses into it (400)."""
+async def before_request(request: Request[Any, Any, Any]) -> Response[Any] | None:
+    """Refuse a body nested too deeply before Litestar's decoder recurses into it (400);
+    answer OPTIONS with every method of the path (Litestar's own answer lists only some
+    when one path has handlers in two functions)."""
     if request.method in ("POST", "PUT", "PATCH"):
         check_json_depth(await request.body(), source="request body")
+    elif request.method == "OPTIONS":
+        methods = allowed_methods(request.app, request.scope.get("path_template", ""))
+        if methods:
+            return Response(content=None, status_code=204, media_type="text/plain",
+                            headers={"Allow": ", ".join(methods)})
+    return None
 
 
 def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
@@ -126,7 +135,7 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         template_config=template_config,
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
-        before_request=bounded_nesting,
+        before_request=before_request,
         request_max_body_size=MAX_BODY,
         type_encoders=TYPE_ENCODERS,
         response_class=TypedResponse,
@@ -144,4 +153,5 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         debug=debug,
     )
     app.state.ctx = ctx
+    tell_the_truth(app)
     return app

@@ -312,3 +312,30 @@ async def test_a_prefetch_naming_nodes_and_a_count_is_refused(
     assert r.status_code == 400
     assert "count" in r.text
     assert backend.prefetches == []
+
+
+async def test_an_empty_body_is_a_400_a_person_understands(client: AsyncTestClient) -> None:
+    r = await client.put("/api/v1/models/prod-chat/scale", headers=ADMIN)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "request body: empty; this endpoint takes a JSON object")
+
+
+async def test_a_whole_number_written_as_a_float_is_that_integer(
+        client: AsyncTestClient) -> None:
+    """JSON Schema's integer admits 2.0, so the API reads it as 2; "2" stays refused."""
+    r = await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
+    assert r.status_code == 200, r.text
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 2.0, "max": 3.0},
+                         headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert (r.json()["min"], r.json()["max"]) == (2, 3)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": "2"}, headers=ADMIN)
+    assert r.status_code == 400
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 2.5}, headers=ADMIN)
+    assert r.status_code == 400
+
+
+async def test_options_names_every_method_of_a_path(client: AsyncTestClient) -> None:
+    r = await client.options("/api/v1/models", headers=ADMIN)
+    assert r.headers["allow"] == "GET, OPTIONS, POST"
