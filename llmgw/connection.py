@@ -66,10 +66,17 @@ class GuardedProtocol(HttpToolsProtocol):
         self._max_line = int(limits.max_header_size)
         self._head_timeout = float(limits.head_timeout)
         self._body_timeout = float(limits.body_timeout)
-        # How many bytes of this request's head were fed to the parser; None
-        # once the head is complete (and between requests). The body timer
-        # runs from a complete head until the whole body has arrived.
+        # How many bytes of this request's head were fed to the parser, and
+        # when its first byte came; None once the head is complete (and
+        # between requests).
         self._head_fed: int | None = None
+        self._head_began = 0.0
+        # From a complete head until the whole body has arrived: when the
+        # body last made progress.
+        self._in_body = False
+        self._body_seen = 0.0
+        # Timers are armed only when a read ends with a head or a body still
+        # incomplete: an ordinary request, whole in one read, costs none.
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
@@ -85,19 +92,27 @@ class GuardedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_head_timer()
-        self._stop_body_timer()
+        self._stop_timers()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
-        if self._head_fed is None and self._body_timer is None:
-            # The first byte of a request: its head has head_timeout to arrive.
-            self._begin_head()
-        elif self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
+        if self._in_body:
+            self._body_seen = self.loop.time()
+        elif self._head_fed is None:
+            self._begin_head()   # the first byte of a request
+        self._feed(data)
+        if self._discarding or self.transport.is_closing():
+            return
+        if self._head_fed is not None and self._head_timer is None:
+            self._head_timer = self.loop.call_at(self._head_began + self._head_timeout,
+                                                 self._head_too_slow)
+        if self._in_body and self._body_timer is None:
+            self._body_timer = self.loop.call_at(self._body_seen + self._body_timeout,
+                                                 self._body_too_slow)
+
+    def _feed(self, data: bytes) -> None:
         if self._head_fed is None:
             super().data_received(data)
             return
@@ -110,7 +125,7 @@ class GuardedProtocol(HttpToolsProtocol):
         # it, the rest is body (or the next request) and goes on as usual.
         self._head_fed = self._max_head
         super().data_received(data[:room])
-        if self.transport.is_closing():
+        if self._discarding or self.transport.is_closing():
             return
         if self._head_fed is not None:
             self._refuse(431, f"the request head is over this server's limit of "
@@ -135,13 +150,19 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._stop_head_timer()
         self._head_fed = None
-        self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._in_body = True
+        self._body_seen = self.loop.time()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._stop_body_timer()
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -156,32 +177,32 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _begin_head(self) -> None:
         self._head_fed = 0
-        self._stop_head_timer()
-        self._head_timer = self.loop.call_later(self._head_timeout, self._head_too_slow)
+        self._head_began = self.loop.time()
 
-    def _stop_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _stop_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+    def _stop_timers(self) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
-            self._refuse(408, f"the request head did not arrive within {self._head_timeout:g} "
-                              "s (gateway.head_timeout)")
+        if self._head_fed is None or self.transport.is_closing():
+            return
+        self._refuse(408, f"the request head did not arrive within {self._head_timeout:g} "
+                          "s (gateway.head_timeout)")
 
     def _body_too_slow(self) -> None:
         self._body_timer = None
-        if self.transport.is_closing():
+        if not self._in_body or self.transport.is_closing():
             return
-        if self.flow.read_paused:
-            # The application is not reading yet; the client is not late.
-            self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
+        due = self._body_seen + self._body_timeout
+        if self.flow.read_paused or due > self.loop.time():
+            # Progress since the timer was set, or the application is not
+            # reading (the client is not late): wait on from the last progress.
+            if self.flow.read_paused:
+                due = self.loop.time() + self._body_timeout
+            self._body_timer = self.loop.call_at(due, self._body_too_slow)
             return
         self.logger.info("closing a connection whose request body stopped arriving for %gs "
                          "(gateway.body_timeout)", self._body_timeout)
@@ -195,8 +216,9 @@ class GuardedProtocol(HttpToolsProtocol):
         the kernel reset the connection, and a client that is still writing
         its oversized head would then never read the answer saying why.
         """
-        self._stop_head_timer()
-        self._stop_body_timer()
+        self._stop_timers()
+        self._head_fed = None
+        self._in_body = False
         self._discarding = True
         body = (text + "\n").encode()
         self.transport.write(b"".join([

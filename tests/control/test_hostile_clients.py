@@ -187,7 +187,9 @@ def test_huge_headers_are_not_held_in_memory(served: Served) -> None:
 
 def test_a_big_body_after_a_head_near_the_limit_is_served(served: Served) -> None:
     """Only the head is counted: a 60 KiB head and a 1 MiB body sent in one write pass."""
-    body = chat_body("x" * (1024 * 1024))
+    body = httpx.Request("POST", "http://x", json={
+        "model": "chat", "max_tokens": 2, "user": "x" * (1024 * 1024),
+        "messages": [{"role": "user", "content": "hi"}]}).read()
     head = chat_head(b"X-Pad: " + b"p" * (15 * 1024) + b"\r\n" +
                      b"X-Pad2: " + b"p" * (15 * 1024) + b"\r\n" +
                      b"X-Pad3: " + b"p" * (15 * 1024) + b"\r\n" +
