@@ -39,6 +39,11 @@ sys.meta_path[:] = [f for f in sys.meta_path
 '''
 
 
+# B is served the way `llmgw serve` serves it: uvicorn with llmgw's connection
+# limits (llmgw.connection) at their defaults.
+B_SERVER = ("--http", "llmgw.connection:GuardedProtocol", "--limit-concurrency", "4096")
+
+
 def export(ref: str, into: Path) -> None:
     data = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True,
                           check=True).stdout
@@ -87,7 +92,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name, tree in (("A", base), ("B", None)):
                 use(tree)
-                with gb.gateway("uvicorn", {"bench": static}) as (url, _pid):
+                extra = B_SERVER if name == "B" else ()
+                with gb.gateway("uvicorn", {"bench": static}, extra) as (url, _pid):
                     gb.load(url, 32, 2.0, tmp)
                     r, _, bad = gb.load(url, 32, args.duration, tmp)
                     _, median, _ = gb.load(url, 1, float(max(2, round(args.duration / 2))),

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -124,8 +124,11 @@ def python_upstream(chunks: int, interval: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def gateway(server: str, models: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """The gateway alone, one worker; yields (base URL, pid of the server process)."""
+def gateway(server: str, models: dict[str, str],
+            extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """The gateway alone, one worker; yields (base URL, pid of the server process).
+
+    ``extra``: more options for the server's command line."""
     port = free_port()
     spec = ",".join(f"{name}={url}" for name, url in models.items())
     bindir = Path(PYTHON).parent
@@ -137,6 +140,7 @@ def gateway(server: str, models: dict[str, str]) -> Iterator[tuple[str, int]]:
         args = [str(bindir / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
                 "--workers", "1", "--backlog", "4096", "--no-access-log", "--log-level",
                 "warning", "--app-dir", str(BENCH), "gateway_serve:app"]
+    args += extra
     with running(args, port, env={"LLMGW_BENCH_MODELS": spec}) as proc:
         yield f"http://127.0.0.1:{port}", proc.pid
 

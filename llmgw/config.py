@@ -112,6 +112,16 @@ class SchedulerConfig(_Conf, frozen=True):
 
 class GatewayConfig(_Conf, frozen=True):
     max_body_size: Size = Size(16 * 1024**2, "16MiB")
+    # What one connection may cost before a request reaches llmgw (llmgw.connection):
+    # the largest header line and request head (431 beyond them), how long a
+    # client may take to send its head, pause its body, or keep an idle
+    # connection, and how many connections may be open (503 beyond it).
+    max_header_size: Size = Size(16 * 1024, "16KiB")
+    max_head_size: Size = Size(64 * 1024, "64KiB")
+    head_timeout: Duration = Duration(10, "10s")
+    body_timeout: Duration = Duration(30, "30s")
+    keepalive_timeout: Duration = Duration(5, "5s")
+    max_connections: int = 4096
     # How long a failed replica is kept out of rotation before it is retried.
     eject_for: Duration = Duration(10, "10s")
     # Each further failure after it comes back doubles that, up to this.
@@ -137,6 +147,14 @@ class GatewayConfig(_Conf, frozen=True):
     scale_interval: Duration = Duration(2, "2s")
 
 
+class MetricsConfig(_Conf, frozen=True):
+    # Whether /metrics and the OpenAPI document (/api/docs) answer without an
+    # admin token. On by default: Prometheus scrapes without credentials, and
+    # neither shows a secret; turn it off where the port is reachable by
+    # people who should not see the catalog's names and traffic.
+    public: bool = True
+
+
 class AdminToken(_Conf, frozen=True):
     name: str
     token: str
@@ -151,6 +169,7 @@ class ServerConfig(_Conf, frozen=True):
     keys_file: str | None = None
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
+    metrics: MetricsConfig = MetricsConfig()
     # Where people reach this server (its admin site), as a browser would: each Nomad
     # job's UI block links to the model's page under it. None: no such link.
     public_url: str | None = None
@@ -290,8 +309,9 @@ def _check_local(cfg: LocalConfig) -> None:
 
 
 def _check_gateway(cfg: GatewayConfig) -> None:
-    for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval",
-                "responses_retention", "max_upload_size", "max_file_size",
+    for key in ("max_body_size", "max_header_size", "max_head_size", "head_timeout",
+                "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
+                "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
@@ -300,6 +320,14 @@ def _check_gateway(cfg: GatewayConfig) -> None:
             f"gateway.eject_max ({cfg.eject_max}) is shorter than gateway.eject_for "
             f"({cfg.eject_for}); a repeated failure would be ejected for less than the first",
             field="gateway.eject_max")
+    if cfg.max_head_size < cfg.max_header_size:
+        raise ConfigError(
+            f"gateway.max_head_size ({cfg.max_head_size.text}) is smaller than "
+            f"gateway.max_header_size ({cfg.max_header_size.text}); a head holds its header "
+            "lines, so make it at least as large", field="gateway.max_head_size")
+    if cfg.max_connections < 1:
+        raise ConfigError("gateway.max_connections: must be at least 1",
+                          field="gateway.max_connections")
     if cfg.max_attempts < 1:
         raise ConfigError("gateway.max_attempts: must be at least 1 (one try per request)",
                           field="gateway.max_attempts")

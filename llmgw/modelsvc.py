@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
@@ -50,6 +51,10 @@ from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnav
 from llmgw.store.base import Store, StoredModel
 
 log = logging.getLogger("llmgw.models")
+
+# How long a read of the catalog version may go unanswered before readiness
+# says the store is unreachable (the read is repeated about twice a second).
+STORE_SILENCE = 3.0
 
 Origin = Literal["declared", "runtime"]
 Listener = Callable[[Catalog], Awaitable[None] | None]
@@ -90,6 +95,7 @@ class ModelService:
         self._reload_lock = asyncio.Lock()
         self.skipped: dict[str, str] = {}
         self.store_error: str | None = None
+        self._asking_since: float | None = None
 
     # -- reading -----------------------------------------------------------
 
@@ -101,6 +107,27 @@ class ModelService:
     @property
     def version(self) -> int:
         return self._version
+
+    def store_problem(self) -> str | None:
+        """Why the store cannot be used now, or None.
+
+        Besides the last error, a poll of the store left unanswered for
+        ``STORE_SILENCE`` seconds counts: a connection whose packets are
+        dropped raises nothing until the query timeout (and psycopg's attempt
+        to cancel) has passed, and readiness should not say ``ok`` meanwhile.
+        """
+        if self.store_error is not None:
+            return self.store_error
+        since = self._asking_since
+        if since is not None and (silent := time.monotonic() - since) > STORE_SILENCE:
+            return (f"the store has not answered a read of the catalog version for "
+                    f"{silent:.0f} s; check that the database is up and the network to it")
+        return None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the catalog in force includes the store's models (it was read once)."""
+        return self._version >= 0
 
     def origin(self, name: str) -> Origin:
         return "declared" if name in self._declared_index else "runtime"
@@ -115,22 +142,20 @@ class ModelService:
 
     # -- building ----------------------------------------------------------
 
-    def _decode(self, row: StoredModel) -> Model | None:
+    def _decode(self, row: StoredModel, skipped: dict[str, str]) -> Model | None:
+        """The row's model, or None with the reason in ``skipped``."""
         try:
             model = decode_json(row.definition, Model, source=f"stored model {row.name!r}")
         except DefinitionError as exc:
-            self._skip(row.name, f"it cannot be decoded: {exc}")
+            skipped[row.name] = f"it cannot be decoded: {exc}"
             return None
         if model.name != row.name:
-            self._skip(row.name, f"its definition is named {model.name!r}")
+            skipped[row.name] = f"its definition is named {model.name!r}"
             return None
         return model
 
-    def _skip(self, name: str, why: str) -> None:
-        self.skipped[name] = why
-        log.warning("stored model %r was skipped: %s", name, why)
-
-    def _assemble(self, rows: Sequence[StoredModel]) -> tuple[list[Model], dict[str, StoredModel]]:
+    def _assemble(self, rows: Sequence[StoredModel], skipped: dict[str, str] | None = None,
+                  ) -> tuple[list[Model], dict[str, StoredModel]]:
         """Declared models, plus every stored one that makes a valid catalog with them.
 
         One bad row is skipped and named rather than taking the cluster with
@@ -140,21 +165,26 @@ class ModelService:
         orphan another that falls back to it. Checking rows one at a time in
         some order instead would wrongly skip a model whose fallback merely
         comes later in that order.
+
+        The rows skipped, and why, go to ``skipped``: only the catalog put in
+        force says which models are skipped (``load``); the trial assemblies
+        of a change, refused or not, say nothing about the catalog in force.
         """
-        self.skipped = {}
+        if skipped is None:
+            skipped = {}
         candidates: dict[str, tuple[Model, StoredModel]] = {}
         for row in sorted(rows, key=lambda r: r.name):
             if row.name in self._declared_index:
-                self._skip(row.name, f"a model of that name is declared in {self._config_name}, "
+                skipped[row.name] = (f"a model of that name is declared in {self._config_name}, "
                                      "and configuration wins; remove the stored one")
                 continue
-            model = self._decode(row)
+            model = self._decode(row, skipped)
             if model is None:
                 continue
             try:
                 check_model(model, self._gpu_classes, self._runtime)
             except DefinitionError as exc:
-                self._skip(row.name, f"it does not make a valid catalog: {exc.message}")
+                skipped[row.name] = f"it does not make a valid catalog: {exc.message}"
                 continue
             candidates[row.name] = (model, row)
         while True:
@@ -166,7 +196,7 @@ class ModelService:
                 break
             for name, missing in orphans.items():
                 del candidates[name]
-                self._skip(name, "it does not make a valid catalog: its fallback "
+                skipped[name] = ("it does not make a valid catalog: its fallback "
                                  f"{', '.join(map(repr, missing))} is not in the catalog")
         accepted = [*self._declared, *(m for m, _ in candidates.values())]
         return accepted, {name: row for name, (_, row) in candidates.items()}
@@ -183,20 +213,27 @@ class ModelService:
             self.store_error = None
             if version == self._version:
                 return self._catalog
-            accepted, kept = self._assemble(rows)
+            skipped: dict[str, str] = {}
+            accepted, kept = self._assemble(rows, skipped)
+            for name, why in skipped.items():
+                log.warning("stored model %r was skipped: %s", name, why)
             catalog = build_catalog(accepted, self._gpu_classes, self._runtime,
                                     provenance=provenance(kept))
             self._catalog, self._rows, self._version = catalog, kept, version
+            self.skipped = skipped
         await self._notify(catalog)
         return catalog
 
     async def refresh(self) -> bool:
         """Reload if another process changed the catalog; True when it did."""
+        self._asking_since = time.monotonic()
         try:
             version = await self._store.catalog_version()
         except StoreUnavailableError as exc:
             self.store_error = exc.message
             return False
+        finally:
+            self._asking_since = None
         self.store_error = None
         if version == self._version:
             return False
@@ -234,8 +271,13 @@ class ModelService:
         whole catalog first, so a model that would be skipped on every future
         start — a model that looks added and never appears — is refused now.
         """
-        self._refuse_declared(
-            model.name, "edit it there rather than adding a second definition")
+        if model.name in self._declared_index:
+            # A definition that cannot be added is a wrong definition (400),
+            # like every other failure to add; 409 is for valid changes refused.
+            where = f"{self._config_name} (models[{self._declared_index[model.name]}])"
+            raise DefinitionError(
+                f"name: model {model.name!r} is declared in {where}; edit it there rather "
+                "than adding a second definition, or choose another name", field="name")
         self._require_store()
         invalid = f"model {model.name!r} would make the catalog invalid"
         if self._placement_check is not None:
@@ -346,7 +388,7 @@ class ModelService:
         if place and self._placement_check is not None:
             rows = await self._store.models()
             row = next((r for r in rows if r.name == name), None)
-            current = self._decode(row) if row else None
+            current = self._decode(row, {}) if row else None
             if current is not None:
                 accepted, _ = self._assemble([r for r in rows if r.name != name])
                 built = self._build([*accepted, change(current)], invalid)
@@ -356,10 +398,11 @@ class ModelService:
             row = next((r for r in rows if r.name == name), None)
             if row is None:
                 raise NotFoundError(self._unknown(name))
-            current = self._decode(row)
+            why: dict[str, str] = {}
+            current = self._decode(row, why)
             if current is None:
                 raise RefusedError(
-                    f"stored model {name!r} cannot be decoded ({self.skipped.get(name)}); "
+                    f"stored model {name!r} cannot be decoded ({why.get(name)}); "
                     "add it again with `llmgw ctl model add -f`")
             updated = change(current)
             accepted, _ = self._assemble([r for r in rows if r.name != name])

@@ -28,6 +28,7 @@ from llmgw.api.app import create_app
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.control.context import AppContext
+from llmgw.control.identity import is_private, refuse_unless_admin
 from llmgw.errors import StoreUnavailableError
 from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import Backend
@@ -189,6 +190,9 @@ class Server:
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Until start() has finished, /v1 falls through to the API (404): no
         # request is routed against a catalog that is not loaded yet.
+        if scope["type"] == "http" and is_private(scope["path"], self.config) and (
+                await refuse_unless_admin(scope, send, self.config)):
+            return
         if scope["type"] == "http" and self._serving:
             path: str = scope["path"]
             if self.relay is not None:

@@ -54,6 +54,8 @@ import aiohttp
 import msgspec
 
 from llmgw.config import ServerConfig, load_config, split_listen
+from llmgw.connection import uvicorn_options
+from llmgw.control.identity import is_private, refuse_unless_admin
 from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.app import Gateway
 from llmgw.modelsvc import ModelService
@@ -193,6 +195,9 @@ class WorkerApp:
         if kind != "http":
             return
         path: str = scope["path"]
+        if is_private(path, self.config) and await refuse_unless_admin(scope, send,
+                                                                       self.config):
+            return
         if self._serving and (path.startswith("/v1/") or path == "/metrics"):
             await self.gateway(scope, receive, send)
         elif path.startswith(RELAY_PREFIX):
@@ -259,7 +264,7 @@ def worker_main(args: WorkerArgs, sock: socket.socket) -> None:
     app = WorkerApp(config, args.control_socket, args.config_path)
     server = uvicorn.Server(uvicorn.Config(
         app, lifespan="on", log_level=args.log_level, access_log=False, interface="asgi3",
-        timeout_graceful_shutdown=30))
+        timeout_graceful_shutdown=30, **uvicorn_options(config.gateway)))
     app.stopping = lambda: server.should_exit
     server.run(sockets=[sock])
 

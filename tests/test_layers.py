@@ -20,6 +20,7 @@ PACKAGE = Path(llmgw.__file__).parent
 # Lowest first. A unit is a package or module; the longest matching prefix wins.
 LAYERS: list[set[str]] = [
     {"llmgw", "llmgw.errors", "llmgw.redact"},
+    {"llmgw.nesting"},
     {"llmgw.catalog"},
     {"llmgw.config"},
     {"llmgw.store", "llmgw.weights", "llmgw.scheduler", "llmgw.scheduler.base"},
@@ -27,6 +28,7 @@ LAYERS: list[set[str]] = [
      "llmgw.modelsvc"},
     {"llmgw.control", "llmgw.gateway"},
     {"llmgw.api", "llmgw.admin"},
+    {"llmgw.connection"},
     {"llmgw.server", "llmgw.workers"},
     {"llmgw.cli"},
     {"llmgw.__main__"},

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from llmgw.nesting import compose
+
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 # Lines of context shown around the flagged one.
@@ -42,7 +44,7 @@ def line_of(text: str, field: str | None) -> int | None:
     """The 1-based line of ``field`` in ``text``, of its nearest parent if the key is
     absent (a missing required field), or of a YAML syntax error; None if unknown."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         return mark.line + 1 if mark is not None else None

@@ -76,7 +76,7 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
         "models": views,
         "replicas_unknown": replicas is None,
         "skipped": ctx.models.skipped,
-        "store_error": ctx.models.store_error,
+        "store_error": ctx.models.store_problem(),
         "backend": ctx.backend.health(),
     }
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Router, get
+from litestar import Litestar, Request, Router, get
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
@@ -24,11 +24,14 @@ from litestar.template import TemplateConfig
 
 from llmgw import __version__
 from llmgw.api import models, plan, sourcecheck
-from llmgw.api.auth import admin_guard
+from llmgw.api.auth import admin_guard, bearer
+from llmgw.api.contract import allowed_methods, tell_the_truth
 from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
+from llmgw.control.identity import identify
 from llmgw.errors import BackendUnavailableError, LlmgwError
+from llmgw.nesting import check_json_depth
 from llmgw.scheduler.base import BackendHealth, Fleet
 
 log = logging.getLogger("llmgw.api")
@@ -67,12 +70,32 @@ async def healthz() -> dict[str, bool]:
     return {"ok": True}
 
 
+class Readiness(msgspec.Struct, kw_only=True):
+    """What /readyz tells anyone: ready or not, and which dependency is the reason."""
+
+    ok: bool
+    reason: str | None = None
+
+
 @get("/readyz", summary="Readiness: the store and the scheduler are reachable")
-async def readyz(ctx: Ctx) -> Response[Any]:
+async def readyz(ctx: Ctx, request: Request[Any, Any, Any]) -> Response[Any]:
+    """Ready or not, and the class of reason (``store``, ``scheduler``), for anyone.
+
+    The details — the store's and the scheduler's own error text (database
+    host, user and name, Nomad's address), the catalog's version, skipped
+    models — are for an admin token only: a load balancer needs none of it,
+    and an attacker would learn the topology behind the port.
+    """
     backend = ctx.backend.health()
-    store_error = ctx.models.store_error
+    store_error = ctx.models.store_problem()
+    ok = store_error is None and backend.ok
+    if identify(ctx.config.admin_token_names(), bearer(request)) is None:
+        if ok:
+            return Response(Readiness(ok=True))
+        reason = "store" if store_error is not None else "scheduler"
+        return error_response(503, "not_ready", f"not ready: the {reason} cannot be reached")
     body = Health(
-        ok=store_error is None and backend.ok,
+        ok=ok,
         catalog_version=ctx.models.version,
         models=len(ctx.models.catalog),
         store="ok" if store_error is None else store_error,
@@ -83,6 +106,20 @@ async def readyz(ctx: Ctx) -> Response[Any]:
         return Response(body)
     reason = store_error or backend.message
     return error_response(503, "not_ready", f"not ready: {reason}")
+
+
+async def before_request(request: Request[Any, Any, Any]) -> Response[Any] | None:
+    """Refuse a body nested too deeply before Litestar's decoder recurses into it (400);
+    answer OPTIONS with every method of the path (Litestar's own answer lists only some
+    when one path has handlers in two functions)."""
+    if request.method in ("POST", "PUT", "PATCH"):
+        check_json_depth(await request.body(), source="request body")
+    elif request.method == "OPTIONS":
+        methods = allowed_methods(request.app, request.scope.get("path_template", ""))
+        if methods:
+            return Response(content=None, status_code=204, media_type="text/plain",
+                            headers={"Allow": ", ".join(methods)})
+    return None
 
 
 def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
@@ -98,6 +135,7 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         template_config=template_config,
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
+        before_request=before_request,
         request_max_body_size=MAX_BODY,
         type_encoders=TYPE_ENCODERS,
         response_class=TypedResponse,
@@ -115,4 +153,5 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
         debug=debug,
     )
     app.state.ctx = ctx
+    tell_the_truth(app)
     return app

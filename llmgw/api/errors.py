@@ -52,6 +52,8 @@ def _llmgw(_: Request[Any, Any, Any], exc: LlmgwError) -> Response[ErrorBody]:
     return error_response(exc.status, exc.kind, exc.message, exc.field, headers)
 
 
+EMPTY_BODY = ("request body: empty; this endpoint takes a JSON object "
+              "(Content-Type: application/json), its fields as documented at /api/docs")
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
 
 
@@ -67,6 +69,9 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
         if unknown:
             key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
             message = "unknown field; check the spelling against the documented keys"
+        if message == "'data'" and not key:
+            # Litestar's word for a handler's body that was not sent at all.
+            return error_response(400, "invalid_request", EMPTY_BODY)
         where = f"request body: {key}" if key else "request body"
         return error_response(400, "invalid_request", f"{where}: {message}", key or None)
     return error_response(400, "invalid_request", f"request body: {exc.detail}")

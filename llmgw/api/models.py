@@ -62,9 +62,11 @@ async def strict_body(request: Request[Any, Any, Any], type_: type[T]) -> T:
 
     Litestar has already decoded it (which also documents it in the OpenAPI
     schema), but leniently: "4" would pass for 4. A field that is refused in
-    the YAML must be refused here too.
+    the YAML must be refused here too. One leniency JSON itself asks for: a
+    whole number written ``2.0`` is the integer 2 (JSON Schema's ``integer``
+    admits it, so a client generated from the OpenAPI document may send it).
     """
-    return decode_json(await request.body(), type_)
+    return decode_json(await request.body(), type_, integral_floats=True)
 
 
 @get("/models", summary="List the models in force")

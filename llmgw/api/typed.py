@@ -4,8 +4,8 @@ Litestar encodes responses and decodes request bodies with msgspec, but with
 its own hooks; these tables hand it ours (``llmgw.catalog.decode``), so a body
 is parsed exactly as a YAML file would be and a response shows each value the
 way its author wrote it. The schema plugin documents them as they travel: a
-size or a duration is a string (``24GiB``, ``15m``) or a number (bytes,
-seconds); a source is a string.
+size or a duration is a string (``24GiB``, ``15m``, in the pattern the
+decoder reads) or a number (bytes, seconds); a source is a non-empty string.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from llmgw.catalog.source import Source
 from llmgw.catalog.units import Duration, Size
 
 TYPED = (Size, Duration, Source)
+# How a size and a duration may be written as text (``Size.parse``, ``Duration.parse``).
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([bB]|[kKmMgGtT]([iI]?[bB])?)?\s*$"
+DURATION_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?(ms|s|m|h))+\s*$"
 T = TypeVar("T")
 
 TYPE_ENCODERS: dict[Any, Callable[[Any], Any]] = dict.fromkeys(TYPED, enc_hook)
@@ -46,9 +49,12 @@ class TypedValuesSchema(OpenAPISchemaPlugin):
     def to_openapi_schema(self, field_definition: FieldDefinition,
                           schema_creator: Any) -> Schema:
         if issubclass(field_definition.annotation, Source):
-            return Schema(type=OpenAPIType.STRING)
-        return Schema(one_of=[Schema(type=OpenAPIType.STRING),
-                              Schema(type=OpenAPIType.INTEGER)])
+            return Schema(type=OpenAPIType.STRING, min_length=1)
+        if issubclass(field_definition.annotation, Size):
+            return Schema(one_of=[Schema(type=OpenAPIType.STRING, pattern=SIZE_PATTERN),
+                                  Schema(type=OpenAPIType.INTEGER, minimum=0)])
+        return Schema(one_of=[Schema(type=OpenAPIType.STRING, pattern=DURATION_PATTERN),
+                              Schema(type=OpenAPIType.NUMBER, minimum=0)])
 
 
 class TypedResponse(Response[T]):

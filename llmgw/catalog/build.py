@@ -112,6 +112,29 @@ class Catalog:
     def __contains__(self, name: object) -> bool:
         return name in self.models
 
+    def fallback_chain(self, model: Model) -> list[Model]:
+        """``model``, then its fallbacks depth-first: each fallback followed at once by
+        its own chain, every model at most once.
+
+        A request is answered whenever some model reachable through fallbacks
+        can answer it; the nearest alternatives are tried first (A's first
+        fallback B, then B's fallbacks, before A's second fallback).
+        """
+        if not model.fallbacks:
+            return [model]
+        chain: list[Model] = []
+        seen: set[str] = set()
+        stack = [model]
+        while stack:
+            m = stack.pop()
+            if m.name in seen:
+                continue
+            seen.add(m.name)
+            chain.append(m)
+            stack.extend(fb for name in reversed(m.fallbacks)
+                         if (fb := self.models.get(name)) is not None and name not in seen)
+        return chain
+
     def fingerprint(self, name: str, profile: str) -> str | None:
         model = self.models.get(name)
         p = model.profile(profile) if model else None
@@ -269,6 +292,20 @@ def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
     return list(caps)
 
 
+def _check_health(m: Model) -> None:
+    h = m.health
+    if h.path is not None and not h.path.startswith("/"):
+        raise DefinitionError(f"health.path: {h.path!r} must start with / (e.g. /health)",
+                              field="health.path")
+    for key in ("interval", "timeout"):
+        if getattr(h, key) <= 0:
+            raise DefinitionError(f"health.{key}: must be more than 0", field=f"health.{key}")
+    if h.timeout > h.interval:
+        raise DefinitionError(
+            f"health.timeout ({h.timeout}) is longer than health.interval ({h.interval}); a "
+            "probe would still be waiting when the next is due", field="health.timeout")
+
+
 def _check_routing(m: Model) -> None:
     r = m.routing
     if not r.load_factor >= 1.0:
@@ -371,6 +408,7 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
         raise DefinitionError("scaling.scale_down_delay: must not be negative",
                               field="scaling.scale_down_delay")
     _check_routing(m)
+    _check_health(m)
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(
@@ -414,8 +452,49 @@ def build_catalog(
                     f"model {m.name!r}: fallbacks[{i}]: there is no model {fb!r} to fall back to",
                     field=f"fallbacks[{i}]",
                 )
+    _refuse_cycles(built)
     kept = {name: p for name, p in (provenance or {}).items() if name in built}
     return Catalog(models=built, gpu_classes=classes, provenance=kept)
+
+
+def _refuse_cycles(models: Mapping[str, Model]) -> None:
+    """DefinitionError when following fallbacks can lead back to where it started.
+
+    A cycle would not loop a request (each model is tried at most once), but
+    it says nothing an acyclic list would not, and it is almost always a
+    mistake: two models each written as the other's spare.
+    """
+    done: set[str] = set()
+    for start in models:
+        if start in done:
+            continue
+        # Iterative depth-first search: the path in progress, and where each
+        # of its models is in its list of fallbacks.
+        path: list[str] = [start]
+        positions = [0]
+        on_path = {start}
+        while path:
+            fallbacks = models[path[-1]].fallbacks
+            i = positions[-1]
+            if i == len(fallbacks):
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                positions.pop()
+                continue
+            positions[-1] = i + 1
+            nxt = fallbacks[i]
+            if nxt in on_path:
+                loop = [*path[path.index(nxt):], nxt]
+                raise DefinitionError(
+                    f"model {path[-1]!r}: fallbacks[{i}]: falling back to {nxt!r} closes a "
+                    f"cycle ({' → '.join(loop)}); fallbacks must not form one, so remove one "
+                    "of these", field=f"fallbacks[{i}]")
+            if nxt in done or nxt not in models:
+                continue
+            path.append(nxt)
+            positions.append(0)
+            on_path.add(nxt)
 
 
 def dependants(catalog_models: Sequence[Model], name: str) -> list[str]:

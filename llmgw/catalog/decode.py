@@ -24,6 +24,7 @@ import yaml
 from llmgw.catalog.source import Source, parse_source
 from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
+from llmgw.nesting import check_json_depth, safe_load
 
 T = TypeVar("T")
 
@@ -86,8 +87,9 @@ def decode_yaml(data: bytes | str, type_: type[T], *, source: str) -> T:
     """Decode YAML text into ``type_``; ConfigError for server.yaml, else DefinitionError."""
     err = ConfigError if type_.__name__ == "ServerConfig" else DefinitionError
     try:
-        # safe_load: a catalog is data; no YAML tags may construct objects.
-        raw = yaml.safe_load(data)
+        # safe_load: a catalog is data; no YAML tags may construct objects,
+        # and its nesting is bounded (llmgw.nesting).
+        raw = safe_load(data)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -110,10 +112,31 @@ def convert(raw: Any, type_: type[T], *, source: str = "value",
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 
-def decode_json(data: bytes | str, type_: type[T], *, source: str = "request body") -> T:
+def _whole(value: Any) -> Any:
+    """``value`` with every float that is a whole number made an int."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+def decode_json(data: bytes | str, type_: type[T], *, source: str = "request body",
+                integral_floats: bool = False) -> T:
+    """JSON into ``type_``, as strictly as a file is read; ``integral_floats``: a whole
+    number written as a float (``2.0``) is read as the integer it is."""
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_, dec_hook=dec_hook)
+    check_json_depth(data, source=source)
+    if integral_floats:
+        try:
+            raw = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise DefinitionError(f"{source}: not valid JSON: {exc}") from None
+        return convert(_whole(raw), type_, source=source)
     try:
         return decoder.decode(data)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

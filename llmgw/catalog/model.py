@@ -139,6 +139,23 @@ class Timeouts(_Spec, frozen=True):
     idle: Duration = Duration(300, "5m")
 
 
+class HealthCheck(_Spec, frozen=True):
+    """Active health probes of an external model's ``upstream`` replicas.
+
+    Every ``interval`` the gateway asks each replica for ``path`` (vLLM and
+    llama.cpp's server answer ``/health``), waiting at most ``timeout``. A
+    replica that cannot be reached or answers 5xx gets no requests until a
+    probe succeeds again; one that comes back (a restart) gets requests again
+    at once, without waiting out an ejection its failed requests earned. Any
+    other answer, 404 included, shows the server is up. ``path: null`` turns
+    probing off. Scheduled models are health-checked by their scheduler.
+    """
+
+    path: str | None = "/health"
+    interval: Duration = Duration(5, "5s")
+    timeout: Duration = Duration(2, "2s")
+
+
 class Model(_Spec, frozen=True):
     """A catalog entry.
 
@@ -162,6 +179,7 @@ class Model(_Spec, frozen=True):
     upstream: list[str] = []
     served_name: str | None = None
     timeouts: Timeouts = Timeouts()
+    health: HealthCheck = HealthCheck()
     # None: the engine's defaults (``llmgw.catalog.build.default_capabilities``),
     # filled in when the catalog is built.
     capabilities: list[Capability] | None = None

@@ -53,6 +53,8 @@ class Size(int):
         which spellings are understood."""
         if isinstance(value, Size):
             return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)   # JSON's 2048.0 is the whole number 2048
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"expected a size such as 24GiB, got {value!r}")
         if isinstance(value, int):

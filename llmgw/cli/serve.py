@@ -38,6 +38,7 @@ def serve(config_path: str, listen: str | None, workers: int, log_level: str) ->
     import uvicorn
 
     from llmgw.config import load_config, split_listen
+    from llmgw.connection import uvicorn_options
     from llmgw.server import Server
 
     logging.basicConfig(
@@ -63,7 +64,8 @@ def serve(config_path: str, listen: str | None, workers: int, log_level: str) ->
         server.api.on_startup.append(announce)
         # A bound method is not recognised as ASGI 3 by uvicorn's sniffing.
         uvicorn.run(server.asgi, host=host, port=port, lifespan="on", log_level=log_level,
-                    access_log=False, timeout_graceful_shutdown=30, interface="asgi3")
+                    access_log=False, timeout_graceful_shutdown=30, interface="asgi3",
+                    **uvicorn_options(cfg.gateway))
         return
     _serve_with_workers(server, cfg.listen, config_path, listen, workers, log_level, shown,
                         port)

@@ -10,6 +10,14 @@ which token nor how much of one matched. The JSON API reads the token from
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+import msgspec
+
+from llmgw.config import ServerConfig
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def identify(tokens: dict[str, str], presented: str | None) -> str | None:
@@ -22,3 +30,35 @@ def identify(tokens: dict[str, str], presented: str | None) -> str | None:
         if hmac.compare_digest(token.encode(), given):
             found = name
     return found
+
+
+def bearer_of(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The token of an ``Authorization: Bearer`` header in raw ASGI headers."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() or None if scheme.lower() == "bearer" else None
+    return None
+
+
+def is_private(path: str, config: ServerConfig) -> bool:
+    """Whether ``path`` needs an admin token under ``metrics: {public: false}``."""
+    if config.metrics.public:
+        return False
+    return path in {"/metrics", "/api/docs"} or path.startswith("/api/docs/")
+
+
+async def refuse_unless_admin(scope: MutableMapping[str, Any], send: Send,
+                              config: ServerConfig) -> bool:
+    """For a private path without an admin token, answer 401 and return True."""
+    if identify(config.admin_token_names(), bearer_of(scope["headers"])) is not None:
+        return False
+    body = msgspec.json.encode({"error": {
+        "message": f"{scope['path']} needs an admin token (Authorization: Bearer <token>): "
+                   "metrics.public is false in this server's configuration",
+        "type": "unauthorized", "param": None, "code": 401}})
+    await send({"type": "http.response.start", "status": 401, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer")]})
+    await send({"type": "http.response.body", "body": body})
+    return True

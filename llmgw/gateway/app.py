@@ -61,6 +61,7 @@ from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
 from llmgw.gateway.capabilities import capable_chain
 from llmgw.gateway.errors import (
+    CatalogUnavailableError,
     ClientGone,
     InvalidKeyError,
     KeyRateLimitedError,
@@ -81,6 +82,7 @@ from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
+from llmgw.gateway.probes import UpstreamProber
 from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
 from llmgw.gateway.request import header, parse_head, read_body
 from llmgw.gateway.responses_api import ResponsesEndpoint
@@ -102,8 +104,14 @@ class CatalogView(Protocol):
     @property
     def catalog(self) -> Catalog: ...
 
+    # Optionally also ``complete: bool``, False until the runtime models were read
+    # from the store (a name missing from the catalog may then be a model that
+    # exists); a view without it is always complete.
+
 
 _encode = msgspec.json.Encoder().encode
+# Retry-After for a model that may exist while the store cannot be read.
+CATALOG_RETRY = 5.0
 
 
 class _ModelCard(msgspec.Struct):
@@ -147,6 +155,8 @@ class Gateway:
             self.balancer, self._scrape_targets, self._loop_time,
             interval=float(gw.signal_interval), timeout=float(gw.signal_timeout),
             on_round=self._pump_all)
+        self.prober = UpstreamProber(self.balancer, lambda: self.models.catalog,
+                                     self._loop_time, on_change=self._pump_all)
         self.scaler = Scaler(backend, store, self.balancer, self.metrics, holder,
                              self._loop_time, float(gw.scale_interval), self._local_load)
         self.keys = KeyRing()
@@ -199,6 +209,7 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
+        self._tasks.append(asyncio.create_task(self.prober.run(), name="llmgw-gw-probes"))
         self._tasks.append(asyncio.create_task(self._pump_loop(), name="llmgw-gw-admission"))
         self.batch_worker.start()
 
@@ -211,6 +222,7 @@ class Gateway:
         await self.ondemand.close()
         await self.forwarder.close()
         await self.signals.close()
+        await self.prober.close()
 
     async def _scale(self) -> None:
         while True:
@@ -258,7 +270,8 @@ class Gateway:
     def replicas(self, model: Model) -> list[str]:
         """The base URLs that may serve ``model`` now: its upstream list, or the scheduler's."""
         if model.upstream:
-            return model.upstream
+            down = self.prober.down
+            return [u for u in model.upstream if u not in down] if down else model.upstream
         return self.backend.endpoints(model.name)
 
     def _replica_counts(self) -> Iterable[tuple[str, int, int]]:
@@ -537,16 +550,23 @@ class Gateway:
         model = catalog.get(name)
         if model is None:
             call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
+            if not getattr(self.models, "complete", True):
+                raise CatalogUnavailableError(
+                    f"model {name!r} is not declared in the configuration, and the models "
+                    "added at run time cannot be read: the store was unreachable when this "
+                    "gateway started and is being retried; retry shortly",
+                    retry_after=CATALOG_RETRY)
             raise ModelNotFoundError(
                 f"model {name!r} does not exist (GET /v1/models lists the models "
                 "this key may use)", field="model")
         call.metrics = self.metrics.for_model(model.name)
         if key is not None and not key.allows(model.name):
+            # A request the key may never make costs the engines nothing, so
+            # it does not use up the key's allowance for the ones it may.
+            key.refund()
             raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
                                        field="model")
-        chain = [model, *(fb for fb_name in model.fallbacks
-                          if (fb := catalog.get(fb_name)) is not None)]
-        return capable_chain(chain, path)
+        return capable_chain(catalog.fallback_chain(model), path)
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:

@@ -92,6 +92,16 @@ class NoReplicaError(UnavailableError):
         self.retry_after = retry_after
 
 
+class CatalogUnavailableError(UnavailableError):
+    """Not a declared model, and the runtime ones could not be read from the store yet."""
+
+    code = "catalog_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class UpstreamError(UnavailableError):
     """Every replica and fallback that was tried failed before answering."""
 

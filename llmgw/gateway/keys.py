@@ -200,6 +200,11 @@ class ApiKey:
             return 0.0
         return (1.0 - self.tokens) / rate
 
+    def refund(self) -> None:
+        """Give back the request ``admit`` counted: it was refused (403) before any work."""
+        if self.rpm is not None:
+            self.tokens = min(float(self.rpm), self.tokens + 1.0)
+
 
 def is_loopback(listen: str) -> bool:
     """Whether ``listen`` (HOST:PORT) only accepts connections from this machine."""

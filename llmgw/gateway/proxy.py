@@ -4,7 +4,9 @@ The rule that shapes this module: **a request may be retried only until its
 first byte reaches the client.** Before that, a refused connection, a 5xx, a
 timeout or a replica that dies are all invisible to the client: the next
 replica of the model is tried (least outstanding, never one already tried by
-this request), then each fallback model in order, and ``x-llmgw-model`` says
+this request), then each model of the fallback chain in order (depth-first:
+a fallback's own fallbacks before the next one, see ``Catalog.fallback_chain``),
+and ``x-llmgw-model`` says
 who answered. After it, nothing is retried; a stream that breaks ends with
 an SSE ``error`` event in OpenAI's shape, so a client sees a failure rather
 than a stream that merely stops.
@@ -90,6 +92,10 @@ _DROP_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
     b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
 })
+# The longest header line passed to an engine. Engines refuse a request with
+# a longer one (aiohttp's max_field_size is 8190, cpp-httplib's header limit
+# 8192), and the client would get their 400 for a header llmgw accepted.
+MAX_FORWARDED_HEADER = 8000
 _ERROR_SNIPPET = 300
 # How long one send to the client may block (the client reads nothing) before
 # the client is taken as gone. Generous: a client pausing briefly is served.
@@ -238,8 +244,15 @@ class _Failure:
 
 
 def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The client's headers an engine may see: none of this hop's, none it would refuse."""
+    hop = _DROP_REQUEST
+    for n, v in headers:
+        if n == b"connection":
+            # Headers the client named in Connection are of this hop too (RFC 9110 7.6.1).
+            hop = hop | {t.strip().lower() for t in v.split(b",")}
     out = {n.decode("latin-1"): v.decode("latin-1") for n, v in headers
-           if n not in _DROP_REQUEST and not n.startswith(b"x-llmgw-")}
+           if n not in hop and not n.startswith(b"x-llmgw-")
+           and len(n) + len(v) <= MAX_FORWARDED_HEADER}
     out.setdefault("content-type", "application/json")
     # Compressed bodies could not be read for usage, and the client did not
     # necessarily ask for them.
@@ -316,7 +329,7 @@ class Forwarder:
     async def forward(self, req: ForwardRequest, chain: Sequence[Model], send: Send) -> int:
         """Answer ``req`` from the first model of ``chain`` that can; returns the status sent.
 
-        ``chain`` is the requested model followed by its fallbacks that exist.
+        ``chain`` is the requested model followed by its fallback chain.
         Raises an LlmgwError (nothing has been sent) when no replica of any of
         them answered.
         """

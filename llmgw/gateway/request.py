@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import msgspec
 
 from llmgw.gateway.errors import BodyTooLargeError, ClientGone, InvalidRequestError, Receive
+from llmgw.nesting import MAX_DEPTH, json_depth, too_deep
 
 
 class RequestHead(msgspec.Struct):
@@ -26,7 +27,13 @@ _head_decoder = msgspec.json.Decoder(RequestHead)
 
 
 def parse_head(body: bytes) -> RequestHead:
-    """``model`` and ``stream`` of a request body, or a 400 naming what is wrong."""
+    """``model`` and ``stream`` of a request body, or a 400 naming what is wrong.
+
+    A body nested deeper than ``llmgw.nesting.MAX_DEPTH`` is refused here, so
+    neither this decoder nor an engine ever reads it.
+    """
+    if json_depth(body) > MAX_DEPTH:
+        raise InvalidRequestError(too_deep("the request body"))
     try:
         head = _head_decoder.decode(body)
     except msgspec.ValidationError as exc:  # before DecodeError, its base class

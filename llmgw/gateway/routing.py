@@ -298,6 +298,13 @@ class Balancer:
             if state.awaiting > 0:
                 state.awaiting -= 1
 
+    def recovered(self, url: str) -> None:
+        """``url`` was seen down and answers again (a restart): forgive its failures."""
+        state = self._state.get(url)
+        if state is not None:
+            state.failures = 0
+            state.ejected_until = 0.0
+
     def back_in(self, urls: Iterable[str], now: float) -> float | None:
         """Seconds until the first of ``urls`` that is ejected comes back, if any is."""
         ends = [s.ejected_until for u in urls if (s := self._state.get(u)) is not None

@@ -16,10 +16,12 @@ take a pool connection: otherwise a burst of changes would hold every
 connection while waiting for the row lock, and a read made inside the one
 change that holds it could not get a connection at all.
 
-Nothing waits without a bound: a connection attempt gives up after
-``connect_timeout``, a wait for a pooled connection after ``pool_timeout``,
-a wait for the catalog lock after ``lock_timeout``, and any statement the
-server leaves unanswered after ``query_timeout``. Each ends in
+Nothing waits without a bound: TCP keepalives and ``tcp_user_timeout`` (the
+query timeout) make the kernel drop a connection whose peer went silent; a
+connection attempt gives up after ``connect_timeout``, a wait for a pooled
+connection after ``pool_timeout``, a wait for the catalog lock after
+``lock_timeout``, and any statement the server leaves unanswered after
+``query_timeout``. Each ends in
 ``StoreUnavailableError``, which the API turns into a 503 while reads keep
 serving the catalog in force.
 
@@ -200,6 +202,16 @@ class PostgresStore:
             self._kwargs["application_name"] = "llmgw"
         if "connect_timeout" not in given:
             self._kwargs["connect_timeout"] = connect_timeout
+        # A peer that vanishes without a word (a partition, packets dropped)
+        # is found by the kernel: keepalive probes on an idle connection, and
+        # unacknowledged data abandoned after tcp_user_timeout, so a pooled
+        # connection to nowhere fails instead of waiting on TCP's retries
+        # (about 15 minutes on Linux).
+        for key, value in (("keepalives", 1), ("keepalives_idle", 5),
+                           ("keepalives_interval", 2), ("keepalives_count", 3),
+                           ("tcp_user_timeout", round(query_timeout * 1000))):
+            if key not in given:
+                self._kwargs[key] = value
         self._password = str(given.get("password") or "")
         self.min_size, self.max_size = min_size, max_size
         self.pool_timeout, self.lock_timeout = pool_timeout, lock_timeout

@@ -26,8 +26,11 @@ model, and a file present under its final name needs no second look.
   no message, log line or file: ``llmgw.redact.redact_url`` shows it as ``***``.
 - **One download per node.** Two replicas of a model placed on one node run
   two prestart tasks at once. An ``flock`` on ``DEST.lock`` makes the second
-  wait; it then finds ``DEST`` in place and returns. The lock file is left
-  behind on purpose: deleting it lets a third process lock a different inode.
+  wait; it then finds ``DEST`` in place and returns. The holder deletes the lock
+  file before it lets go, so none is left behind; a waiter that then holds the
+  lock on a file no longer at that path (deleted, or replaced by a newer
+  waiter's) lets go and locks the path again, so two fetches never hold
+  locks on different inodes at once.
 
 - **The disk is not the network.** A full, read-only or unwritable cache volume is
   an ``OSError`` like a reset connection, but retrying it only wastes the attempts
@@ -426,16 +429,29 @@ def _attempt(url: str, part: _Part, timeout: float, progress: Progress | None) -
 @contextlib.contextmanager
 def _locked(dest: Path, notify: Notify) -> Iterator[None]:
     lock_path = dest.with_name(dest.name + ".lock")
-    with _disk(lock_path):
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
+    while True:
+        with _disk(lock_path):
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             notify(f"waiting for another fetch of {dest} (lock {lock_path} is held)")
             fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            current = os.stat(lock_path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev,
+                                                                         held.st_ino):
+            break
+        os.close(fd)   # the holder removed it while this one waited: lock the path anew
+    try:
         yield
     finally:
+        # Removed while still held: a waiter finds its inode gone and starts over.
+        with contextlib.suppress(FileNotFoundError):
+            lock_path.unlink()
         os.close(fd)  # closing the descriptor releases the lock
 
 

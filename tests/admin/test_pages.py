@@ -108,12 +108,12 @@ async def test_a_decoder_error_names_the_key_path_and_its_line(admin: AsyncTestC
 
 async def test_adding_a_declared_name_is_refused_with_the_clis_message(
         admin: AsyncTestClient, ctx: AppContext) -> None:
-    """A model named like a declared one is refused (409) with the API's own words."""
+    """A model named like a declared one is refused (400) with the API's own words."""
     text = cpu_yaml("prod-chat")
     r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
-    assert r.status_code == 409
+    assert r.status_code == 400
     api = await admin.post("/api/v1/models", json=yaml.safe_load(text), headers=API)
-    assert api.status_code == 409
+    assert api.status_code == 400
     assert error_text(r.text, "field-error") == api.json()["error"]["message"]
     assert "edit it there rather than adding a second definition" in r.text
 
@@ -343,3 +343,14 @@ async def test_the_fleet_page_answers_when_the_scheduler_fails_or_hangs(
     r = await admin.get("/admin/fleet")
     assert r.status_code == 200
     assert "the scheduler did not answer within" in r.text
+
+
+async def test_deeply_nested_yaml_is_refused_with_one_line_and_no_traceback(
+        admin: AsyncTestClient, caplog: pytest.LogCaptureFixture) -> None:
+    """YAML 500 levels deep is a 400 naming the pasted YAML; nothing is logged for it."""
+    text = "name: trial\nsource: " + "[" * 500 + "]" * 500 + "\n"
+    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
+    assert r.status_code == 400
+    assert error_text(r.text, "field-error").startswith("pasted YAML: not valid YAML (line 2")
+    assert "nested more than 64 levels deep" in error_text(r.text, "field-error")
+    assert not [rec for rec in caplog.records if rec.levelno >= 30]

@@ -265,3 +265,22 @@ def test_a_short_admin_token_is_refused() -> None:
     """An admin token opens every change; one of a few characters is guessable."""
     with pytest.raises(ConfigError, match="at least 8"):
         load_config("examples/server.yaml", env={"LLMGW_ADMIN_TOKENS": "ops=abc"})
+
+
+def test_fallbacks_that_form_a_cycle_are_refused_naming_it() -> None:
+    """a → b → c → a: the catalog refuses it, so no request can go round a loop."""
+    with pytest.raises(DefinitionError, match=r"model 'c': fallbacks\[0\]: falling back to "
+                                              r"'a' closes a cycle \(a → b → c → a\)") as err:
+        build_catalog([cpu_model("a", fallbacks=["b"]), cpu_model("b", fallbacks=["c"]),
+                       cpu_model("c", fallbacks=["a"])])
+    assert err.value.field == "fallbacks[0]"
+    build_catalog([cpu_model("a", fallbacks=["b", "c"]), cpu_model("b", fallbacks=["c"]),
+                   cpu_model("c")])
+
+
+def test_the_fallback_chain_is_depth_first_and_lists_each_model_once() -> None:
+    catalog = build_catalog([cpu_model("a", fallbacks=["b", "d"]),
+                             cpu_model("b", fallbacks=["c", "d"]), cpu_model("c"),
+                             cpu_model("d", fallbacks=["e"]), cpu_model("e")])
+    chain = catalog.fallback_chain(catalog.models["a"])
+    assert [m.name for m in chain] == ["a", "b", "c", "d", "e"]

@@ -61,6 +61,8 @@ async def test_probes_need_no_token(client: AsyncTestClient) -> None:
     assert (await client.get("/healthz")).json() == {"ok": True}
     r = await client.get("/readyz")
     assert r.status_code == 200
+    assert r.json() == {"ok": True, "reason": None}
+    r = await client.get("/readyz", headers=ADMIN)
     assert r.json()["models"] == 1
 
 
@@ -133,11 +135,18 @@ async def test_a_ten_megabyte_body_is_refused(client: AsyncTestClient, store: St
     assert await store.models() == []
 
 
-async def test_refusals_of_declared_models_are_409(client: AsyncTestClient) -> None:
-    """Adding, removing or scaling a declared model is a conflict with the config file."""
+async def test_adding_over_a_declared_model_is_400_naming_the_name(
+        client: AsyncTestClient) -> None:
+    """Every failure adding a model is the definition being wrong: its name, here."""
     r = await client.post("/api/v1/models", json=cpu("prod-chat"), headers=ADMIN)
-    assert r.status_code == 409
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "name"
+    assert r.json()["error"]["type"] == "invalid_definition"
     assert "edit it there" in r.json()["error"]["message"]
+
+
+async def test_refusals_of_declared_models_are_409(client: AsyncTestClient) -> None:
+    """Removing or scaling a declared model is a conflict with the config file."""
     r = await client.delete("/api/v1/models/prod-chat", headers=ADMIN)
     assert r.status_code == 409
     r = await client.put("/api/v1/models/prod-chat/scale", json={"min": 3}, headers=ADMIN)
@@ -303,3 +312,30 @@ async def test_a_prefetch_naming_nodes_and_a_count_is_refused(
     assert r.status_code == 400
     assert "count" in r.text
     assert backend.prefetches == []
+
+
+async def test_an_empty_body_is_a_400_a_person_understands(client: AsyncTestClient) -> None:
+    r = await client.put("/api/v1/models/prod-chat/scale", headers=ADMIN)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(
+        "request body: empty; this endpoint takes a JSON object")
+
+
+async def test_a_whole_number_written_as_a_float_is_that_integer(
+        client: AsyncTestClient) -> None:
+    """JSON Schema's integer admits 2.0, so the API reads it as 2; "2" stays refused."""
+    r = await client.post("/api/v1/models", json=cpu("trial"), headers=ADMIN)
+    assert r.status_code == 200, r.text
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 2.0, "max": 3.0},
+                         headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert (r.json()["min"], r.json()["max"]) == (2, 3)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": "2"}, headers=ADMIN)
+    assert r.status_code == 400
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 2.5}, headers=ADMIN)
+    assert r.status_code == 400
+
+
+async def test_options_names_every_method_of_a_path(client: AsyncTestClient) -> None:
+    r = await client.options("/api/v1/models", headers=ADMIN)
+    assert r.headers["allow"] == "GET, OPTIONS, POST"

@@ -44,9 +44,11 @@ async def stored_names(store: Store) -> list[str]:
 async def test_adding_a_declared_name_is_refused_and_nothing_is_stored(store: Store) -> None:
     """Configuration wins; a runtime model may not shadow a declared one."""
     svc = await service(store)
-    with pytest.raises(RefusedError, match=r"declared in server.yaml \(models\[0\]\); edit it "
-                                           "there rather than adding a second definition"):
+    with pytest.raises(DefinitionError, match=r"declared in server.yaml \(models\[0\]\); "
+                                              "edit it there rather than adding a second "
+                                              "definition") as err:
         await svc.add(cpu("prod-chat"), "alice")
+    assert err.value.field == "name"
     assert await stored_names(store) == []
 
 
@@ -90,6 +92,19 @@ async def test_an_add_that_would_make_the_catalog_invalid_persists_nothing(store
         await svc.add(cpu("trial", fallbacks=["ghost"]), "alice")
     assert await stored_names(store) == []
     assert await store.catalog_version() == version
+
+
+async def test_a_refused_change_does_not_list_models_in_force_as_skipped(
+        store: Store) -> None:
+    """Replacing a fallback with an invalid definition is refused; its dependant stays in
+    force and /readyz's skipped list stays empty."""
+    svc = await service(store)
+    await svc.add(cpu("backup"), "alice")
+    await svc.add(cpu("trial", fallbacks=["backup"]), "alice")
+    with pytest.raises(DefinitionError, match="no model 'ghost'"):
+        await svc.add(cpu("backup", fallbacks=["ghost"]), "alice")
+    assert "trial" in svc.catalog
+    assert svc.skipped == {}
 
 
 async def test_an_unplaceable_profile_is_refused_at_add_time(store: Store,

@@ -56,13 +56,18 @@ async def serve(app: Any) -> AsyncIterator[str]:
 def chat_model(name: str, upstream: list[str] | None = None, **kw: Any) -> Model:
     """An external model (upstream URLs) or, without upstream, a scheduled CPU model.
 
-    Routed least-outstanding unless ``routing`` says otherwise: the tests of
+    Not health-probed unless ``health`` says so; routed least-outstanding
+    unless ``routing`` says otherwise: the tests of
     retries and ejection count which replica each request reaches, and
     prefix affinity would send their identical prompts to one replica whose
     place on the ring depends on the port it happened to get.
     """
     kw.setdefault("routing", {"policy": "least-outstanding"})
     if upstream is not None:
+        # Without active probes unless a test asks for them: the tests of
+        # retries and ejection count what failing requests do, and a probe
+        # would take a dead replica out before any request reached it.
+        kw.setdefault("health", {"path": None})
         return convert({"name": name, "upstream": upstream, **kw}, Model)
     return convert({
         "name": name, "source": "/models/x.gguf", "engine": "llama.cpp",

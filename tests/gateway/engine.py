@@ -37,6 +37,8 @@ class FakeEngine:
         self.headers: list[dict[str, str]] = []   # per request, names lower-cased
         self.paths: list[str] = []
         self.fail_status: int | None = None     # answer every request with this status
+        self.health_status = 200                # what GET /health answers
+        self.health_checks = 0
         self.fail_times = 0                     # ... only this many times (0: always)
         self.response_delay = 0.0               # before answering (headers included)
         self.hang = False                       # never answer
@@ -87,7 +89,9 @@ class FakeEngine:
     # ------------------------------------------------------------ handlers
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        self.health_checks += 1
+        return web.json_response({"status": "ok" if self.health_status == 200 else "down"},
+                                 status=self.health_status)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

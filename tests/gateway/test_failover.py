@@ -110,6 +110,30 @@ async def test_fallbacks_are_tried_in_order(make_gateway: GatewayFactory, engine
     assert (len(main.requests), len(first.requests), len(second.requests)) == (1, 1, 1)
 
 
+async def test_a_fallbacks_own_fallbacks_come_before_the_next_one(
+        make_gateway: GatewayFactory, engines) -> None:
+    """a → [b, d], b → [c]: with a and b down, c answers (depth-first), and d is not asked;
+    a model on two branches of the chain is tried once."""
+    main, first, deep, last = (await engines("main"), await engines("first"),
+                               await engines("deep"), await engines("last"))
+    main.fail_status = first.fail_status = 503
+    gw = await make_gateway([
+        chat_model("a", upstream=[main.url], fallbacks=["b", "d"]),
+        chat_model("b", upstream=[first.url], fallbacks=["c", "d"]),
+        chat_model("c", upstream=[deep.url]),
+        chat_model("d", upstream=[last.url]),
+    ])
+    r = await gw.chat("a")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-llmgw-model"] == "c"
+    assert (len(main.requests), len(first.requests), len(deep.requests),
+            len(last.requests)) == (1, 1, 1, 0)
+    deep.fail_status = 503
+    r = await gw.chat("a")
+    assert r.headers["x-llmgw-model"] == "d"
+    assert len(last.requests) == 1
+
+
 async def test_everything_failing_is_502_naming_each_failure(make_gateway: GatewayFactory,
                                                              engines) -> None:
     """When no replica nor fallback answers, the client gets 502 listing what was tried,
@@ -455,3 +479,53 @@ async def test_a_client_that_stops_reading_is_gone_not_the_replica(
         assert not balancer.is_ejected(engine.url, now())
     finally:
         writer.close()
+
+
+async def test_an_upstream_failing_its_health_probe_gets_no_requests(
+        make_gateway: GatewayFactory, engines) -> None:
+    """A replica whose /health answers 503 is left out until it passes again."""
+    good, sick = await engines("good"), await engines("sick")
+    sick.health_status = 503
+    gw = await make_gateway([chat_model("m", upstream=[good.url, sick.url],
+                                        routing={"policy": "round-robin"},
+                                        health={"interval": "200ms", "timeout": "200ms"})])
+    await wait_for(lambda: sick.url in gw.gateway.prober.down, what="the failed probe")
+    assert [(await gw.chat("m")).status_code for _ in range(6)] == [200] * 6
+    assert (len(good.requests), len(sick.requests)) == (6, 0)
+    sick.health_status = 200
+    await wait_for(lambda: sick.url not in gw.gateway.prober.down, what="the passed probe")
+    assert [(await gw.chat("m")).status_code for _ in range(4)] == [200] * 4
+    assert len(sick.requests) == 2
+
+
+async def test_a_restarted_upstream_gets_requests_without_waiting_out_its_ejection(
+        make_gateway: GatewayFactory, engines) -> None:
+    """Ejected for ten minutes by a failed request, then down and back up: the probe that
+    sees it back returns it to rotation at once."""
+    good, flaky = await engines("good"), await engines("flaky")
+    gw = await make_gateway([chat_model("m", upstream=[flaky.url, good.url],
+                                        routing={"policy": "round-robin"},
+                                        health={"interval": "200ms", "timeout": "200ms"})],
+                            eject_for="10m", eject_max="10m")
+    flaky.fail_status, flaky.fail_times = 500, 1
+    for _ in range(2):
+        assert (await gw.chat("m")).status_code == 200
+    assert gw.gateway.balancer.is_ejected(flaky.url, gw.gateway.now())
+    flaky.health_status = 503     # the replica restarts: down, then up
+    await wait_for(lambda: flaky.url in gw.gateway.prober.down, what="the failed probe")
+    flaky.health_status = 200
+    await wait_for(lambda: flaky.url not in gw.gateway.prober.down, what="the passed probe")
+    served = len(flaky.requests)
+    assert [(await gw.chat("m")).status_code for _ in range(4)] == [200] * 4
+    assert len(flaky.requests) == served + 2
+
+
+def test_a_health_path_must_be_a_path_and_probes_must_fit_their_interval() -> None:
+    from llmgw.catalog.build import build_catalog
+    from llmgw.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match="health.path: 'health' must start with /"):
+        build_catalog([chat_model("m", upstream=["http://a:1"], health={"path": "health"})])
+    with pytest.raises(DefinitionError, match="health.timeout"):
+        build_catalog([chat_model("m", upstream=["http://a:1"],
+                                  health={"interval": "1s", "timeout": "2s"})])

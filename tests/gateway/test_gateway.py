@@ -233,6 +233,20 @@ async def test_rate_limit_answers_429_with_retry_after(make_gateway: GatewayFact
     assert (await gw.chat("m", key=other)).status_code == 200
 
 
+async def test_requests_refused_403_do_not_count_against_the_rate_limit(
+        make_gateway: GatewayFactory, engines, tmp_path: Path) -> None:
+    """Asking for models the key may not use leaves its allowance for the ones it may."""
+    engine = await engines()
+    keys = tmp_path / "keys.json"
+    key = add_key(keys, "narrow", rpm=2, models=["m"])
+    gw = await make_gateway([chat_model("m", upstream=[engine.url]),
+                             chat_model("other", upstream=[engine.url])], keys_file=keys)
+    refused = [(await gw.chat("other", key=key)).status_code for _ in range(5)]
+    assert refused == [403] * 5
+    assert [(await gw.chat("m", key=key)).status_code for _ in range(2)] == [200, 200]
+    assert (await gw.chat("m", key=key)).status_code == 429
+
+
 async def test_without_keys_file_inference_is_open_only_on_loopback(
         make_gateway: GatewayFactory, engines) -> None:
     """No keys_file: a loopback listener serves without a key, any other listener refuses."""

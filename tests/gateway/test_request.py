@@ -49,3 +49,23 @@ def test_rewrite_model_changes_only_the_model() -> None:
 def test_target_url_accepts_base_urls_with_or_without_v1(base: str, url: str) -> None:
     """A replica's base URL may end in /v1 or not; the request lands on .../v1/<endpoint>."""
     assert target_url(base, "/v1/chat/completions") == url
+
+
+def test_an_engine_never_sees_hop_by_hop_credentials_or_oversized_headers() -> None:
+    """Connection and the headers it names, this hop's, the key, and lines an engine refuses."""
+    from llmgw.gateway.proxy import MAX_FORWARDED_HEADER, upstream_headers
+
+    sent = upstream_headers([
+        (b"connection", b"keep-alive, X-Secret-Hop"), (b"x-secret-hop", b"1"),
+        (b"keep-alive", b"timeout=5"), (b"transfer-encoding", b"chunked"),
+        (b"authorization", b"Bearer sk"), (b"x-big", b"a" * MAX_FORWARDED_HEADER),
+        (b"x-request-id", b"r1"), (b"content-type", b"application/json"),
+    ])
+    assert sent == {"x-request-id": "r1", "content-type": "application/json",
+                    "accept-encoding": "identity"}
+
+
+def test_a_deeply_nested_body_is_refused_before_it_is_decoded() -> None:
+    with pytest.raises(InvalidRequestError, match="nested more than 128 levels"):
+        parse_head(b'{"model": "m", "x": ' + b"[" * 900 + b"]" * 900 + b"}")
+    assert parse_head(b'{"model": "m", "x": ' + b"[" * 127 + b"]" * 127 + b"}").model == "m"

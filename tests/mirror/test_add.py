@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -151,9 +152,7 @@ def test_an_http_download_is_invisible_until_renamed_into_place(root: Path) -> N
             assert srv.holding.wait(60)
             final = root / "llama" / "v1"
             assert not final.exists()
-            staging = [p for p in (root / "llama").iterdir() if p.name.startswith(".v1.adding-")]
-            assert len(staging) == 1
-            part = staging[0] / "weights.gguf.part"
+            part = root / "llama" / ".v1.download" / "weights.gguf.part"
             wait_for(lambda: part.stat().st_size == 300_000, 30, "the first 300 kB on disk")
             with urllib.request.urlopen(f"{mirror.url}/llama/") as r:
                 assert json.loads(r.read())["entries"] == []
@@ -166,6 +165,30 @@ def test_an_http_download_is_invisible_until_renamed_into_place(root: Path) -> N
     assert (final / "weights.gguf.sha256").read_text() == f"{sha(content)}  weights.gguf\n"
     assert sorted(p.name for p in final.iterdir()) == ["weights.gguf", "weights.gguf.sha256"]
     assert hidden_entries(root) == []
+
+
+def test_an_add_that_gives_up_keeps_the_part_it_names_and_the_next_run_resumes_it(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure names a partial file that exists; running the add again asks only for
+    the rest, and publishes the whole, verified file."""
+    import functools
+
+    from llmgw.weights.mirror import add as add_module
+
+    monkeypatch.setattr(add_module, "fetch_file",
+                        functools.partial(add_module.fetch_file, retries=0, backoff=0))
+    content = os.urandom(1_000_000)
+    with running(lambda: FileServer(content, name="w.gguf", cut_after=[300_000, 0])) as srv:
+        with pytest.raises(LlmgwError, match="resumes on the next run") as err:
+            add(srv.url, root, name="w", version="v1")
+        named = re.search(r"kept in (\S+) and resumes", err.value.message)
+        assert named is not None
+        assert Path(named.group(1)).stat().st_size == 300_000
+        assert hidden_entries(root) != []
+        add(srv.url, root, name="w", version="v1")
+        assert srv.body_gets()[-1].headers["Range"] == "bytes=300000-"
+    assert (root / "w" / "v1" / "w.gguf").read_bytes() == content
+    assert sorted(p.name for p in (root / "w").iterdir()) == ["v1"]
 
 
 def test_an_http_source_needs_a_version(root: Path) -> None:

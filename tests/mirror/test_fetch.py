@@ -31,6 +31,7 @@ def test_a_cut_transfer_resumes_with_range(tmp_path: Path) -> None:
         [result] = fetch(srv.url, dest, backoff=0)
         gets = srv.body_gets()
     assert dest.read_bytes() == CONTENT
+    assert not list(dest.parent.glob("*.lock"))
     assert len(gets) == 2
     assert "Range" not in gets[0].headers
     assert gets[1].headers["Range"] == "bytes=700000-"
@@ -180,6 +181,7 @@ def test_two_fetches_of_one_file_on_one_node_download_once(tmp_path: Path) -> No
     assert dest.read_bytes() == CONTENT
     assert "already in place" in out_b
     assert sha(CONTENT) in out_a
+    assert not list(dest.parent.glob("*.lock"))
 
 
 def test_an_existing_file_with_another_sum_is_fetched_again(tmp_path: Path) -> None:

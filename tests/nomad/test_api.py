@@ -201,6 +201,9 @@ async def test_nomad_down_the_api_says_so_and_changes_are_refused(fake, api):
     await api.backend.reconciled()
     r = await api.client.get("/readyz")
     assert r.status_code == 503
+    assert r.json()["error"]["message"] == "not ready: the scheduler cannot be reached"
+    r = await api.client.get("/readyz", headers=ADMIN)
+    assert r.status_code == 503
     assert f"cannot reach Nomad at {fake.address}" in r.json()["error"]["message"]
     r = await api.client.post("/api/v1/models", json=cpu_body("embed"), headers=ADMIN)
     assert r.status_code == 503

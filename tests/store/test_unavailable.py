@@ -192,3 +192,48 @@ async def test_server_that_stops_answering_mid_change_is_unavailable_not_a_hang(
     finally:
         await store.close()
         await proxy.close()
+
+
+async def test_readiness_says_the_store_is_silent_long_before_the_query_timeout(
+        postgres_database: Database) -> None:
+    """Packets dropped: the catalog poll goes unanswered, and within a few seconds (not
+    the minute its query may wait) the store is reported unreachable; then it recovers."""
+    from llmgw.modelsvc import ModelService
+
+    parts = urlsplit(postgres_database.url)
+    proxy = FreezingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    await proxy.start()
+    proxied = parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}")
+    store = PostgresStore(urlunsplit(proxied), query_timeout=60.0)
+    await store.open()
+    svc = ModelService([], {}, store)
+    await svc.load()
+    poll: asyncio.Task[bool] | None = None
+    try:
+        assert svc.store_problem() is None
+        proxy.freeze()
+        poll = asyncio.create_task(svc.refresh())
+        deadline = time.monotonic() + 30
+        while (problem := svc.store_problem()) is None:
+            assert time.monotonic() < deadline, "the silence was never reported"
+            await asyncio.sleep(0.05)
+        assert "has not answered" in problem
+        proxy.thaw()
+        await asyncio.wait_for(poll, 60)
+        assert svc.store_problem() is None
+    finally:
+        proxy.thaw()
+        if poll is not None and not poll.done():
+            poll.cancel()
+            await asyncio.gather(poll, return_exceptions=True)
+        await store.close()
+        await proxy.close()
+
+
+def test_postgres_connections_have_keepalives_and_a_tcp_user_timeout() -> None:
+    """Defaults the URL may override: the kernel notices a silent peer."""
+    store = PostgresStore("postgresql://u@127.0.0.1:5432/llmgw", query_timeout=7.0)
+    assert store._kwargs["keepalives"] == 1
+    assert store._kwargs["tcp_user_timeout"] == 7000
+    assert PostgresStore("postgresql://u@h/db?keepalives_idle=60")._kwargs.get(
+        "keepalives_idle") is None

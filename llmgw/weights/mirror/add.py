@@ -275,18 +275,31 @@ def _add_http(src: UrlSource, root: Path, name: str | None, version: str | None,
         click.echo(f"warning: {shown} promises no length; the end of the transfer is trusted",
                    err=True)
     bar = ProgressBar(filename) if progress else None
+    # Downloaded where the next run of the same add looks (hidden, one per version),
+    # so a transfer that gives up is resumed by running the add again, as the
+    # fetcher's message says; moved into the staging directory once whole.
+    download = root / name / f".{version}.download"
     with _staging(root, name, version) as tmp:
+        download.mkdir(exist_ok=True)
         try:
-            got = fetch_file(source, tmp / filename, sha256=sha256, timeout=timeout,
+            got = fetch_file(source, download / filename, sha256=sha256, timeout=timeout,
                              progress=bar, notify=lambda m: click.echo(m, err=True))
+        except BaseException:
+            if not (download / f"{filename}.part").exists():
+                shutil.rmtree(download, ignore_errors=True)   # nothing to resume
+            raise
         finally:
             if bar is not None:
                 bar.close()
+        # The fetcher wrote <file>.sha256 in the mirror's format beside the file.
+        os.rename(download / filename, tmp / filename)
+        sidecar = f"{filename}{layout.SIDECAR}"
+        if (download / sidecar).exists():
+            os.rename(download / sidecar, tmp / sidecar)
+        shutil.rmtree(download, ignore_errors=True)
         if promised is not None and got.size != promised:
             raise LlmgwError(f"{shown}: received {got.size} bytes but the server promised "
                              f"{promised}; nothing was added. Run the add again")
-        # The fetcher wrote <file>.sha256 in the mirror's format; its lock file goes.
-        (tmp / f"{filename}.lock").unlink(missing_ok=True)
         _publish(tmp, final, name, version)
     return AddResult(name=name, version=version, directory=f"{name}/{version}/",
                      files=[AddedFile(path=f"{name}/{version}/{filename}", size=got.size,
