@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from llmgw.gateway.errors import ModelBusyError
+from llmgw.tenancy import Priority
 
-Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 _State = Literal["waiting", "admitted", "gone"]
 # Admissions remembered for the drain rate behind Retry-After.

@@ -55,7 +55,7 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError, StoreUnavailableError
-from llmgw.gateway.admission import AdmissionQueue, Priority, Ticket
+from llmgw.gateway.admission import AdmissionQueue, Ticket
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
@@ -87,8 +87,10 @@ from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
+from llmgw.gateway.tenants import TenantsFollower
 from llmgw.scheduler.base import Routing
 from llmgw.store.base import Store
+from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -153,13 +155,15 @@ class Gateway:
         self.keys_watcher: KeysFileWatcher | None = None
         self._keys_interval = float(gw.keys_check_interval)
         self.open_access = False
+        self.tenants = TenantsFollower(store, self.keys.replace_runtime)
         if config.keys_file:
             self.keys_watcher = KeysFileWatcher(config.keys_file, self.keys)
             self.keys_watcher.load()
         elif is_loopback(config.listen):
             self.open_access = True
             log.warning("no keys_file configured: inference is open to anyone who can reach "
-                        "%s (loopback only)", config.listen)
+                        "%s (loopback only) until a key is created with `llmgw ctl key add`",
+                        config.listen)
         else:
             log.warning("no keys_file configured and %s is not a loopback address: every "
                         "inference request will be refused; set keys_file", config.listen)
@@ -196,6 +200,7 @@ class Gateway:
     async def start(self) -> None:
         if self.keys_watcher is not None:
             self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
+        self._tasks.append(asyncio.create_task(self.tenants.run(), name="llmgw-gw-tenants"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
@@ -426,30 +431,37 @@ class Gateway:
 
     def key_named(self, name: str) -> ApiKey | None:
         """The key in force called ``name`` (the owner of a batch), if it still exists."""
-        if self.open_access:
+        if self._is_open():
             return OPEN_ACCESS if name == OPEN_ACCESS.name else None
         return self.keys.named(name)
 
+    def _is_open(self) -> bool:
+        """Open access: no keys file on a loopback listener, and no runtime key either."""
+        return self.open_access and not len(self.keys)
+
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
-        if self.open_access:
+        if self.open_access and not len(self.keys):
             return OPEN_ACCESS
         value = header(headers, b"authorization")
-        if value is None or self.keys_watcher is None:
+        if value is None:
             raise InvalidKeyError(self._no_key_message())
         scheme, _, token = value.decode("latin-1").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise InvalidKeyError("the Authorization header must be 'Bearer <API key>'")
         key = self.keys.lookup(token)
+        if key is None and self.keys_watcher is None and not len(self.keys):
+            raise InvalidKeyError(self._no_key_message())
         if key is None:
             raise InvalidKeyError("the API key is not valid (unknown or revoked); ask for a "
-                                  "new one (`llmgw keys add NAME` on the control-plane host)")
+                                  "new one (`llmgw ctl key add` or `llmgw keys add NAME`)")
         return key
 
     def _no_key_message(self) -> str:
         if self.keys_watcher is None:
-            return ("inference needs an API key, and this server has no keys_file: set "
-                    "keys_file in server.yaml and create a key with `llmgw keys add NAME`")
+            return ("inference needs an API key, and this server has no keys_file and no "
+                    "runtime key: set keys_file in server.yaml and create a key with `llmgw "
+                    "keys add NAME`, or create one with `llmgw ctl key add`")
         return "no API key: send 'Authorization: Bearer <API key>'"
 
     async def _list_models(self, scope: Scope, send: Send, path: str) -> None:

@@ -23,12 +23,12 @@ from typing import NamedTuple, Protocol
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
-from llmgw.gateway.admission import Priority
 from llmgw.gateway.errors import Receive, Scope, Send
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.proxy import Body, ForwardRequest
 from llmgw.store.base import Store
+from llmgw.tenancy import Priority
 
 
 class Call:

@@ -59,7 +59,6 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
-from llmgw.gateway.admission import Priority
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -74,6 +73,7 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.routing import Balancer
+from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway.proxy")
 

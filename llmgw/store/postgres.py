@@ -58,8 +58,14 @@ from llmgw.store.base import (
     CatalogChange,
     FileRecord,
     Report,
+    StoredKey,
     StoredModel,
     StoredResponse,
+    StoredTeam,
+    TokenTotal,
+    UsageRecord,
+    UsageRow,
+    usage_column,
 )
 from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
@@ -643,3 +649,136 @@ class PostgresStore:
             (kind, float(within)),
         )
         return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]
+
+    # --- teams and keys created at run time -------------------------------------------
+    # Each change is one statement whose CTEs also bump tenants_version when a row
+    # changed, so a change and its version are committed together.
+
+    async def tenants_version(self) -> int:
+        [(version,)] = await self._query(
+            "read the tenants version", "SELECT version FROM tenants_version WHERE id = 1")
+        return int(version)
+
+    async def tenants(self) -> tuple[list[StoredTeam], list[StoredKey]]:
+        teams = await self._query(
+            "read the teams",
+            "SELECT name, settings, created_by, created_at FROM teams ORDER BY name")
+        keys = await self._query(
+            "read the keys",
+            "SELECT name, team, sha256, settings, created_by, created_at FROM api_keys"
+            " ORDER BY name")
+        return ([StoredTeam(name=r[0], settings=bytes(r[1]), created_by=r[2],
+                            created_at=float(r[3])) for r in teams],
+                [StoredKey(name=r[0], team=r[1], sha256=r[2], settings=bytes(r[3]),
+                           created_by=r[4], created_at=float(r[5])) for r in keys])
+
+    async def _tenant_change(self, doing: str, changed_cte: str,
+                             params: tuple[Any, ...]) -> bool:
+        rows = await self._query(
+            doing,
+            f"WITH changed AS ({changed_cte}),"  # noqa: S608 - a constant of this module
+            " bumped AS (UPDATE tenants_version SET version = version + 1"
+            " WHERE id = 1 AND EXISTS (SELECT 1 FROM changed) RETURNING 1)"
+            " SELECT count(*) FROM changed", params)
+        return bool(rows[0][0])
+
+    async def put_team(self, team: StoredTeam, *, create: bool) -> bool:
+        if create:
+            return await self._tenant_change(
+                f"create team {team.name!r}",
+                "INSERT INTO teams (name, settings, created_by, created_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING 1",
+                (team.name, team.settings, team.created_by, team.created_at))
+        return await self._tenant_change(
+            f"update team {team.name!r}",
+            "UPDATE teams SET settings = %s WHERE name = %s RETURNING 1",
+            (team.settings, team.name))
+
+    async def delete_team(self, name: str) -> bool:
+        return await self._tenant_change(
+            f"delete team {name!r}", "DELETE FROM teams WHERE name = %s RETURNING 1", (name,))
+
+    async def put_key(self, key: StoredKey) -> bool:
+        return await self._tenant_change(
+            f"create key {key.name!r}",
+            "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at)"
+            " SELECT %s, name, %s, %s, %s, %s FROM teams WHERE name = %s"
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            (key.name, key.sha256, key.settings, key.created_by, key.created_at, key.team))
+
+    async def delete_key(self, name: str) -> bool:
+        return await self._tenant_change(
+            f"delete key {name!r}", "DELETE FROM api_keys WHERE name = %s RETURNING 1", (name,))
+
+    # --- the usage ledger ---------------------------------------------------------------
+
+    async def record_usage(self, records: list[UsageRecord]) -> int:
+        if not records:
+            return 0
+        columns = list(zip(*((r.id, r.at, r.key, r.team, r.model, r.replica, r.gpu_class,
+                               r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.status,
+                               r.latency, r.ttft) for r in records), strict=True))
+        rows = await self._query(
+            f"record {len(records)} usage records", _RECORD_USAGE,
+            tuple(list(c) for c in columns))
+        return int(rows[0][0])
+
+    async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
+        column = usage_column(by)
+        bucket = "(hour / 86400) * 86400" if day else "hour"
+        rows = await self._query(
+            f"read usage by {column}",
+            # column is one of USAGE_GROUPS (usage_column), bucket a constant
+            f"SELECT {bucket} AS b, {column}, SUM(requests)::bigint,"  # noqa: S608
+            " SUM(prompt_tokens)::bigint, SUM(cached_tokens)::bigint,"
+            " SUM(completion_tokens)::bigint FROM usage_hourly"
+            f" WHERE hour >= %s AND hour < %s GROUP BY b, {column} ORDER BY b, {column}",
+            (since, until))
+        return [UsageRow(bucket=int(r[0]), group=str(r[1]), requests=int(r[2]),
+                         prompt_tokens=int(r[3]), cached_tokens=int(r[4]),
+                         completion_tokens=int(r[5])) for r in rows]
+
+    async def token_totals(self, since: float) -> list[TokenTotal]:
+        rows = await self._query(
+            "read token totals",
+            "SELECT team, key, SUM(prompt_tokens + completion_tokens)::bigint"
+            " FROM usage_hourly WHERE hour >= %s GROUP BY team, key", (since,))
+        return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def recent_tokens(self, since: float) -> list[TokenTotal]:
+        rows = await self._query(
+            "read recent tokens",
+            "SELECT team, key, SUM(prompt_tokens + completion_tokens)::bigint"
+            " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
+        return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def purge_usage(self, before: float) -> int:
+        rows = await self._query(
+            "purge old usage records",
+            "WITH gone AS (DELETE FROM usage WHERE at < %s RETURNING 1)"
+            " SELECT count(*) FROM gone", (before,))
+        return int(rows[0][0])
+
+
+# New records only (ON CONFLICT skips an id already stored) feed the roll-ups,
+# in the same statement, so a retried batch adds nothing twice. Roll-up rows are
+# upserted in key order, so two instances' batches lock them in the same order.
+_RECORD_USAGE = (
+    "WITH added AS (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"
+    " prompt_tokens, cached_tokens, completion_tokens, status, latency, ttft)"
+    " SELECT * FROM unnest(%s::text[], %s::float8[], %s::text[], %s::text[], %s::text[],"
+    " %s::text[], %s::text[], %s::int8[], %s::int8[], %s::int8[], %s::int2[], %s::float8[],"
+    " %s::float8[]) ON CONFLICT (id) DO NOTHING"
+    " RETURNING at, team, key, model, prompt_tokens, cached_tokens, completion_tokens),"
+    " rolled AS (INSERT INTO usage_hourly (hour, team, key, model, requests, prompt_tokens,"
+    " cached_tokens, completion_tokens)"
+    " SELECT (floor(at / 3600) * 3600)::bigint AS h, team, key, model, count(*),"
+    " SUM(prompt_tokens)::bigint, SUM(cached_tokens)::bigint, SUM(completion_tokens)::bigint"
+    " FROM added GROUP BY h, team, key, model ORDER BY h, team, key, model"
+    " ON CONFLICT (hour, team, key, model) DO UPDATE SET"
+    " requests = usage_hourly.requests + EXCLUDED.requests,"
+    " prompt_tokens = usage_hourly.prompt_tokens + EXCLUDED.prompt_tokens,"
+    " cached_tokens = usage_hourly.cached_tokens + EXCLUDED.cached_tokens,"
+    " completion_tokens = usage_hourly.completion_tokens + EXCLUDED.completion_tokens)"
+    " SELECT count(*) FROM added"
+)

@@ -55,9 +55,16 @@ from llmgw.store.base import (
     CatalogChange,
     FileRecord,
     Report,
+    StoredKey,
     StoredModel,
     StoredResponse,
+    StoredTeam,
+    TokenTotal,
+    UsageRecord,
+    UsageRow,
+    hour_of,
 )
+from llmgw.store.base import usage_column as _usage_column
 from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
@@ -733,3 +740,143 @@ class SqliteStore:
             lambda db: db.execute(_REPORTS, (kind, float(within))).fetchall()
         )
         return [Report(key=str(k), payload=bytes(p), age=max(0.0, float(a))) for k, p, a in rows]
+
+    # --- teams and keys created at run time -------------------------------------------
+
+    async def tenants_version(self) -> int:
+        row = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT version FROM tenants_version WHERE id = 1").fetchone())
+        return int(row[0])
+
+    async def tenants(self) -> tuple[list[StoredTeam], list[StoredKey]]:
+        def run(db: sqlite3.Connection) -> tuple[list[StoredTeam], list[StoredKey]]:
+            db.execute("BEGIN")
+            try:
+                teams = [StoredTeam(name=r[0], settings=bytes(r[1]), created_by=r[2],
+                                    created_at=float(r[3])) for r in db.execute(
+                    "SELECT name, CAST(settings AS BLOB), created_by, created_at FROM teams"
+                    " ORDER BY name")]
+                keys = [StoredKey(name=r[0], team=r[1], sha256=r[2], settings=bytes(r[3]),
+                                  created_by=r[4], created_at=float(r[5])) for r in db.execute(
+                    "SELECT name, team, sha256, CAST(settings AS BLOB), created_by, created_at"
+                    " FROM api_keys ORDER BY name")]
+            finally:
+                db.execute("COMMIT")
+            return teams, keys
+
+        return await self._conn(self._reads).run(run)
+
+    async def _tenant_change(self, fn: Callable[[sqlite3.Connection], bool]) -> bool:
+        def run(db: sqlite3.Connection) -> bool:
+            changed = fn(db)
+            if changed:
+                db.execute("UPDATE tenants_version SET version = version + 1 WHERE id = 1")
+            return changed
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def put_team(self, team: StoredTeam, *, create: bool) -> bool:
+        def run(db: sqlite3.Connection) -> bool:
+            if create:
+                return db.execute(
+                    "INSERT INTO teams (name, settings, created_by, created_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+                    (team.name, team.settings, team.created_by, team.created_at)).rowcount > 0
+            return db.execute("UPDATE teams SET settings = ? WHERE name = ?",
+                              (team.settings, team.name)).rowcount > 0
+
+        return await self._tenant_change(run)
+
+    async def delete_team(self, name: str) -> bool:
+        def run(db: sqlite3.Connection) -> bool:
+            db.execute("DELETE FROM api_keys WHERE team = ?", (name,))
+            return db.execute("DELETE FROM teams WHERE name = ?", (name,)).rowcount > 0
+
+        return await self._tenant_change(run)
+
+    async def put_key(self, key: StoredKey) -> bool:
+        def run(db: sqlite3.Connection) -> bool:
+            if db.execute("SELECT 1 FROM teams WHERE name = ?", (key.team,)).fetchone() is None:
+                return False
+            return db.execute(
+                "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (key.name, key.team, key.sha256, key.settings, key.created_by,
+                 key.created_at)).rowcount > 0
+
+        return await self._tenant_change(run)
+
+    async def delete_key(self, name: str) -> bool:
+        return await self._tenant_change(lambda db: db.execute(
+            "DELETE FROM api_keys WHERE name = ?", (name,)).rowcount > 0)
+
+    # --- the usage ledger ---------------------------------------------------------------
+
+    async def record_usage(self, records: list[UsageRecord]) -> int:
+        def run(db: sqlite3.Connection) -> int:
+            sums: dict[tuple[int, str, str, str], list[int]] = {}
+            added = 0
+            for r in records:
+                if db.execute(_INSERT_USAGE, (
+                        r.id, r.at, r.key, r.team, r.model, r.replica, r.gpu_class,
+                        r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.status,
+                        r.latency, r.ttft)).rowcount <= 0:
+                    continue
+                added += 1
+                total = sums.setdefault((hour_of(r.at), r.team, r.key, r.model), [0, 0, 0, 0])
+                total[0] += 1
+                total[1] += r.prompt_tokens
+                total[2] += r.cached_tokens
+                total[3] += r.completion_tokens
+            db.executemany(_ADD_HOURLY, [(*k, *v) for k, v in sums.items()])
+            return added
+
+        if not records:
+            return 0
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
+        column = _usage_column(by)
+        bucket = "(hour / 86400) * 86400" if day else "hour"
+        # column is one of USAGE_GROUPS (usage_column), bucket a constant
+        query = (f"SELECT {bucket} AS b, {column}, SUM(requests), SUM(prompt_tokens),"  # noqa: S608
+                 " SUM(cached_tokens), SUM(completion_tokens) FROM usage_hourly"
+                 f" WHERE hour >= ? AND hour < ? GROUP BY b, {column} ORDER BY b, {column}")
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(query, (since, until)).fetchall())
+        return [UsageRow(bucket=int(r[0]), group=str(r[1]), requests=int(r[2]),
+                         prompt_tokens=int(r[3]), cached_tokens=int(r[4]),
+                         completion_tokens=int(r[5])) for r in rows]
+
+    async def token_totals(self, since: float) -> list[TokenTotal]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT team, key, SUM(prompt_tokens + completion_tokens) FROM usage_hourly"
+            " WHERE hour >= ? GROUP BY team, key", (since,)).fetchall())
+        return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def recent_tokens(self, since: float) -> list[TokenTotal]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT team, key, SUM(prompt_tokens + completion_tokens) FROM usage"
+            " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
+        return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def purge_usage(self, before: float) -> int:
+        count = await self._conn(self._writes).run(
+            lambda db: db.execute("DELETE FROM usage WHERE at < ?", (before,)).rowcount)
+        return int(count)
+
+
+_INSERT_USAGE = (
+    "INSERT INTO usage (id, at, key, team, model, replica, gpu_class, prompt_tokens,"
+    " cached_tokens, completion_tokens, status, latency, ttft)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+_ADD_HOURLY = (
+    "INSERT INTO usage_hourly (hour, team, key, model, requests, prompt_tokens, cached_tokens,"
+    " completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (hour, team, key, model) DO UPDATE SET"
+    " requests = usage_hourly.requests + excluded.requests,"
+    " prompt_tokens = usage_hourly.prompt_tokens + excluded.prompt_tokens,"
+    " cached_tokens = usage_hourly.cached_tokens + excluded.cached_tokens,"
+    " completion_tokens = usage_hourly.completion_tokens + excluded.completion_tokens"
+)

@@ -233,3 +233,32 @@ def test_replicas_shows_the_count_the_scaler_asked_for_and_why(api_url: str,
     assert "unchanged for 1" in line
     code, out = ctl(api_url, "model", "show", "prod-chat", "--output", "json")
     assert json.loads(out)["scaler"]["desired"] == 3
+
+
+def test_team_and_key_commands(api_url: str) -> None:
+    """`ctl team add|list|set|revoke` and `ctl key add|list|revoke`; a key is printed once."""
+    code, out = ctl(api_url, "team", "add", "ml", "--models", "m1,m2", "--tokens-per-day",
+                    "500000")
+    assert code == 0, out
+    assert "tokens per day 500000" in out
+    code, out = ctl(api_url, "team", "add", "web", "--tokens-per-day", "0")
+    assert code == 1, out
+    assert "tokens_per_day" in out
+    code, key = ctl(api_url, "key", "add", "ml-ci", "--team", "ml", "--models", "m1")
+    assert code == 0, key
+    key = key.strip()
+    assert key.startswith("sk-llmgw-")
+    code, out = ctl(api_url, "key", "list", "-o", "json")
+    assert code == 0
+    assert key not in out
+    assert json.loads(out)[0]["limits"] == {"models": ["m1"]}
+    code, out = ctl(api_url, "team", "list")
+    assert "ml-ci" in out
+    code, out = ctl(api_url, "team", "set", "ml", "--rpm", "30")
+    assert code == 0, out
+    assert "rpm 30" in out
+    assert ctl(api_url, "key", "revoke", "ml-ci")[0] == 0
+    assert ctl(api_url, "team", "revoke", "ml")[0] == 0
+    code, out = ctl(api_url, "team", "revoke", "ml")
+    assert code == 1
+    assert "no team named 'ml'" in out

@@ -1,0 +1,166 @@
+"""``llmgw ctl team …`` and ``llmgw ctl key …``: teams and keys created at run time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+from llmgw.cli.client import ApiClient, pass_client
+from llmgw.cli.output import failures, output_option, print_json, print_table
+
+F = Callable[..., Any]
+
+
+def limit_options(fn: F) -> F:
+    """The limits a team sets and a key narrows (absent: no limit, or the team's)."""
+    for decorator in reversed((
+        click.option("--models", default=None, metavar="M1,M2",
+                     help="Comma-separated allow-list (absent: every model, or the team's)."),
+        click.option("--rpm", type=int, default=None,
+                     help="Requests per minute, per gateway process."),
+        click.option("--tokens-per-minute", type=int, default=None,
+                     help="Tokens (prompt + completion) per minute, across instances."),
+        click.option("--tokens-per-day", type=int, default=None,
+                     help="Tokens per UTC day, across instances."),
+        click.option("--tokens-per-month", type=int, default=None,
+                     help="Tokens per UTC calendar month, across instances."),
+        click.option("--priority", type=click.Choice(["interactive", "batch"]), default=None,
+                     help="Admission class when a model is saturated."),
+    )):
+        fn = decorator(fn)
+    return fn
+
+
+def _limits(models: str | None, rpm: int | None, tokens_per_minute: int | None,
+            tokens_per_day: int | None, tokens_per_month: int | None,
+            priority: str | None) -> dict[str, Any]:
+    numbers = {"rpm": rpm, "tokens_per_minute": tokens_per_minute,
+               "tokens_per_day": tokens_per_day, "tokens_per_month": tokens_per_month,
+               "priority": priority}
+    out: dict[str, Any] = {k: v for k, v in numbers.items() if v is not None}
+    if models is not None:
+        out["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    return out
+
+
+def _limits_text(limits: dict[str, Any]) -> str:
+    parts = ["models " + ",".join(limits["models"])] if "models" in limits else []
+    parts.extend(f"{name.replace('_', ' ')} {limits[name]}" for name in (
+        "rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "priority")
+        if name in limits)
+    return "; ".join(parts) or "no limits"
+
+
+@click.group()
+def team() -> None:
+    """Create, list, limit and revoke teams (their keys: `llmgw ctl key`)."""
+
+
+@team.command("add")
+@click.argument("name")
+@limit_options
+@output_option
+@pass_client
+def team_add(client: ApiClient, name: str, models: str | None,
+             rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
+             tokens_per_month: int | None, priority: str | None, output: str) -> None:
+    """Create a team with its limits."""
+    with failures():
+        limits = _limits(models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month,
+                         priority)
+        t = client.post("/api/v1/teams", json={"name": name, "limits": limits})
+    if output == "json":
+        print_json(t)
+    else:
+        click.echo(f"created team {t['name']}: {_limits_text(t['limits'])}")
+
+
+@team.command("set")
+@click.argument("name")
+@limit_options
+@output_option
+@pass_client
+def team_set(client: ApiClient, name: str, models: str | None,
+             rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
+             tokens_per_month: int | None, priority: str | None, output: str) -> None:
+    """Replace a team's limits (those not given are lifted)."""
+    with failures():
+        t = client.put(f"/api/v1/teams/{quote(name)}/limits", json=_limits(
+            models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month, priority))
+    if output == "json":
+        print_json(t)
+    else:
+        click.echo(f"team {t['name']}: {_limits_text(t['limits'])}")
+
+
+@team.command("list")
+@output_option
+@pass_client
+def team_list(client: ApiClient, output: str) -> None:
+    """List the teams, their limits and keys."""
+    with failures():
+        teams = client.get("/api/v1/teams")
+    if output == "json":
+        print_json(teams)
+        return
+    print_table([(t["name"], _limits_text(t["limits"]), ",".join(t["keys"]) or "-",
+                  t["created_by"]) for t in teams], ["team", "limits", "keys", "created by"])
+
+
+@team.command("revoke")
+@click.argument("name")
+@pass_client
+def team_revoke(client: ApiClient, name: str) -> None:
+    """Revoke a team and every key of it (refused by every gateway within a second)."""
+    with failures():
+        client.delete(f"/api/v1/teams/{quote(name)}")
+    click.echo(f"revoked team {name} and its keys")
+
+
+@click.group()
+def key() -> None:
+    """Create, list and revoke runtime keys (the keys file: `llmgw keys`)."""
+
+
+@key.command("add")
+@click.argument("name")
+@click.option("--team", "team_name", required=True, help="The team the key belongs to.")
+@limit_options
+@pass_client
+def key_add(client: ApiClient, name: str, team_name: str, models: str | None,
+            rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
+            tokens_per_month: int | None, priority: str | None) -> None:
+    """Create a key and print it: it is shown this once and stored only as a hash."""
+    with failures():
+        limits = _limits(models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month,
+                         priority)
+        k = client.post("/api/v1/keys", json={"name": name, "team": team_name, "limits": limits})
+    click.echo(k["key"])
+
+
+@key.command("list")
+@click.option("--team", "team_name", default=None, help="Only this team's keys.")
+@output_option
+@pass_client
+def key_list(client: ApiClient, team_name: str | None, output: str) -> None:
+    """List runtime keys: names, teams and limits, never the keys."""
+    with failures():
+        keys = client.get("/api/v1/keys" + (f"?team={quote(team_name)}" if team_name else ""))
+    if output == "json":
+        print_json(keys)
+        return
+    print_table([(k["name"], k["team"], _limits_text(k["limits"]), k["created_by"])
+                 for k in keys], ["key", "team", "limits", "created by"])
+
+
+@key.command("revoke")
+@click.argument("name")
+@pass_client
+def key_revoke(client: ApiClient, name: str) -> None:
+    """Revoke a runtime key."""
+    with failures():
+        client.delete(f"/api/v1/keys/{quote(name)}")
+    click.echo(f"revoked key {name}")
