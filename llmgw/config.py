@@ -135,6 +135,14 @@ class GatewayConfig(_Conf, frozen=True):
     signal_timeout: Duration = Duration(0.5, "500ms")
     # How often the scaler publishes this gateway's load and (holding its lease) decides.
     scale_interval: Duration = Duration(2, "2s")
+    # The usage ledger: one record per request, written to the store in batches.
+    ledger: bool = True
+    # How often the ledger's buffer is written (also the lag of token budgets).
+    ledger_interval: Duration = Duration(1, "1s")
+    # Records held while the store is unreachable; beyond it the oldest are dropped.
+    ledger_buffer: int = 100_000
+    # How long raw records are kept (the hourly roll-ups are kept for good).
+    usage_retention: Duration = Duration(90 * 86400, "90d")
 
 
 class AdminToken(_Conf, frozen=True):
@@ -292,7 +300,8 @@ def _check_local(cfg: LocalConfig) -> None:
 def _check_gateway(cfg: GatewayConfig) -> None:
     for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval",
                 "responses_retention", "max_upload_size", "max_file_size",
-                "signal_interval", "signal_timeout", "scale_interval"):
+                "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
+                "ledger_buffer", "usage_retention"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

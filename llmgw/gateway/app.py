@@ -46,6 +46,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -79,17 +80,18 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
+from llmgw.gateway.ledger import Ledger
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
-from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
-from llmgw.gateway.request import header, parse_head, read_body
+from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
+from llmgw.gateway.request import header, parse_head, read_body, with_usage
 from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.tenants import TenantsFollower
 from llmgw.scheduler.base import Routing
-from llmgw.store.base import Store
+from llmgw.store.base import Store, UsageRecord
 from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway")
@@ -167,6 +169,11 @@ class Gateway:
         else:
             log.warning("no keys_file configured and %s is not a loopback address: every "
                         "inference request will be refused; set keys_file", config.listen)
+        self.ledger: Ledger | None = None
+        if gw.ledger:
+            self.ledger = Ledger(store, interval=float(gw.ledger_interval),
+                                 capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
+                                 on_drop=self.metrics.ledger_dropped.inc)
         self._tasks: list[asyncio.Task[None]] = []
         self.batch_worker = BatchWorker(self, holder, key_named=self.key_named)
         audio = AudioEndpoint(self)
@@ -201,6 +208,8 @@ class Gateway:
         if self.keys_watcher is not None:
             self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
         self._tasks.append(asyncio.create_task(self.tenants.run(), name="llmgw-gw-tenants"))
+        if self.ledger is not None:
+            self._tasks.append(asyncio.create_task(self.ledger.run(), name="llmgw-gw-ledger"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
@@ -213,6 +222,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.batch_worker.close()
+        if self.ledger is not None:
+            await self.ledger.close()
         await self.ondemand.close()
         await self.forwarder.close()
         await self.signals.close()
@@ -510,7 +521,30 @@ class Gateway:
         finally:
             mm = call.metrics or self.metrics.for_model("")
             mm.done(status)
-            mm.latency.observe(self._loop_time() - started)
+            latency = self._loop_time() - started
+            mm.latency.observe(latency)
+            if call.key is not None and call.request is not None:
+                self._account(call.key, call.request, status, latency)
+
+    def _account(self, key: ApiKey, req: ForwardRequest, status: int, latency: float) -> None:
+        """The request's ledger record and its team's token counters."""
+        served = req.served_by
+        usage = req.usage or _NO_USAGE
+        model = served.name if served is not None else req.model
+        if usage.prompt or usage.completion:
+            team_tokens = self.metrics.team_tokens
+            team_tokens.labels(key.team, model, "prompt").inc(usage.prompt)
+            team_tokens.labels(key.team, model, "completion").inc(usage.completion)
+        if self.ledger is None:
+            return
+        gpu_class = ""
+        if served is not None and served.profiles:
+            gpu_class = served.profiles[0].gpu_class or ""
+        self.ledger.record(UsageRecord(
+            id=os.urandom(12).hex(), at=time.time(), key=key.name, team=key.team, model=model,
+            replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,
+            cached_tokens=usage.cached, completion_tokens=usage.completion, status=status,
+            latency=latency, ttft=req.ttft))
 
     async def admit_json(self, scope: Scope, receive: Receive, path: str, started: float,
                          call: Call) -> tuple[ForwardRequest, list[Model]]:
@@ -526,13 +560,18 @@ class Gateway:
         head = parse_head(body)
         chain = self.chain_for(head.model, key, path, call)
         assert call.metrics is not None   # chain_for set it
+        strip = False
+        if head.stream and self.ledger is not None and path in _USAGE_PATHS:
+            asked = with_usage(body, head.stream_options)
+            if asked is not None:
+                body, strip = asked, True
         query: bytes = scope.get("query_string", b"")
         if query:
             path = f"{path}?{query.decode('latin-1')}"
         call.request = ForwardRequest(path=path, body=body, model=head.model,
                                       stream=bool(head.stream), headers=scope["headers"],
                                       started=started, metrics=call.metrics,
-                                      priority=key.priority)
+                                      priority=key.priority, strip_usage=strip)
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
@@ -639,6 +678,9 @@ class Gateway:
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+_NO_USAGE = Usage(0, 0, 0)
+# Streams that report usage only when asked (stream_options.include_usage).
+_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _INTERNAL_HEADERS = [(b"content-type", b"application/json")]
 
 

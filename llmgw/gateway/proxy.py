@@ -53,7 +53,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import aiohttp
 import msgspec
@@ -124,6 +124,14 @@ def _found(found: _WithUsage) -> _Usage | None:
 
 
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
+
+
+class Usage(NamedTuple):
+    """The token counts of one answer, as its engine reported them."""
+
+    prompt: int
+    cached: int
+    completion: int
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
 
@@ -196,6 +204,61 @@ class StreamUsage:
                     self.usage = usage
 
 
+class _UsageOnly(msgspec.Struct):
+    choices: list[object] | None = None
+    usage: dict[str, object] | None = None
+
+
+_usage_only = msgspec.json.Decoder(_UsageOnly)
+
+
+class UsageChunkFilter:
+    """Drops the usage-only chunk (``choices: []`` with ``usage``) from an SSE stream.
+
+    For streams where the gateway asked for usage and the client did not: the
+    client gets the stream it asked for. Whole events pass as soon as their
+    blank line arrives; only an unfinished event is held back.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    @property
+    def tail(self) -> bytes:
+        """What is left at the end of the stream (an event without its blank line)."""
+        held, self._held = self._held, b""
+        return held
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._held + chunk if self._held else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._held = data
+            return b""
+        end += 2
+        self._held = data[end:]
+        whole = data[:end]
+        if b'"usage"' not in whole:
+            return whole
+        kept = [e for e in whole.split(b"\n\n") if not _is_usage_only(e)]
+        return b"\n\n".join(kept)
+
+
+def _is_usage_only(event: bytes) -> bool:
+    if b'"usage"' not in event:
+        return False
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                found = _usage_only.decode(line[5:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return False
+            return found.choices == [] and found.usage is not None
+    return False
+
+
 # Responses passed to the client as they arrive rather than read whole.
 _STREAMED = ("text/event-stream", "audio/", "application/octet-stream")
 
@@ -221,6 +284,13 @@ class ForwardRequest:
     # (path, body) for each model of the chain, when they differ by model.
     variant: Callable[[Model], tuple[str, Body]] | None = None
     keys: dict[int, PrefixKey | None] | None = None  # per prefix_bytes, made when asked
+    # What the ledger records of the attempt that answered.
+    served_by: Model | None = None
+    replica: str = ""
+    usage: Usage | None = None
+    ttft: float | None = None
+    # The gateway asked for the usage chunk the client did not: it is not passed on.
+    strip_usage: bool = False
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
@@ -426,6 +496,7 @@ class Forwarder:
                     headers = [(n.lower(), v) for n, v in resp.raw_headers
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))
+                    req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
                     to_client = self._sender(send)
                     if ctype.startswith(_STREAMED):
@@ -450,7 +521,7 @@ class Forwarder:
                         sent = req.responded = True
                         await to_client({"type": "http.response.body", "body": data})
                         if status == 200 and ctype.startswith("application/json"):
-                            self._count_usage(model, data)
+                            self._count_usage(model, data, req)
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -482,19 +553,26 @@ class Forwarder:
                       loop: asyncio.AbstractEventLoop, events: bool) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica."""
         usage = StreamUsage() if events else None
+        strip = UsageChunkFilter() if events and req.strip_usage else None
         content = resp.content
         if chunk:
-            req.metrics.ttft.observe(loop.time() - req.started)
+            req.ttft = loop.time() - req.started
+            req.metrics.ttft.observe(req.ttft)
         while chunk:
             if usage is not None:
                 usage.feed(chunk)
-            await to_client({"type": "http.response.body", "body": chunk, "more_body": True})
+            if strip is not None:
+                chunk = strip.feed(chunk)
+            if chunk:
+                await to_client({"type": "http.response.body", "body": chunk,
+                                 "more_body": True})
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
             deadline.reschedule(None)
-        await to_client({"type": "http.response.body", "body": b""})
+        await to_client({"type": "http.response.body",
+                         "body": strip.tail if strip is not None else b""})
         if usage is not None and usage.usage is not None:
-            self._add_tokens(model, usage.usage)
+            self._add_tokens(model, usage.usage, req)
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
                       reason: str) -> None:
@@ -521,25 +599,27 @@ class Forwarder:
 
         return to_client
 
-    def _count_usage(self, model: Model, data: bytes) -> None:
+    def _count_usage(self, model: Model, data: bytes, req: ForwardRequest) -> None:
         try:
             found = _usage_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         if (usage := _found(found)) is not None:
-            self._add_tokens(model, usage)
+            self._add_tokens(model, usage, req)
 
-    def _add_tokens(self, model: Model, usage: _Usage) -> None:
+    def _add_tokens(self, model: Model, usage: _Usage, req: ForwardRequest) -> None:
         mm = self.metrics.for_model(model.name)
-        prompt = usage.prompt_tokens or usage.input_tokens
-        completion = usage.completion_tokens or usage.output_tokens
+        prompt = max(0, usage.prompt_tokens or usage.input_tokens)
+        completion = max(0, usage.completion_tokens or usage.output_tokens)
+        details = usage.prompt_tokens_details
+        cached = max(0, details.cached_tokens or 0) if details is not None else 0
+        req.usage = Usage(prompt, cached, completion)
         if prompt > 0:
             mm.tokens_prompt.inc(prompt)
         if completion > 0:
             mm.tokens_completion.inc(completion)
-        details = usage.prompt_tokens_details
-        if details is not None and details.cached_tokens:
-            mm.tokens_cached.inc(details.cached_tokens)
+        if cached:
+            mm.tokens_cached.inc(cached)
 
 
 def _describe(exc: BaseException) -> str:

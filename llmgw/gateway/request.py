@@ -16,10 +16,15 @@ from llmgw.gateway.errors import BodyTooLargeError, ClientGone, InvalidRequestEr
 
 
 class RequestHead(msgspec.Struct):
-    """The two fields of a request body the gateway needs; the rest is not parsed."""
+    """The fields of a request body the gateway needs; the rest is not parsed.
+
+    ``stream_options`` is kept as raw bytes: only a stream whose client did not
+    ask for usage has it read (``with_usage``).
+    """
 
     model: str
     stream: bool | None = None
+    stream_options: msgspec.Raw = msgspec.Raw()      # empty: absent
 
 
 _head_decoder = msgspec.json.Decoder(RequestHead)
@@ -84,3 +89,29 @@ async def read_body(headers: Iterable[tuple[bytes, bytes]], receive: Receive,
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encode = msgspec.json.Encoder().encode
+_TRUE = msgspec.Raw(b"true")
+
+
+def with_usage(body: bytes, options: msgspec.Raw) -> bytes | None:
+    """``body`` asking the engine for a usage chunk, or None if it already asks.
+
+    A stream carries token counts only in a last chunk the client must ask
+    for (``stream_options.include_usage``, OpenAI's API); the ledger needs them
+    for every stream. Other options the client set are kept.
+    """
+    opts: dict[str, msgspec.Raw] = {}
+    if len(options) and bytes(options).strip() != b"null":
+        try:
+            opts = _raw_object.decode(options)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None          # not an object: the engine will say what is wrong
+        if bytes(opts.get("include_usage", b"")).strip() == b"true":
+            return None
+    opts["include_usage"] = _TRUE
+    fields = _raw_object.decode(body)
+    fields["stream_options"] = msgspec.Raw(_encode(opts))
+    return _encode(fields)

@@ -1,0 +1,159 @@
+"""The usage ledger: one record per request, written to the store in batches.
+
+The request path only appends a record to a bounded in-memory buffer (no
+database round trip, no await). A loop writes the buffer every
+``ledger_interval`` in batches of at most ``BATCH``; the store inserts them
+with one statement per batch (Postgres: ``unnest`` arrays; SQLite: one
+transaction) and adds the new ones to the hourly roll-ups in the same
+transaction.
+
+**Nothing is counted twice, and little is lost.** Each record gets a random
+id when it is made; a batch whose write failed (the store is down, or its
+acknowledgement was lost) stays at the head of the buffer and is written again
+with the same ids, and the store skips ids it already holds. While the store
+is unreachable records accumulate up to ``ledger_buffer``; beyond it the
+oldest are dropped and counted (``llmgw_gateway_ledger_dropped_records``), so
+an outage costs memory bounded by the setting, not the process. On shutdown
+the buffer is written once more (``close``), so a restart loses nothing the
+store could take.
+
+What a record holds is fixed by ``UsageRecord``: names, counts, status and
+timings. It never holds the API key (only its name) or any part of the
+request or the answer.
+
+The ledger also keeps, per team and per key, the tokens of records not yet
+written (``pending``): budget checks add them to the totals read from the
+store, so this instance's own traffic counts at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from llmgw.errors import LlmgwError
+from llmgw.store.base import Store, UsageRecord
+
+log = logging.getLogger("llmgw.gateway.ledger")
+
+BATCH = 5000
+# How long close() keeps trying to write what is left.
+CLOSE_TIMEOUT = 10.0
+
+
+class Ledger:
+    def __init__(self, store: Store, *, interval: float, capacity: int,
+                 retention: float, clock: Callable[[], float] = time.time,
+                 on_flush: Callable[[], Awaitable[None]] | None = None,
+                 on_drop: Callable[[int], object] | None = None) -> None:
+        self.store = store
+        self.interval = interval
+        self.capacity = capacity
+        self.retention = retention
+        self.clock = clock
+        self._buffer: deque[UsageRecord] = deque()
+        # Tokens of buffered records, by team and by (team, key).
+        self.pending_teams: dict[str, int] = {}
+        self.pending_keys: dict[tuple[str, str], int] = {}
+        self.dropped = 0
+        self.written = 0
+        self._on_flush = on_flush
+        self._on_drop = on_drop
+        self._lock = asyncio.Lock()
+        self._purged_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def record(self, rec: UsageRecord) -> None:
+        """Append ``rec`` (never blocks); the oldest record goes if the buffer is full."""
+        if len(self._buffer) >= self.capacity:
+            self._forget(self._buffer.popleft())
+            self.dropped += 1
+            if self._on_drop is not None:
+                self._on_drop(1)
+        self._buffer.append(rec)
+        tokens = rec.prompt_tokens + rec.completion_tokens
+        if tokens:
+            self.pending_teams[rec.team] = self.pending_teams.get(rec.team, 0) + tokens
+            k = (rec.team, rec.key)
+            self.pending_keys[k] = self.pending_keys.get(k, 0) + tokens
+
+    def _forget(self, rec: UsageRecord) -> None:
+        tokens = rec.prompt_tokens + rec.completion_tokens
+        if not tokens:
+            return
+        left = self.pending_teams.get(rec.team, 0) - tokens
+        if left > 0:
+            self.pending_teams[rec.team] = left
+        else:
+            self.pending_teams.pop(rec.team, None)
+        k = (rec.team, rec.key)
+        left = self.pending_keys.get(k, 0) - tokens
+        if left > 0:
+            self.pending_keys[k] = left
+        else:
+            self.pending_keys.pop(k, None)
+
+    async def flush(self) -> int:
+        """Write what is buffered now; the records written. Raises if the store fails."""
+        async with self._lock:
+            total = 0
+            while self._buffer:
+                batch = [self._buffer[i] for i in range(min(BATCH, len(self._buffer)))]
+                await self.store.record_usage(batch)
+                # Written: drop exactly those (records appended meanwhile stay).
+                for _ in batch:
+                    rec = self._buffer.popleft()
+                    self._forget(rec)
+                total += len(batch)
+                self.written += len(batch)
+            return total
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.tick()
+
+    async def tick(self) -> None:
+        if not self.store.is_open:
+            return
+        try:
+            await self.flush()
+        except LlmgwError as exc:
+            log.warning("writing %d usage record(s) failed; keeping them to retry: %s",
+                        len(self._buffer), exc.message)
+        except Exception:
+            log.exception("writing usage records failed; keeping them to retry")
+        if self._on_flush is not None:
+            try:
+                await self._on_flush()
+            except Exception:
+                log.exception("refreshing after the ledger's flush failed")
+        now = self.clock()
+        if now - self._purged_at >= 3600:
+            self._purged_at = now
+            try:
+                purged = await self.store.purge_usage(now - self.retention)
+                if purged:
+                    log.info("purged %d usage record(s) older than the retention", purged)
+            except LlmgwError as exc:
+                log.warning("purging old usage records failed: %s", exc.message)
+
+    async def close(self) -> None:
+        """Write what is left, for at most ``CLOSE_TIMEOUT``; say what could not be."""
+        if not self._buffer or not self.store.is_open:
+            if self._buffer:
+                log.error("the store is not open: %d usage record(s) are lost",
+                          len(self._buffer))
+            return
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self.flush()
+        except (LlmgwError, TimeoutError) as exc:
+            log.error("writing the last %d usage record(s) failed; they are lost: %s",  # noqa: TRY400
+                      len(self._buffer), exc)
+
