@@ -60,6 +60,7 @@ from llmgw.gateway.admission import AdmissionQueue, Ticket
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
+from llmgw.gateway.budgets import Budgets
 from llmgw.gateway.capabilities import capable_chain
 from llmgw.gateway.errors import (
     ClientGone,
@@ -173,7 +174,11 @@ class Gateway:
         if gw.ledger:
             self.ledger = Ledger(store, interval=float(gw.ledger_interval),
                                  capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
-                                 on_drop=self.metrics.ledger_dropped.inc)
+                                 on_drop=self.metrics.ledger_dropped.inc,
+                                 on_flush=self._refresh_budgets)
+            self.budgets: Budgets | None = Budgets(store, self.ledger)
+        else:
+            self.budgets = None
         self._tasks: list[asyncio.Task[None]] = []
         self.batch_worker = BatchWorker(self, holder, key_named=self.key_named)
         audio = AudioEndpoint(self)
@@ -526,6 +531,10 @@ class Gateway:
             if call.key is not None and call.request is not None:
                 self._account(call.key, call.request, status, latency)
 
+    async def _refresh_budgets(self) -> None:
+        if self.budgets is not None:
+            await self.budgets.refresh()
+
     def _account(self, key: ApiKey, req: ForwardRequest, status: int, latency: float) -> None:
         """The request's ledger record and its team's token counters."""
         served = req.served_by
@@ -576,6 +585,9 @@ class Gateway:
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
         key = self._authenticate(headers)
+        budgets = self.budgets
+        if budgets is not None and (key.limits is not None or key.team_limits is not None):
+            budgets.check(key.team, key.name, key.team_limits, key.limits)
         wait = key.admit(now)
         if wait > 0:
             raise KeyRateLimitedError(

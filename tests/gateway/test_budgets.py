@@ -1,0 +1,88 @@
+"""Token budgets: 429 insufficient_quota with the reset time, across gateway instances."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from llmgw.gateway.budgets import period_start, resets_at
+from llmgw.tenancy import Limits
+from tests.gateway.conftest import GatewayFactory, chat_model
+from tests.gateway.engine import FakeEngine
+from tests.gateway.test_tenants import make_key, make_team, until
+
+# The fake engine reports 5 prompt and 3 completion tokens per chat completion.
+PER_REQUEST = 8
+
+
+async def test_a_team_over_its_daily_budget_gets_insufficient_quota(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    k1 = await make_key(gw.store, "k1", "ml")
+    k2 = await make_key(gw.store, "k2", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=k1)).status_code == 200
+
+    await until(accepted, "the key to be accepted")          # 8 tokens
+    assert (await gw.chat("m", key=k2)).status_code == 200   # 8 < 10: admitted, now 16
+    r = await gw.chat("m", key=k1)
+    assert r.status_code == 429
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_quota"
+    assert error["type"] == "insufficient_quota"
+    assert "team 'ml' has used 16 of its 10 tokens per day (UTC)" in error["message"]
+    midnight = datetime.fromtimestamp(resets_at("tokens_per_day", time.time()), UTC)
+    assert midnight.isoformat(timespec="seconds") in error["message"]
+    assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_a_key_budget_narrows_its_team(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_month=1000))
+    small = await make_key(gw.store, "small", "ml", Limits(tokens_per_minute=PER_REQUEST))
+    other = await make_key(gw.store, "other", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=small)).status_code == 200
+
+    await until(accepted, "the key to be accepted")
+    r = await gw.chat("m", key=small)
+    assert r.status_code == 429
+    assert "key 'small' has used 8 of its 8 tokens per minute" in r.json()["error"]["message"]
+    assert (await gw.chat("m", key=other)).status_code == 200
+
+
+async def test_another_instance_sees_the_tokens_after_a_flush(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    models = [chat_model("m", upstream=[engine.url])]
+    first = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
+    second = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
+    await make_team(first.store, "ml", Limits(tokens_per_day=PER_REQUEST))
+    key = await make_key(first.store, "k", "ml")
+
+    async def accepted() -> bool:
+        return (await first.chat("m", key=key)).status_code == 200
+
+    await until(accepted, "the key to be accepted on the first instance")
+
+    async def refused_on_second() -> bool:
+        r = await second.chat("m", key=key)
+        return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+    await until(refused_on_second, "the second instance to refuse the spent budget")
+
+
+def test_periods_are_utc_days_and_calendar_months() -> None:
+    now = datetime(2026, 12, 31, 23, 59, tzinfo=UTC).timestamp()
+    assert period_start("tokens_per_day", now) == datetime(2026, 12, 31, tzinfo=UTC).timestamp()
+    assert period_start("tokens_per_month", now) == datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_day", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_month", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_minute", now) == now + 60
