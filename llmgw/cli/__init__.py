@@ -32,6 +32,7 @@ ctl.ctl.add_command(replicas.replicas)
 ctl.ctl.add_command(replicas.fleet)
 ctl.ctl.add_command(tenants.team)
 ctl.ctl.add_command(tenants.key)
+ctl.ctl.add_command(tenants.usage)
 
 main.add_command(serve.serve)
 main.add_command(ctl.ctl)

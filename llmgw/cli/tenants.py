@@ -1,10 +1,11 @@
-"""``llmgw ctl team …`` and ``llmgw ctl key …``: teams and keys created at run time."""
+"""``llmgw ctl team …``, ``llmgw ctl key …``: teams and keys created at run time;
+``llmgw ctl usage``: what they used."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import click
 
@@ -164,3 +165,40 @@ def key_revoke(client: ApiClient, name: str) -> None:
     with failures():
         client.delete(f"/api/v1/keys/{quote(name)}")
     click.echo(f"revoked key {name}")
+
+
+@click.command("usage")
+@click.option("--by", type=click.Choice(["team", "key", "model"]), default="team",
+              show_default=True, help="Group requests and tokens by this.")
+@click.option("--since", default=None, metavar="TIME",
+              help="ISO 8601 start (default: a day ago by hour, 30 days by day).")
+@click.option("--until", default=None, metavar="TIME", help="ISO 8601 end (default: now).")
+@click.option("--granularity", type=click.Choice(["hour", "day"]), default="hour",
+              show_default=True, help="Bucket size (days are UTC days).")
+@click.option("--totals", "totals_only", is_flag=True,
+              help="One line per group over the whole span, not one per bucket.")
+@output_option
+@pass_client
+def usage(client: ApiClient, by: str, since: str | None, until: str | None,
+          granularity: str, totals_only: bool, output: str) -> None:
+    """Requests and tokens from the usage ledger, per hour or day."""
+    query = {"by": by, "granularity": granularity}
+    if since:
+        query["since"] = since
+    if until:
+        query["until"] = until
+    with failures():
+        report = client.get("/api/v1/usage?" + urlencode(query))
+    if output == "json":
+        print_json(report)
+        return
+    click.echo(f"usage by {report['by']} from {report['since']} to {report['until']}")
+    columns = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+               "total_tokens"]
+    headers = [c.replace("_tokens", "") for c in columns]
+    if totals_only:
+        print_table([(t["group"], *(t[c] for c in columns)) for t in report["totals"]],
+                    [by, *headers])
+        return
+    print_table([(b["start"], b["group"], *(b[c] for c in columns))
+                 for b in report["buckets"]], [granularity, by, *headers])

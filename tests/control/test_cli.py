@@ -262,3 +262,35 @@ def test_team_and_key_commands(api_url: str) -> None:
     code, out = ctl(api_url, "team", "revoke", "ml")
     assert code == 1
     assert "no team named 'ml'" in out
+
+
+def test_usage_command_prints_a_table_and_json(api_url: str, store_url: str) -> None:
+    """`ctl usage` reads /api/v1/usage: buckets by default, totals with --totals."""
+    from llmgw.store.base import UsageRecord
+
+    hour = 1_773_500_400          # 2026-03-14T15:00:00Z
+
+    async def record() -> None:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            await store.record_usage([UsageRecord(
+                id=f"r{i}", at=hour + i, key="k1", team=team, model="m", replica="r",
+                gpu_class="", prompt_tokens=10, cached_tokens=0, completion_tokens=2,
+                status=200, latency=0.1, ttft=None) for i, team in enumerate(["ml", "ml", "web"])])
+        finally:
+            await store.close()
+
+    asyncio.run(record())
+    span = ["--since", "2026-03-14T15:00:00Z", "--until", "2026-03-14T16:00:00Z"]
+    code, out = ctl(api_url, "usage", *span)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[1].split() == ["HOUR", "TEAM", "REQUESTS", "PROMPT", "CACHED", "COMPLETION",
+                                "TOTAL"]
+    assert lines[2].split() == ["2026-03-14T15:00:00Z", "ml", "2", "20", "0", "4", "24"]
+    code, out = ctl(api_url, "usage", "--totals", "--by", "key", *span)
+    assert out.splitlines()[2].split() == ["k1", "3", "30", "0", "6", "36"]
+    code, out = ctl(api_url, "usage", "-o", "json", *span)
+    assert code == 0
+    assert [t["group"] for t in json.loads(out)["totals"]] == ["ml", "web"]

@@ -13,7 +13,7 @@ from llmgw.config import AdminToken, ServerConfig
 from llmgw.control.context import AppContext
 from llmgw.gateway.keys import KEY_PREFIX, add_key, hash_key
 from llmgw.modelsvc import ModelService
-from llmgw.store.base import Store
+from llmgw.store.base import Store, UsageRecord
 
 from .conftest import GPU_CLASSES, RecordingBackend
 
@@ -110,3 +110,52 @@ async def test_limits_change_and_revoking_a_team_takes_its_keys(
 async def test_tenant_routes_need_an_admin_token(client: AsyncTestClient) -> None:
     assert (await client.get("/api/v1/teams")).status_code == 401
     assert (await client.post("/api/v1/keys", json={"name": "k", "team": "t"})).status_code == 401
+
+
+HOUR = 1_773_500_400          # 2026-03-14T15:00:00Z
+
+
+def _rec(id_: str, at: float, team: str, key: str, model: str, prompt: int,
+         completion: int) -> UsageRecord:
+    return UsageRecord(id=id_, at=at, key=key, team=team, model=model, replica="r",
+                       gpu_class="", prompt_tokens=prompt, cached_tokens=1,
+                       completion_tokens=completion, status=200, latency=0.1, ttft=None)
+
+
+async def test_usage_by_team_per_hour_and_by_model_per_day(
+        client: AsyncTestClient, store: Store) -> None:
+    await store.record_usage([
+        _rec("a", HOUR + 10, "ml", "k1", "m", 100, 10),
+        _rec("b", HOUR + 20, "web", "k2", "m", 5, 5),
+        _rec("c", HOUR + 3700, "ml", "k1", "n", 1, 1),
+    ])
+    r = await client.get("/api/v1/usage", headers=ADMIN, params={
+        "by": "team", "since": "2026-03-14T15:30:00Z", "until": "2026-03-14T16:10:00Z"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["since"] == "2026-03-14T15:00:00Z"     # whole hours
+    assert body["until"] == "2026-03-14T17:00:00Z"
+    assert [(b["start"], b["group"], b["requests"], b["total_tokens"])
+            for b in body["buckets"]] == [
+        ("2026-03-14T15:00:00Z", "ml", 1, 110), ("2026-03-14T15:00:00Z", "web", 1, 10),
+        ("2026-03-14T16:00:00Z", "ml", 1, 2)]
+    assert [(t["group"], t["total_tokens"], t["cached_tokens"]) for t in body["totals"]] == [
+        ("ml", 112, 2), ("web", 10, 1)]
+    r = await client.get("/api/v1/usage", headers=ADMIN, params={
+        "by": "model", "granularity": "day", "since": "2026-03-14T00:00:00Z",
+        "until": "2026-03-15T00:00:00Z"})
+    assert [(b["start"], b["group"], b["requests"]) for b in r.json()["buckets"]] == [
+        ("2026-03-14T00:00:00Z", "m", 2), ("2026-03-14T00:00:00Z", "n", 1)]
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"by": "colour"}, "by"),
+    ({"granularity": "week"}, "granularity"),
+    ({"since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"}, "until"),
+    ({"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+])
+async def test_bad_usage_queries_are_refused(client: AsyncTestClient, params: dict[str, str],
+                                             field: str) -> None:
+    r = await client.get("/api/v1/usage", headers=ADMIN, params=params)
+    assert r.status_code == 400, r.text
+    assert field in r.text
