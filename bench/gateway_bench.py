@@ -124,7 +124,8 @@ def python_upstream(chunks: int, interval: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def gateway(server: str, models: dict[str, str]) -> Iterator[tuple[str, int]]:
+def gateway(server: str, models: dict[str, str],
+            env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     """The gateway alone, one worker; yields (base URL, pid of the server process)."""
     port = free_port()
     spec = ",".join(f"{name}={url}" for name, url in models.items())
@@ -137,7 +138,7 @@ def gateway(server: str, models: dict[str, str]) -> Iterator[tuple[str, int]]:
         args = [str(bindir / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
                 "--workers", "1", "--backlog", "4096", "--no-access-log", "--log-level",
                 "warning", "--app-dir", str(BENCH), "gateway_serve:app"]
-    with running(args, port, env={"LLMGW_BENCH_MODELS": spec}) as proc:
+    with running(args, port, env={"LLMGW_BENCH_MODELS": spec, **(env or {})}) as proc:
         yield f"http://127.0.0.1:{port}", proc.pid
 
 

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -145,6 +145,16 @@ class GatewayConfig(_Conf, frozen=True):
     usage_retention: Duration = Duration(90 * 86400, "90d")
 
 
+class CostsConfig(_Conf, frozen=True):
+    # What one CPU core reserved by a CPU model costs per hour (GPU cards:
+    # gpu_classes.<name>.price_per_hour).
+    cpu_core_per_hour: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
+    # The account that carries replica time no request used.
+    overhead_account: str = "overhead"
+    # How often the replicas' allocated time is measured (one process, by lease).
+    meter_interval: Duration = Duration(60, "1m")
+
+
 class AdminToken(_Conf, frozen=True):
     name: str
     token: str
@@ -159,6 +169,7 @@ class ServerConfig(_Conf, frozen=True):
     keys_file: str | None = None
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
+    costs: CostsConfig = CostsConfig()
     # Where people reach this server (its admin site), as a browser would: each Nomad
     # job's UI block links to the model's page under it. None: no such link.
     public_url: str | None = None

@@ -33,6 +33,7 @@ ctl.ctl.add_command(replicas.fleet)
 ctl.ctl.add_command(tenants.team)
 ctl.ctl.add_command(tenants.key)
 ctl.ctl.add_command(tenants.usage)
+ctl.ctl.add_command(tenants.costs)
 
 main.add_command(serve.serve)
 main.add_command(ctl.ctl)

@@ -202,3 +202,33 @@ def usage(client: ApiClient, by: str, since: str | None, until: str | None,
         return
     print_table([(b["start"], b["group"], *(b[c] for c in columns))
                  for b in report["buckets"]], [granularity, by, *headers])
+
+
+@click.command("costs")
+@click.option("--since", default=None, metavar="TIME",
+              help="ISO 8601 start (default: 30 days ago).")
+@click.option("--until", default=None, metavar="TIME", help="ISO 8601 end (default: now).")
+@output_option
+@pass_client
+def costs(client: ApiClient, since: str | None, until: str | None, output: str) -> None:
+    """Cost of GPU and CPU time per team and per model, attributed by tokens."""
+    query = {k: v for k, v in (("since", since), ("until", until)) if v}
+    with failures():
+        report = client.get("/api/v1/costs" + (f"?{urlencode(query)}" if query else ""))
+    if output == "json":
+        print_json(report)
+        return
+    click.echo(f"cost from {report['since']} to {report['until']}: {report['total']:.2f} "
+               f"(idle time: account {report['overhead_account']})")
+    print_table([(t["team"], f"{t['cost']:.2f}", t["tokens"]) for t in report["teams"]],
+                ["team", "cost", "tokens"])
+    click.echo("")
+    print_table([(m["model"], f"{m['cost']:.2f}", f"{m['gpu_hours']:.2f}",
+                  f"{m['core_hours']:.2f}", m["tokens"],
+                  "-" if m["cost_per_million_tokens"] is None
+                  else f"{m['cost_per_million_tokens']:.2f}", f"{m['idle_cost']:.2f}")
+                 for m in report["models"]],
+                ["model", "cost", "gpu hours", "core hours", "tokens", "per 1M tokens", "idle"])
+    if report["unpriced"]:
+        click.echo(f"warning: no price_per_hour for GPU class(es) {', '.join(report['unpriced'])}"
+                   "; their time is not counted", err=True)

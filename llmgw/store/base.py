@@ -172,6 +172,23 @@ class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int                # prompt + completion
 
 
+class ReplicaTime(msgspec.Struct, frozen=True, kw_only=True):
+    """Allocated replica time of one model (on one GPU class, "" for CPU) in one hour."""
+
+    hour: int                  # Unix seconds of the hour's start
+    model: str
+    gpu_class: str
+    gpu_seconds: float         # cards x seconds
+    core_seconds: float        # reserved CPU cores x seconds (CPU models)
+
+
+class TeamModelTokens(msgspec.Struct, frozen=True, kw_only=True):
+    hour: int
+    team: str
+    model: str
+    tokens: int
+
+
 USAGE_GROUPS = ("team", "key", "model")
 
 
@@ -370,3 +387,14 @@ class Store(Protocol):
 
     async def purge_usage(self, before: float) -> int:
         """Delete raw records older than ``before`` (the roll-ups stay); the number deleted."""
+
+    async def team_model_tokens(self, since: float, until: float) -> list[TeamModelTokens]:
+        """Tokens per (hour, team, model) over the hours starting in [since, until)."""
+
+    # --- replica time, for costs ----------------------------------------------------
+
+    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
+        """Add to the replica time of each row's (hour, model, gpu_class)."""
+
+    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
+        """Replica time over the hours starting in [since, until), by hour and model."""

@@ -57,11 +57,13 @@ from llmgw.store.base import (
     BatchRow,
     CatalogChange,
     FileRecord,
+    ReplicaTime,
     Report,
     StoredKey,
     StoredModel,
     StoredResponse,
     StoredTeam,
+    TeamModelTokens,
     TokenTotal,
     UsageRecord,
     UsageRow,
@@ -758,6 +760,36 @@ class PostgresStore:
             "WITH gone AS (DELETE FROM usage WHERE at < %s RETURNING 1)"
             " SELECT count(*) FROM gone", (before,))
         return int(rows[0][0])
+
+    async def team_model_tokens(self, since: float, until: float) -> list[TeamModelTokens]:
+        rows = await self._query(
+            "read tokens by team and model",
+            "SELECT hour, team, model, SUM(prompt_tokens + completion_tokens)::bigint"
+            " FROM usage_hourly WHERE hour >= %s AND hour < %s GROUP BY hour, team, model"
+            " ORDER BY hour, team, model", (since, until))
+        return [TeamModelTokens(hour=int(r[0]), team=r[1], model=r[2], tokens=int(r[3]))
+                for r in rows]
+
+    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
+        if not rows:
+            return
+        await self._query(
+            "record replica time",
+            "INSERT INTO replica_time (hour, model, gpu_class, gpu_seconds, core_seconds)"
+            " SELECT * FROM unnest(%s::int8[], %s::text[], %s::text[], %s::float8[],"
+            " %s::float8[]) ON CONFLICT (hour, model, gpu_class) DO UPDATE SET"
+            " gpu_seconds = replica_time.gpu_seconds + EXCLUDED.gpu_seconds,"
+            " core_seconds = replica_time.core_seconds + EXCLUDED.core_seconds",
+            ([r.hour for r in rows], [r.model for r in rows], [r.gpu_class for r in rows],
+             [r.gpu_seconds for r in rows], [r.core_seconds for r in rows]))
+
+    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
+        rows = await self._query(
+            "read replica time",
+            "SELECT hour, model, gpu_class, gpu_seconds, core_seconds FROM replica_time"
+            " WHERE hour >= %s AND hour < %s ORDER BY hour, model, gpu_class", (since, until))
+        return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
+                            gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
 
 
 # New records only (ON CONFLICT skips an id already stored) feed the roll-ups,

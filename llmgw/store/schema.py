@@ -341,6 +341,30 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        number=5,
+        name="replica time per model and hour, for costs",
+        sqlite=(
+            """CREATE TABLE replica_time (
+                hour         INTEGER NOT NULL,
+                model        TEXT NOT NULL,
+                gpu_class    TEXT NOT NULL,
+                gpu_seconds  REAL NOT NULL,
+                core_seconds REAL NOT NULL,
+                PRIMARY KEY (hour, model, gpu_class)
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE replica_time (
+                hour         bigint NOT NULL,
+                model        text NOT NULL,
+                gpu_class    text NOT NULL,
+                gpu_seconds  double precision NOT NULL,
+                core_seconds double precision NOT NULL,
+                PRIMARY KEY (hour, model, gpu_class)
+            )""",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number

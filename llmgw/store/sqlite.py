@@ -54,11 +54,13 @@ from llmgw.store.base import (
     BatchRow,
     CatalogChange,
     FileRecord,
+    ReplicaTime,
     Report,
     StoredKey,
     StoredModel,
     StoredResponse,
     StoredTeam,
+    TeamModelTokens,
     TokenTotal,
     UsageRecord,
     UsageRow,
@@ -864,6 +866,30 @@ class SqliteStore:
         count = await self._conn(self._writes).run(
             lambda db: db.execute("DELETE FROM usage WHERE at < ?", (before,)).rowcount)
         return int(count)
+
+    async def team_model_tokens(self, since: float, until: float) -> list[TeamModelTokens]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT hour, team, model, SUM(prompt_tokens + completion_tokens) FROM usage_hourly"
+            " WHERE hour >= ? AND hour < ? GROUP BY hour, team, model ORDER BY hour, team, model",
+            (since, until)).fetchall())
+        return [TeamModelTokens(hour=int(r[0]), team=r[1], model=r[2], tokens=int(r[3]))
+                for r in rows]
+
+    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
+        params = [(r.hour, r.model, r.gpu_class, r.gpu_seconds, r.core_seconds) for r in rows]
+        await self._conn(self._writes).run(lambda db: _in_transaction(db, lambda d: d.executemany(
+            "INSERT INTO replica_time (hour, model, gpu_class, gpu_seconds, core_seconds)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (hour, model, gpu_class) DO UPDATE SET"
+            " gpu_seconds = replica_time.gpu_seconds + excluded.gpu_seconds,"
+            " core_seconds = replica_time.core_seconds + excluded.core_seconds", params)))
+
+    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT hour, model, gpu_class, gpu_seconds, core_seconds FROM replica_time"
+            " WHERE hour >= ? AND hour < ? ORDER BY hour, model, gpu_class",
+            (since, until)).fetchall())
+        return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
+                            gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
 
 
 _INSERT_USAGE = (

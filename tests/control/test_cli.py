@@ -294,3 +294,15 @@ def test_usage_command_prints_a_table_and_json(api_url: str, store_url: str) -> 
     code, out = ctl(api_url, "usage", "-o", "json", *span)
     assert code == 0
     assert [t["group"] for t in json.loads(out)["totals"]] == ["ml", "web"]
+
+
+def test_costs_command_prints_teams_and_models(api_url: str) -> None:
+    """`ctl costs` prints the cost per team and per model (nothing metered: all zero)."""
+    code, out = ctl(api_url, "costs", "--since", "2026-03-14T00:00:00Z", "--until",
+                    "2026-03-15T00:00:00Z")
+    assert code == 0, out
+    assert out.startswith("cost from 2026-03-14T00:00:00Z to 2026-03-15T00:00:00Z: 0.00")
+    assert "PER 1M TOKENS" in out
+    code, out = ctl(api_url, "costs", "-o", "json")
+    assert code == 0
+    assert json.loads(out)["overhead_account"] == "overhead"
