@@ -139,6 +139,8 @@ class GatewayConfig(_Conf, frozen=True):
     ledger: bool = True
     # How often the ledger's buffer is written (also the lag of token budgets).
     ledger_interval: Duration = Duration(1, "1s")
+    # ... and how often while records of a key or team with a token budget wait.
+    budget_interval: Duration = Duration(0.2, "200ms")
     # Records held while the store is unreachable; beyond it the oldest are dropped.
     ledger_buffer: int = 100_000
     # How long raw records are kept (the hourly roll-ups are kept for good).
@@ -312,7 +314,7 @@ def _check_gateway(cfg: GatewayConfig) -> None:
     for key in ("max_body_size", "eject_for", "activity_interval", "keys_check_interval",
                 "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
-                "ledger_buffer", "usage_retention"):
+                "budget_interval", "ledger_buffer", "usage_retention"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

@@ -76,6 +76,10 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defa
     tokens_per_month: int | None = None
     priority: Priority | None = None
 
+    def has_budget(self) -> bool:
+        return (self.tokens_per_minute is not None or self.tokens_per_day is not None
+                or self.tokens_per_month is not None)
+
     def budget(self, name: BudgetField) -> int | None:
         value: int | None = getattr(self, name)
         return value

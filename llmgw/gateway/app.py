@@ -174,6 +174,7 @@ class Gateway:
         if gw.ledger:
             self.ledger = Ledger(store, interval=float(gw.ledger_interval),
                                  capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
+                                 urgent_interval=float(gw.budget_interval),
                                  on_drop=self.metrics.ledger_dropped.inc,
                                  on_flush=self._refresh_budgets)
             self.budgets: Budgets | None = Budgets(store, self.ledger)
@@ -541,19 +542,18 @@ class Gateway:
         usage = req.usage or _NO_USAGE
         model = served.name if served is not None else req.model
         if usage.prompt or usage.completion:
-            team_tokens = self.metrics.team_tokens
-            team_tokens.labels(key.team, model, "prompt").inc(usage.prompt)
-            team_tokens.labels(key.team, model, "completion").inc(usage.completion)
-        if self.ledger is None:
+            self.metrics.add_team_tokens(key.team, model, usage.prompt, usage.completion)
+        ledger = self.ledger
+        if ledger is None:
             return
         gpu_class = ""
         if served is not None and served.profiles:
             gpu_class = served.profiles[0].gpu_class or ""
-        self.ledger.record(UsageRecord(
-            id=os.urandom(12).hex(), at=time.time(), key=key.name, team=key.team, model=model,
+        ledger.record(UsageRecord(
+            id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
             replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,
             cached_tokens=usage.cached, completion_tokens=usage.completion, status=status,
-            latency=latency, ttft=req.ttft))
+            latency=latency, ttft=req.ttft), urgent=key.budgeted)
 
     async def admit_json(self, scope: Scope, receive: Receive, path: str, started: float,
                          call: Call) -> tuple[ForwardRequest, list[Model]]:
@@ -586,7 +586,7 @@ class Gateway:
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
         key = self._authenticate(headers)
         budgets = self.budgets
-        if budgets is not None and (key.limits is not None or key.team_limits is not None):
+        if budgets is not None and key.budgeted:
             budgets.check(key.team, key.name, key.team_limits, key.limits)
         wait = key.admit(now)
         if wait > 0:

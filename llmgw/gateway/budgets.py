@@ -20,9 +20,10 @@ request, so a budget can be exceeded by:
   it arrives and its tokens are known only when it ends (bounded by the
   requests in flight and their ``max_tokens``);
 * the tokens other instances served and had not yet written and re-read:
-  at most two ledger intervals (``gateway.ledger_interval``, 1s) of the
-  team's traffic through them — one for their flush, one for this
-  instance's refresh.
+  at most two ``gateway.budget_interval``s (200ms) of the team's traffic
+  through them — one for their flush, one for this instance's refresh (the
+  ledger writes records of budgeted keys at that pace, not every
+  ``ledger_interval``).
 
 ``bench/ledger_bench.py`` measures it under a 32-connection burst.
 """

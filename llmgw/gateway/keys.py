@@ -147,6 +147,7 @@ class ApiKey:
     # A runtime key's own budgets and its team's (``budgets``); None for file keys.
     limits: Limits | None = None
     team_limits: Limits | None = None
+    budgeted: bool = False          # the key or its team has a token budget
     # The team's request-rate bucket, shared by its keys; None: no team limit.
     team_gate: ApiKey | None = None
     tokens: float = 0.0
@@ -252,6 +253,7 @@ class KeyRing:
                          models=frozenset(limits.models) if limits.models is not None else None,
                          rpm=limits.rpm, priority=limits.priority or "interactive",
                          team=team.name, limits=r.limits, team_limits=team.limits,
+                         budgeted=r.limits.has_budget() or team.limits.has_budget(),
                          team_gate=gate)
             _keep_bucket(key, old.get(r.name))
             fresh[r.sha256] = key

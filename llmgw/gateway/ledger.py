@@ -29,7 +29,9 @@ store, so this instance's own traffic counts at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -46,11 +48,19 @@ CLOSE_TIMEOUT = 10.0
 
 class Ledger:
     def __init__(self, store: Store, *, interval: float, capacity: int,
-                 retention: float, clock: Callable[[], float] = time.time,
+                 retention: float, urgent_interval: float | None = None,
+                 clock: Callable[[], float] = time.time,
                  on_flush: Callable[[], Awaitable[None]] | None = None,
                  on_drop: Callable[[int], object] | None = None) -> None:
         self.store = store
         self.interval = interval
+        # While records of budgeted traffic wait, they are written this often.
+        self.urgent_interval = min(interval, urgent_interval or interval)
+        self._urgent = False
+        # Record ids: a random prefix per ledger and a counter, unique across processes
+        # and restarts without a random draw per request.
+        self._prefix = os.urandom(8).hex()
+        self._count = itertools.count()
         self.capacity = capacity
         self.retention = retention
         self.clock = clock
@@ -68,8 +78,17 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def record(self, rec: UsageRecord) -> None:
-        """Append ``rec`` (never blocks); the oldest record goes if the buffer is full."""
+    def next_id(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+    def record(self, rec: UsageRecord, *, urgent: bool = False) -> None:
+        """Append ``rec`` (never blocks); the oldest record goes if the buffer is full.
+
+        ``urgent``: the record counts against a budget, so the buffer is written
+        at ``urgent_interval`` rather than ``interval`` until it is empty.
+        """
+        if urgent:
+            self._urgent = True
         if len(self._buffer) >= self.capacity:
             self._forget(self._buffer.popleft())
             self.dropped += 1
@@ -114,9 +133,15 @@ class Ledger:
             return total
 
     async def run(self) -> None:
+        waited = 0.0
         while True:
-            await asyncio.sleep(self.interval)
-            await self.tick()
+            step = self.urgent_interval
+            await asyncio.sleep(step)
+            waited += step
+            if waited >= self.interval or self._urgent:
+                waited = 0.0
+                self._urgent = False
+                await self.tick()
 
     async def tick(self) -> None:
         if not self.store.is_open:

@@ -215,6 +215,16 @@ class GatewayMetrics:
             r.register(collector)
             self._collected.register(collector)
         self._models: dict[str, ModelMetrics] = {}
+        self._team_tokens: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+
+    def add_team_tokens(self, team: str, model: str, prompt: int, completion: int) -> None:
+        children = self._team_tokens.get((team, model))
+        if children is None:
+            children = self._team_tokens[(team, model)] = (
+                self.team_tokens.labels(team, model, "prompt"),
+                self.team_tokens.labels(team, model, "completion"))
+        children[0].inc(prompt)
+        children[1].inc(completion)
 
     def for_model(self, name: str) -> ModelMetrics:
         mm = self._models.get(name)

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
+from msgspec.structs import astuple
+
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
     REPORT_RETENTION,
@@ -64,7 +66,6 @@ from llmgw.store.base import (
     TokenTotal,
     UsageRecord,
     UsageRow,
-    hour_of,
 )
 from llmgw.store.base import usage_column as _usage_column
 from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
@@ -815,22 +816,20 @@ class SqliteStore:
     # --- the usage ledger ---------------------------------------------------------------
 
     async def record_usage(self, records: list[UsageRecord]) -> int:
+        # The batch goes into a temporary table in one executemany; the ids already
+        # stored are removed from it, and the rest are copied and rolled up in SQL.
+        rows = [astuple(r) for r in records]
+
         def run(db: sqlite3.Connection) -> int:
-            sums: dict[tuple[int, str, str, str], list[int]] = {}
-            added = 0
-            for r in records:
-                if db.execute(_INSERT_USAGE, (
-                        r.id, r.at, r.key, r.team, r.model, r.replica, r.gpu_class,
-                        r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.status,
-                        r.latency, r.ttft)).rowcount <= 0:
-                    continue
-                added += 1
-                total = sums.setdefault((hour_of(r.at), r.team, r.key, r.model), [0, 0, 0, 0])
-                total[0] += 1
-                total[1] += r.prompt_tokens
-                total[2] += r.cached_tokens
-                total[3] += r.completion_tokens
-            db.executemany(_ADD_HOURLY, [(*k, *v) for k, v in sums.items()])
+            db.execute(_USAGE_BATCH_TABLE)
+            db.execute("DELETE FROM temp.usage_batch")
+            db.executemany(_INSERT_BATCH, rows)
+            db.execute("DELETE FROM temp.usage_batch WHERE EXISTS"
+                       " (SELECT 1 FROM usage u WHERE u.id = usage_batch.id)")
+            added = int(db.execute("SELECT count(*) FROM temp.usage_batch").fetchone()[0])
+            if added:
+                db.execute("INSERT INTO usage SELECT * FROM temp.usage_batch")
+                db.execute(_ROLL_UP_BATCH)
             return added
 
         if not records:
@@ -892,14 +891,21 @@ class SqliteStore:
                             gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
 
 
-_INSERT_USAGE = (
-    "INSERT INTO usage (id, at, key, team, model, replica, gpu_class, prompt_tokens,"
-    " cached_tokens, completion_tokens, status, latency, ttft)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+_USAGE_BATCH_TABLE = (
+    "CREATE TEMP TABLE IF NOT EXISTS usage_batch (id TEXT PRIMARY KEY, at REAL, key TEXT,"
+    " team TEXT, model TEXT, replica TEXT, gpu_class TEXT, prompt_tokens INTEGER,"
+    " cached_tokens INTEGER, completion_tokens INTEGER, status INTEGER, latency REAL, ttft REAL)"
 )
-_ADD_HOURLY = (
+_INSERT_BATCH = (
+    "INSERT INTO temp.usage_batch VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+# "WHERE true": SQLite needs it to parse an upsert whose source is a SELECT.
+_ROLL_UP_BATCH = (
     "INSERT INTO usage_hourly (hour, team, key, model, requests, prompt_tokens, cached_tokens,"
-    " completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " completion_tokens) SELECT CAST(at / 3600 AS INTEGER) * 3600 AS h, team, key, model,"
+    " count(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"
+    " FROM temp.usage_batch WHERE true GROUP BY h, team, key, model"
     " ON CONFLICT (hour, team, key, model) DO UPDATE SET"
     " requests = usage_hourly.requests + excluded.requests,"
     " prompt_tokens = usage_hourly.prompt_tokens + excluded.prompt_tokens,"

@@ -203,3 +203,21 @@ async def test_closing_the_gateway_flushes_the_ledger(
     assert await rows(gw.store) == []
     await gw.gateway.close()
     assert len(await rows(gw.store)) == 1
+
+
+async def test_budgeted_records_are_written_at_the_budget_pace(
+        sqlite_store: SqliteStore) -> None:
+    ledger = Ledger(sqlite_store, interval=3600, urgent_interval=0.05, capacity=100,
+                    retention=86400)
+    task = asyncio.create_task(ledger.run())
+    try:
+        ledger.record(rec("plain"))
+        ledger.record(rec("budgeted"), urgent=True)
+        await wait_for(lambda: len(ledger) == 0, what="the budgeted record to be written")
+        assert ledger.written == 2
+        ledger.record(rec("plain-again"))
+        await asyncio.sleep(0.3)      # several budget ticks: nothing urgent waits
+        assert len(ledger) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
