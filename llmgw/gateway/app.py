@@ -85,7 +85,13 @@ from llmgw.gateway.ledger import Ledger
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
 from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
-from llmgw.gateway.request import header, parse_head, read_body, with_usage
+from llmgw.gateway.request import (
+    estimated_tokens,
+    header,
+    parse_head,
+    read_body,
+    with_usage,
+)
 from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
@@ -350,7 +356,7 @@ class Gateway:
             queue.size, queue.wait = r.queue_size, float(r.queue_wait)
         return queue
 
-    def _enter(self, model: Model, priority: Priority) -> Ticket | None:
+    def _enter(self, model: Model, req: ForwardRequest) -> Ticket | None:
         """None: forward now. Else the request's place in the model's queue (429 when full)."""
         r = model.routing
         if r.max_concurrency is None and not model.scrapes_engine:
@@ -362,7 +368,7 @@ class Gateway:
         if not len(queue) and headroom - queue.in_transit > 0:
             return None
         try:
-            ticket = queue.join(priority)
+            ticket = queue.join(req.priority, req.team, req.cost)
         except LlmgwError:
             self.metrics.rejected.labels(model.name, "queue_full").inc()
             raise
@@ -580,7 +586,8 @@ class Gateway:
         call.request = ForwardRequest(path=path, body=body, model=head.model,
                                       stream=bool(head.stream), headers=scope["headers"],
                                       started=started, metrics=call.metrics,
-                                      priority=key.priority, strip_usage=strip)
+                                      priority=key.priority, strip_usage=strip,
+                                      team=key.team, cost=estimated_tokens(body, head))
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
@@ -656,7 +663,7 @@ class Gateway:
                     self.ondemand.end(model)
                 if not up:
                     return await self._forward_after_cold_wait(req, chain, send)
-            ticket = self._enter(model, req.priority)
+            ticket = self._enter(model, req)
             if ticket is not None:
                 try:
                     await self._wait_in_queue(ticket, model, mm)

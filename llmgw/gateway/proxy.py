@@ -281,6 +281,9 @@ class ForwardRequest:
     # The admission class: "interactive" (clients, or the key's class) or "batch"
     # (the batch worker's lines), which orders requests waiting for a replica.
     priority: Priority = "interactive"
+    # Its team and estimated tokens: its turn among the teams of its class when queued.
+    team: str = ""
+    cost: float = 1.0
     # (path, body) for each model of the chain, when they differ by model.
     variant: Callable[[Model], tuple[str, Body]] | None = None
     keys: dict[int, PrefixKey | None] | None = None  # per prefix_bytes, made when asked

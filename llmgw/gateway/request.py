@@ -25,6 +25,9 @@ class RequestHead(msgspec.Struct):
     model: str
     stream: bool | None = None
     stream_options: msgspec.Raw = msgspec.Raw()      # empty: absent
+    # Read leniently (a wrong type is the engine's to refuse): the fair share's estimate.
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_completion_tokens: msgspec.Raw = msgspec.Raw()
 
 
 _head_decoder = msgspec.json.Decoder(RequestHead)
@@ -115,3 +118,18 @@ def with_usage(body: bytes, options: msgspec.Raw) -> bytes | None:
     fields = _raw_object.decode(body)
     fields["stream_options"] = msgspec.Raw(_encode(opts))
     return _encode(fields)
+
+
+# What a request is assumed to generate when it does not say (the fair share's estimate).
+DEFAULT_ANSWER_TOKENS = 256
+
+
+def estimated_tokens(body: bytes, head: RequestHead) -> float:
+    """A request's tokens before it runs: its bytes / 4, plus the answer it allows."""
+    answer = DEFAULT_ANSWER_TOKENS
+    for raw in (head.max_completion_tokens, head.max_tokens):
+        text = bytes(raw).strip()
+        if text.isdigit():
+            answer = int(text)
+            break
+    return len(body) / 4 + answer
