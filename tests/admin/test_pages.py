@@ -343,3 +343,31 @@ async def test_the_fleet_page_answers_when_the_scheduler_fails_or_hangs(
     r = await admin.get("/admin/fleet")
     assert r.status_code == 200
     assert "the scheduler did not answer within" in r.text
+
+
+async def test_the_usage_page_draws_tokens_per_group_as_svg(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """Tokens per hour stacked by team, server-rendered; group names are escaped."""
+    import time
+
+    from llmgw.store.base import UsageRecord
+
+    now = time.time()
+    await ctx.store.record_usage([UsageRecord(
+        id=f"r{i}", at=now, key="k", team=team, model="m", replica="r", gpu_class="",
+        prompt_tokens=100, cached_tokens=0, completion_tokens=20 * (i + 1), status=200,
+        latency=0.1, ttft=None) for i, team in enumerate(["ml", "<script>x</script>", "ml"])])
+    r = await admin.get("/admin/usage")
+    assert r.status_code == 200
+    page = r.text
+    svg = page[page.index("<svg xmlns"):page.index("</svg>", page.index("<svg xmlns"))]
+    assert 'data-group="ml"' in svg
+    assert "<script>x</script>" not in page
+    assert "&lt;script&gt;x&lt;/script&gt;" in svg
+    assert "ml: 280 tokens" in svg
+    totals = re.search(r'<tr data-group="ml">(.*?)</tr>', page, re.S)
+    assert totals is not None
+    assert "<td>2</td>" in totals.group(1)
+    by_model = (await admin.get("/admin/usage?by=model&granularity=day")).text
+    assert 'data-group="m"' in by_model
+    assert "no runtime teams" in page
