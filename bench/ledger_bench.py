@@ -130,24 +130,32 @@ async def query(base: str) -> None:
 
 
 def ab(rounds: int, duration: float, database: str | None) -> None:
+    """Both gateways run side by side; loads alternate between them, the order flipped
+    each round, so drift in what else the machine runs falls on both alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    off, on = [], []
+    off: list[float] = []
+    on: list[float] = []
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
     where = "Postgres" if database else "SQLite"
-    with python_upstream(100, 0.05) as upstream:
-        for _ in range(rounds):
-            for results, ledger in ((off, "0"), (on, "1")):
-                with gateway("uvicorn", {"bench": upstream},
-                             env={**env, "LLMGW_BENCH_LEDGER": ledger}) as (url, _pid):
-                    load(url, 32, min(2.0, duration), tmp)     # warm up
-                    rps, _med, _bad = load(url, 32, duration, tmp)
-                    results.append(rps)
-    ratio = statistics.median(on) / statistics.median(off)
-    print(f"gateway throughput at 32 connections, store {where}, {rounds} alternated runs of "
-          f"{duration:g} s: ledger off median {statistics.median(off):,.0f} req/s, on "
-          f"{statistics.median(on):,.0f} req/s, ratio {ratio:.3f} (target >= 0.95); "
-          f"off runs {', '.join(f'{r:,.0f}' for r in off)}; "
-          f"on {', '.join(f'{r:,.0f}' for r in on)}")
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(python_upstream(100, 0.05))
+        url_off, _ = stack.enter_context(gateway(
+            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "0"}))
+        url_on, _ = stack.enter_context(gateway(
+            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "1"}))
+        for url in (url_off, url_on):
+            load(url, 32, min(2.0, duration), tmp)     # warm up
+        for i in range(rounds):
+            pair = [(off, url_off), (on, url_on)]
+            for results, url in pair if i % 2 == 0 else pair[::-1]:
+                rps, _med, _bad = load(url, 32, duration, tmp)
+                results.append(rps)
+    ratios = sorted(b / a for a, b in zip(off, on, strict=True))
+    print(f"gateway throughput at 32 connections, store {where}, {rounds} alternated pairs of "
+          f"{duration:g} s runs: ledger off median {statistics.median(off):,.0f} req/s, on "
+          f"{statistics.median(on):,.0f} req/s; median of the pairs' ratios "
+          f"{statistics.median(ratios):.3f} (target >= 0.95; pairs "
+          f"{', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:

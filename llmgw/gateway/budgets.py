@@ -9,7 +9,8 @@ What a request is checked against, when it arrives (before its body is
 read): the tokens the store's ledger holds for the period — read by every
 instance right after each of its ledger flushes, from the hourly roll-ups for
 a day or a month and from the raw records for the last minute — plus this
-instance's own tokens not yet written (``Ledger.pending_*``). At or over the
+instance's own tokens not yet written, or written since that read began
+(``Ledger.pending_*``, ``Ledger.written_*``). At or over the
 budget, the answer is 429 with the code ``insufficient_quota`` in OpenAI's
 error shape, the time the budget resets in the message, and ``Retry-After``.
 
@@ -90,12 +91,21 @@ class Budgets:
         self._teams: dict[BudgetField, dict[str, int]] = {f: {} for f in BUDGET_FIELDS}
         self._keys: dict[BudgetField, dict[tuple[str, str], int]] = {
             f: {} for f in BUDGET_FIELDS}
+        # Tokens this instance wrote that the totals being read may not hold yet.
+        self._carried: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
 
     async def refresh(self) -> None:
         """Read the totals of every period (three queries)."""
         if not self.store.is_open:
             return
+        teams_w, keys_w = self.ledger.take_written()
+        carried_t, carried_k = self._carried
+        for team, n in teams_w.items():
+            carried_t[team] = carried_t.get(team, 0) + n
+        for k, n in keys_w.items():
+            carried_k[k] = carried_k.get(k, 0) + n
         now = self.clock()
+        read: list[tuple[BudgetField, dict[str, int], dict[tuple[str, str], int]]] = []
         for field in BUDGET_FIELDS:
             since = period_start(field, now)
             totals: list[TokenTotal]
@@ -108,14 +118,21 @@ class Budgets:
             for t in totals:
                 teams[t.team] = teams.get(t.team, 0) + t.tokens
                 keys[(t.team, t.key)] = t.tokens
+            read.append((field, teams, keys))
+        # Installed together, with the carried tokens dropped: they are in what was read.
+        for field, teams, keys in read:
             self._teams[field], self._keys[field] = teams, keys
+        self._carried = ({}, {})
 
     def used(self, field: BudgetField, team: str, key: str | None) -> int:
         """Tokens of the period: as read from the store, plus this instance's unwritten."""
+        ledger = self.ledger
         if key is None:
-            return self._teams[field].get(team, 0) + self.ledger.pending_teams.get(team, 0)
+            return (self._teams[field].get(team, 0) + ledger.pending_teams.get(team, 0)
+                    + ledger.written_teams.get(team, 0) + self._carried[0].get(team, 0))
         k = (team, key)
-        return self._keys[field].get(k, 0) + self.ledger.pending_keys.get(k, 0)
+        return (self._keys[field].get(k, 0) + ledger.pending_keys.get(k, 0)
+                + ledger.written_keys.get(k, 0) + self._carried[1].get(k, 0))
 
     def check(self, team: str, key: str, team_limits: Limits | None,
               key_limits: Limits | None) -> None:

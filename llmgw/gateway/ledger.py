@@ -22,8 +22,10 @@ timings. It never holds the API key (only its name) or any part of the
 request or the answer.
 
 The ledger also keeps, per team and per key, the tokens of records not yet
-written (``pending``): budget checks add them to the totals read from the
-store, so this instance's own traffic counts at once.
+written (``pending``) and of those written since the budgets last re-read the
+store (``written``): budget checks add both to the totals they read, so this
+instance's own traffic counts at once and never drops out between a write
+and the re-read.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Ledger:
         # Tokens of buffered records, by team and by (team, key).
         self.pending_teams: dict[str, int] = {}
         self.pending_keys: dict[tuple[str, str], int] = {}
+        # Tokens written since the budgets last took them (``take_written``).
+        self.written_teams: dict[str, int] = {}
+        self.written_keys: dict[tuple[str, str], int] = {}
         self.dropped = 0
         self.written = 0
         self._on_flush = on_flush
@@ -128,9 +133,21 @@ class Ledger:
                 for _ in batch:
                     rec = self._buffer.popleft()
                     self._forget(rec)
+                    tokens = rec.prompt_tokens + rec.completion_tokens
+                    if tokens:
+                        wt, wk = self.written_teams, self.written_keys
+                        wt[rec.team] = wt.get(rec.team, 0) + tokens
+                        k = (rec.team, rec.key)
+                        wk[k] = wk.get(k, 0) + tokens
                 total += len(batch)
                 self.written += len(batch)
             return total
+
+    def take_written(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """The tokens written since the last call, by team and by (team, key)."""
+        out = self.written_teams, self.written_keys
+        self.written_teams, self.written_keys = {}, {}
+        return out
 
     async def run(self) -> None:
         waited = 0.0

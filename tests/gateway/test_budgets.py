@@ -5,8 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
-from llmgw.gateway.budgets import period_start, resets_at
+from llmgw.gateway.budgets import Budgets, period_start, resets_at
+from llmgw.gateway.ledger import Ledger
+from llmgw.store.base import UsageRecord
+from llmgw.store.sqlite import SqliteStore
 from llmgw.tenancy import Limits
 from tests.gateway.conftest import GatewayFactory, chat_model
 from tests.gateway.engine import FakeEngine
@@ -86,3 +90,25 @@ def test_periods_are_utc_days_and_calendar_months() -> None:
     assert resets_at("tokens_per_day", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
     assert resets_at("tokens_per_month", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
     assert resets_at("tokens_per_minute", now) == now + 60
+
+
+async def test_own_tokens_count_once_between_a_write_and_the_re_read(tmp_path: Path) -> None:
+    """Written but not yet re-read, this instance's tokens still count; after, once."""
+    store = SqliteStore(f"sqlite:///{tmp_path / 'b.db'}")
+    await store.open()
+    try:
+        ledger = Ledger(store, interval=1, capacity=100, retention=86400)
+        budgets = Budgets(store, ledger)
+        ledger.record(UsageRecord(
+            id="a", at=time.time(), key="k", team="ml", model="m", replica="r",
+            gpu_class="", prompt_tokens=7, cached_tokens=0, completion_tokens=3, status=200,
+            latency=0.1, ttft=None))
+        for field in ("tokens_per_minute", "tokens_per_day", "tokens_per_month"):
+            assert budgets.used(field, "ml", None) == 10   # type: ignore[arg-type]
+        await ledger.flush()
+        assert budgets.used("tokens_per_day", "ml", "k") == 10
+        await budgets.refresh()
+        assert budgets.used("tokens_per_day", "ml", "k") == 10
+        assert budgets.used("tokens_per_minute", "ml", None) == 10
+    finally:
+        await store.close()
