@@ -60,6 +60,8 @@ FILE_TEAM = "-"
 # 10^13 tokens is beyond any fleet's month; a larger budget is a typo.
 MAX_TOKENS = 10**13
 MAX_RPM = 10**8
+MAX_LOG_DAYS = 3650
+DEFAULT_LOG_DAYS = 30
 
 BudgetField = Literal["tokens_per_minute", "tokens_per_day", "tokens_per_month"]
 BUDGET_FIELDS: tuple[BudgetField, ...] = ("tokens_per_minute", "tokens_per_day",
@@ -75,6 +77,10 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defa
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
     priority: Priority | None = None
+    # Request logs, set on a team only: "metadata" keeps each request's record;
+    # "bodies" also its prompt and answer. Kept for log_retention_days (30).
+    log_requests: Literal["off", "metadata", "bodies"] | None = None
+    log_retention_days: int | None = None
 
     def has_budget(self) -> bool:
         return (self.tokens_per_minute is not None or self.tokens_per_day is not None
@@ -104,6 +110,10 @@ def check_limits(limits: Limits, where: str) -> None:
             raise DefinitionError(
                 f"{where}: {name} {value} is larger than {ceiling:,} (is it a typo?); omit it "
                 "for no limit", field=name)
+    days = limits.log_retention_days
+    if days is not None and (isinstance(days, bool) or not 1 <= days <= MAX_LOG_DAYS):
+        raise DefinitionError(f"{where}: log_retention_days {days!r} must be 1 to "
+                              f"{MAX_LOG_DAYS}", field="log_retention_days")
     if limits.models is not None:
         if not limits.models:
             raise DefinitionError(
@@ -118,6 +128,10 @@ def check_limits(limits: Limits, where: str) -> None:
 def check_narrowing(team: Limits, key: Limits, where: str) -> None:
     """A key may narrow its team's limits, never widen its allow-list or priority."""
     check_limits(key, where)
+    for name in ("log_requests", "log_retention_days"):
+        if getattr(key, name) is not None:
+            raise DefinitionError(f"{where}: {name} is set on the team, for all its keys",
+                                  field=name)
     if key.models is not None and team.models is not None:
         outside = sorted(set(key.models) - set(team.models))
         if outside:

@@ -58,5 +58,12 @@ async def revoke_key(ctx: Ctx, name: FromPath[str]) -> None:
     await t.revoke_key(ctx, name)
 
 
+@get("/teams/{name:str}/logs",
+     summary="A team's request logs, newest first (teams that set log_requests)")
+async def team_logs(ctx: Ctx, name: FromPath[str], before: FromQuery[float | None] = None,
+                    limit: FromQuery[int] = 100) -> list[t.LoggedRequest]:
+    return await t.request_logs(ctx, name, before, limit)
+
+
 route_handlers = [list_teams, create_team, set_team_limits, revoke_team, list_keys,
-                  create_key, revoke_key]
+                  create_key, revoke_key, team_logs]

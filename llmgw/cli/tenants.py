@@ -50,8 +50,8 @@ def _limits(models: str | None, rpm: int | None, tokens_per_minute: int | None,
 def _limits_text(limits: dict[str, Any]) -> str:
     parts = ["models " + ",".join(limits["models"])] if "models" in limits else []
     parts.extend(f"{name.replace('_', ' ')} {limits[name]}" for name in (
-        "rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "priority")
-        if name in limits)
+        "rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "priority",
+        "log_requests", "log_retention_days") if name in limits)
     return "; ".join(parts) or "no limits"
 
 
@@ -60,18 +60,38 @@ def team() -> None:
     """Create, list, limit and revoke teams (their keys: `llmgw ctl key`)."""
 
 
+def log_options(fn: F) -> F:
+    fn = click.option("--log-retention-days", type=int, default=None,
+                      help="How long request logs are kept (default 30).")(fn)
+    return click.option("--log-requests", type=click.Choice(["off", "metadata", "bodies"]),
+                        default=None, help="Keep each request's record (metadata), and "
+                        "also its prompt and answer (bodies).")(fn)
+
+
+def _with_logs(limits: dict[str, Any], log_requests: str | None,
+               log_retention_days: int | None) -> dict[str, Any]:
+    if log_requests is not None:
+        limits["log_requests"] = log_requests
+    if log_retention_days is not None:
+        limits["log_retention_days"] = log_retention_days
+    return limits
+
+
 @team.command("add")
 @click.argument("name")
 @limit_options
+@log_options
 @output_option
 @pass_client
 def team_add(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
-             tokens_per_month: int | None, priority: str | None, output: str) -> None:
+             tokens_per_month: int | None, priority: str | None, log_requests: str | None,
+             log_retention_days: int | None, output: str) -> None:
     """Create a team with its limits."""
     with failures():
-        limits = _limits(models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month,
-                         priority)
+        limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
+                                    tokens_per_month, priority), log_requests,
+                            log_retention_days)
         t = client.post("/api/v1/teams", json={"name": name, "limits": limits})
     if output == "json":
         print_json(t)
@@ -82,15 +102,19 @@ def team_add(client: ApiClient, name: str, models: str | None,
 @team.command("set")
 @click.argument("name")
 @limit_options
+@log_options
 @output_option
 @pass_client
 def team_set(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
-             tokens_per_month: int | None, priority: str | None, output: str) -> None:
+             tokens_per_month: int | None, priority: str | None, log_requests: str | None,
+             log_retention_days: int | None, output: str) -> None:
     """Replace a team's limits (those not given are lifted)."""
     with failures():
-        t = client.put(f"/api/v1/teams/{quote(name)}/limits", json=_limits(
-            models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month, priority))
+        limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
+                                    tokens_per_month, priority), log_requests,
+                            log_retention_days)
+        t = client.put(f"/api/v1/teams/{quote(name)}/limits", json=limits)
     if output == "json":
         print_json(t)
     else:
@@ -232,3 +256,15 @@ def costs(client: ApiClient, since: str | None, until: str | None, output: str) 
     if report["unpriced"]:
         click.echo(f"warning: no price_per_hour for GPU class(es) {', '.join(report['unpriced'])}"
                    "; their time is not counted", err=True)
+
+
+@team.command("logs")
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="How many, newest first.")
+@pass_client
+def team_logs(client: ApiClient, name: str, limit: int) -> None:
+    """Print a team's request logs as JSON (teams that set --log-requests)."""
+    with failures():
+        logs = client.get(f"/api/v1/teams/{quote(name)}/logs?limit={limit}")
+    print_json(logs)

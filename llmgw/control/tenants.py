@@ -157,3 +157,25 @@ async def revoke_key(ctx: AppContext, name: str) -> None:
     if not await _store(ctx).delete_key(name):
         raise NotFoundError(f"no runtime key named {name!r} (keys in the keys file are revoked "
                             "with `llmgw keys revoke` on the control-plane host)", field="name")
+
+
+class LoggedRequest(msgspec.Struct, kw_only=True):
+    id: str
+    at: float
+    key: str
+    entry: msgspec.Raw            # path, requested model, stream, and its usage record
+    request: str | None           # the bodies, for a team that logs them
+    response: str | None
+
+
+async def request_logs(ctx: AppContext, team: str, before: float | None,
+                       limit: int) -> list[LoggedRequest]:
+    if not 1 <= limit <= 1000:
+        raise DefinitionError(f"limit {limit} must be 1 to 1000", field="limit")
+    logs = await _store(ctx).request_logs(team, before if before is not None else time.time()
+                                          + 1, limit)
+    return [LoggedRequest(id=g.id, at=g.at, key=g.key, entry=msgspec.Raw(g.record),
+                          request=None if g.request is None
+                          else g.request.decode("utf-8", "replace"),
+                          response=None if g.response is None
+                          else g.response.decode("utf-8", "replace")) for g in logs]

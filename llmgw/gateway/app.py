@@ -98,7 +98,7 @@ from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.tenants import TenantsFollower
 from llmgw.scheduler.base import Routing
-from llmgw.store.base import Store, UsageRecord
+from llmgw.store.base import RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway")
@@ -555,11 +555,22 @@ class Gateway:
         gpu_class = ""
         if served is not None and served.profiles:
             gpu_class = served.profiles[0].gpu_class or ""
-        ledger.record(UsageRecord(
+        record = UsageRecord(
             id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
             replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,
             cached_tokens=usage.cached, completion_tokens=usage.completion, status=status,
-            latency=latency, ttft=req.ttft), urgent=key.budgeted)
+            latency=latency, ttft=req.ttft)
+        ledger.record(record, urgent=key.budgeted)
+        if key.log_requests != "off":
+            bodies = key.log_requests == "bodies"
+            ledger.log(RequestLog(
+                id=record.id, at=record.at, expires_at=record.at + key.log_days * 86400,
+                team=key.team, key=key.name,
+                record=_encode_log(_LogEntry(path=req.path, requested=req.model,
+                                             stream=req.stream, usage=record)),
+                request=req.body if bodies else None,
+                response=b"".join(req.capture) if bodies and req.capture is not None
+                else None))
 
     async def admit_json(self, scope: Scope, receive: Receive, path: str, started: float,
                          call: Call) -> tuple[ForwardRequest, list[Model]]:
@@ -587,7 +598,8 @@ class Gateway:
                                       stream=bool(head.stream), headers=scope["headers"],
                                       started=started, metrics=call.metrics,
                                       priority=key.priority, strip_usage=strip,
-                                      team=key.team, cost=estimated_tokens(body, head))
+                                      team=key.team, cost=estimated_tokens(body, head),
+                                      capture=[] if key.log_requests == "bodies" else None)
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
@@ -698,6 +710,18 @@ class Gateway:
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _NO_USAGE = Usage(0, 0, 0)
+
+
+class _LogEntry(msgspec.Struct):
+    """What a request log keeps beside the bodies: the request's shape and its record."""
+
+    path: str
+    requested: str
+    stream: bool
+    usage: UsageRecord
+
+
+_encode_log = msgspec.json.Encoder().encode
 # Streams that report usage only when asked (stream_options.include_usage).
 _USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _INTERNAL_HEADERS = [(b"content-type", b"application/json")]

@@ -44,6 +44,7 @@ import msgspec
 
 from llmgw.errors import ConfigError, DefinitionError, NotFoundError, RefusedError
 from llmgw.tenancy import (
+    DEFAULT_LOG_DAYS,
     FILE_TEAM,
     KEY_PREFIX,
     NAME_RE,
@@ -148,6 +149,8 @@ class ApiKey:
     limits: Limits | None = None
     team_limits: Limits | None = None
     budgeted: bool = False          # the key or its team has a token budget
+    log_requests: str = "off"       # the team's request logs: off, metadata or bodies
+    log_days: int = DEFAULT_LOG_DAYS
     # The team's request-rate bucket, shared by its keys; None: no team limit.
     team_gate: ApiKey | None = None
     tokens: float = 0.0
@@ -254,6 +257,8 @@ class KeyRing:
                          rpm=limits.rpm, priority=limits.priority or "interactive",
                          team=team.name, limits=r.limits, team_limits=team.limits,
                          budgeted=r.limits.has_budget() or team.limits.has_budget(),
+                         log_requests=team.limits.log_requests or "off",
+                         log_days=team.limits.log_retention_days or DEFAULT_LOG_DAYS,
                          team_gate=gate)
             _keep_bucket(key, old.get(r.name))
             fresh[r.sha256] = key

@@ -39,11 +39,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from llmgw.errors import LlmgwError
-from llmgw.store.base import Store, UsageRecord
+from llmgw.store.base import RequestLog, Store, UsageRecord
 
 log = logging.getLogger("llmgw.gateway.ledger")
 
 BATCH = 5000
+# Request logs may carry bodies of up to a megabyte or two each.
+LOG_BATCH = 100
 # How long close() keeps trying to write what is left.
 CLOSE_TIMEOUT = 10.0
 
@@ -67,6 +69,7 @@ class Ledger:
         self.retention = retention
         self.clock = clock
         self._buffer: deque[UsageRecord] = deque()
+        self._logs: deque[RequestLog] = deque()
         # Tokens of buffered records, by team and by (team, key).
         self.pending_teams: dict[str, int] = {}
         self.pending_keys: dict[tuple[str, str], int] = {}
@@ -106,6 +109,15 @@ class Ledger:
             k = (rec.team, rec.key)
             self.pending_keys[k] = self.pending_keys.get(k, 0) + tokens
 
+    def log(self, entry: RequestLog) -> None:
+        """Keep ``entry`` for a team that logs requests (bounded like the records)."""
+        if len(self._logs) >= self.capacity:
+            self._logs.popleft()
+            self.dropped += 1
+            if self._on_drop is not None:
+                self._on_drop(1)
+        self._logs.append(entry)
+
     def _forget(self, rec: UsageRecord) -> None:
         tokens = rec.prompt_tokens + rec.completion_tokens
         if not tokens:
@@ -141,6 +153,11 @@ class Ledger:
                         wk[k] = wk.get(k, 0) + tokens
                 total += len(batch)
                 self.written += len(batch)
+            while self._logs:
+                logs = [self._logs[i] for i in range(min(LOG_BATCH, len(self._logs)))]
+                await self.store.put_request_logs(logs)
+                for _ in logs:
+                    self._logs.popleft()
             return total
 
     def take_written(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
@@ -182,12 +199,15 @@ class Ledger:
                 purged = await self.store.purge_usage(now - self.retention)
                 if purged:
                     log.info("purged %d usage record(s) older than the retention", purged)
+                purged = await self.store.purge_request_logs(now)
+                if purged:
+                    log.info("purged %d request log(s) past their team's retention", purged)
             except LlmgwError as exc:
                 log.warning("purging old usage records failed: %s", exc.message)
 
     async def close(self) -> None:
         """Write what is left, for at most ``CLOSE_TIMEOUT``; say what could not be."""
-        if not self._buffer or not self.store.is_open:
+        if not (self._buffer or self._logs) or not self.store.is_open:
             if self._buffer:
                 log.error("the store is not open: %d usage record(s) are lost",
                           len(self._buffer))

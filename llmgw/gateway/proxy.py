@@ -91,6 +91,15 @@ _DROP_RESPONSE = frozenset({
     b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
 })
 _ERROR_SNIPPET = 300
+# The most of one answer a request log keeps.
+CAPTURE_LIMIT = 1024 * 1024
+
+
+def keep(capture: list[bytes], chunk: bytes) -> None:
+    """Append ``chunk`` to a captured answer, up to ``CAPTURE_LIMIT`` bytes in all."""
+    room = CAPTURE_LIMIT - sum(len(c) for c in capture)
+    if room > 0:
+        capture.append(chunk[:room])
 # How long one send to the client may block (the client reads nothing) before
 # the client is taken as gone. Generous: a client pausing briefly is served.
 CLIENT_SEND_TIMEOUT = 120.0
@@ -294,6 +303,8 @@ class ForwardRequest:
     ttft: float | None = None
     # The gateway asked for the usage chunk the client did not: it is not passed on.
     strip_usage: bool = False
+    # The answer as sent to the client, for a team that logs bodies (None: not kept).
+    capture: list[bytes] | None = None
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
@@ -523,6 +534,8 @@ class Forwarder:
                                          "headers": headers})
                         sent = req.responded = True
                         await to_client({"type": "http.response.body", "body": data})
+                        if req.capture is not None:
+                            req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
                             self._count_usage(model, data, req)
                     return status
@@ -569,6 +582,8 @@ class Forwarder:
             if chunk:
                 await to_client({"type": "http.response.body", "body": chunk,
                                  "more_body": True})
+                if req.capture is not None:
+                    keep(req.capture, chunk)
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
             deadline.reschedule(None)

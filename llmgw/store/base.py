@@ -172,6 +172,20 @@ class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int                # prompt + completion
 
 
+class RequestLog(msgspec.Struct, frozen=True, kw_only=True):
+    """A request kept for a team that logs requests: its usage record as JSON, and its
+    bodies only when the team logs bodies."""
+
+    id: str                    # the usage record's id
+    at: float
+    expires_at: float          # Unix seconds; purged after
+    team: str
+    key: str
+    record: bytes
+    request: bytes | None = None
+    response: bytes | None = None
+
+
 class ReplicaTime(msgspec.Struct, frozen=True, kw_only=True):
     """Allocated replica time of one model (on one GPU class, "" for CPU) in one hour."""
 
@@ -390,6 +404,17 @@ class Store(Protocol):
 
     async def team_model_tokens(self, since: float, until: float) -> list[TeamModelTokens]:
         """Tokens per (hour, team, model) over the hours starting in [since, until)."""
+
+    # --- request logs ----------------------------------------------------------------
+
+    async def put_request_logs(self, logs: list[RequestLog]) -> None:
+        """Keep ``logs``; an id already kept is skipped."""
+
+    async def request_logs(self, team: str, before: float, limit: int) -> list[RequestLog]:
+        """``team``'s unexpired logs older than ``before``, newest first."""
+
+    async def purge_request_logs(self, now: float) -> int:
+        """Delete logs whose ``expires_at`` has passed; the number deleted."""
 
     # --- replica time, for costs ----------------------------------------------------
 

@@ -59,6 +59,7 @@ from llmgw.store.base import (
     FileRecord,
     ReplicaTime,
     Report,
+    RequestLog,
     StoredKey,
     StoredModel,
     StoredResponse,
@@ -790,6 +791,36 @@ class PostgresStore:
             " WHERE hour >= %s AND hour < %s ORDER BY hour, model, gpu_class", (since, until))
         return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
                             gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
+
+    async def put_request_logs(self, logs: list[RequestLog]) -> None:
+        if not logs:
+            return
+        await self._query(
+            f"keep {len(logs)} request logs",
+            "INSERT INTO request_logs (id, at, expires_at, team, key, record, request, response)"
+            " SELECT * FROM unnest(%s::text[], %s::float8[], %s::float8[], %s::text[],"
+            " %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) ON CONFLICT (id) DO NOTHING",
+            ([g.id for g in logs], [g.at for g in logs], [g.expires_at for g in logs],
+             [g.team for g in logs], [g.key for g in logs], [g.record for g in logs],
+             [g.request for g in logs], [g.response for g in logs]))
+
+    async def request_logs(self, team: str, before: float, limit: int) -> list[RequestLog]:
+        rows = await self._query(
+            f"read request logs of {team!r}",
+            "SELECT id, at, expires_at, team, key, record, request, response FROM request_logs"
+            " WHERE team = %s AND at < %s AND expires_at > EXTRACT(EPOCH FROM now())"
+            " ORDER BY at DESC LIMIT %s", (team, before, limit))
+        return [RequestLog(id=r[0], at=float(r[1]), expires_at=float(r[2]), team=r[3],
+                           key=r[4], record=bytes(r[5]),
+                           request=None if r[6] is None else bytes(r[6]),
+                           response=None if r[7] is None else bytes(r[7])) for r in rows]
+
+    async def purge_request_logs(self, now: float) -> int:
+        rows = await self._query(
+            "purge expired request logs",
+            "WITH gone AS (DELETE FROM request_logs WHERE expires_at <= %s RETURNING 1)"
+            " SELECT count(*) FROM gone", (now,))
+        return int(rows[0][0])
 
 
 # New records only (ON CONFLICT skips an id already stored) feed the roll-ups,

@@ -365,6 +365,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        number=6,
+        name="request logs, kept for teams that ask for them",
+        sqlite=(
+            """CREATE TABLE request_logs (
+                id         TEXT PRIMARY KEY,
+                at         REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                team       TEXT NOT NULL,
+                key        TEXT NOT NULL,
+                record     BLOB NOT NULL,
+                request    BLOB,
+                response   BLOB
+            )""",
+            "CREATE INDEX request_logs_team ON request_logs (team, at)",
+            "CREATE INDEX request_logs_expiry ON request_logs (expires_at)",
+        ),
+        postgres=(
+            """CREATE TABLE request_logs (
+                id         text PRIMARY KEY,
+                at         double precision NOT NULL,
+                expires_at double precision NOT NULL,
+                team       text NOT NULL,
+                key        text NOT NULL,
+                record     bytea NOT NULL,
+                request    bytea,
+                response   bytea
+            )""",
+            "CREATE INDEX request_logs_team ON request_logs (team, at)",
+            "CREATE INDEX request_logs_expiry ON request_logs (expires_at)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].number

@@ -58,6 +58,7 @@ from llmgw.store.base import (
     FileRecord,
     ReplicaTime,
     Report,
+    RequestLog,
     StoredKey,
     StoredModel,
     StoredResponse,
@@ -890,6 +891,32 @@ class SqliteStore:
             (since, until)).fetchall())
         return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
                             gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
+
+    async def put_request_logs(self, logs: list[RequestLog]) -> None:
+        rows = [(g.id, g.at, g.expires_at, g.team, g.key, g.record, g.request, g.response)
+                for g in logs]
+        await self._conn(self._writes).run(lambda db: _in_transaction(db, lambda d: d.executemany(
+            "INSERT INTO request_logs (id, at, expires_at, team, key, record, request, response)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING", rows)))
+
+    async def request_logs(self, team: str, before: float, limit: int) -> list[RequestLog]:
+        rows = await self._conn(self._reads).run(lambda db: db.execute(
+            "SELECT id, at, expires_at, team, key, CAST(record AS BLOB), CAST(request AS BLOB),"
+            " CAST(response AS BLOB) FROM request_logs WHERE team = ? AND at < ?"
+            " AND expires_at > ((julianday('now') - 2440587.5) * 86400.0)"
+            " ORDER BY at DESC LIMIT ?", (team, before, limit)).fetchall())
+        return [_log(r) for r in rows]
+
+    async def purge_request_logs(self, now: float) -> int:
+        count = await self._conn(self._writes).run(lambda db: db.execute(
+            "DELETE FROM request_logs WHERE expires_at <= ?", (now,)).rowcount)
+        return int(count)
+
+
+def _log(r: tuple[Any, ...]) -> RequestLog:
+    return RequestLog(id=r[0], at=float(r[1]), expires_at=float(r[2]), team=r[3], key=r[4],
+                      record=bytes(r[5]), request=None if r[6] is None else bytes(r[6]),
+                      response=None if r[7] is None else bytes(r[7]))
 
 
 _USAGE_BATCH_TABLE = (

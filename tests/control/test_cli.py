@@ -306,3 +306,15 @@ def test_costs_command_prints_teams_and_models(api_url: str) -> None:
     code, out = ctl(api_url, "costs", "-o", "json")
     assert code == 0
     assert json.loads(out)["overhead_account"] == "overhead"
+
+
+def test_team_logs_settings_and_command(api_url: str) -> None:
+    """`ctl team add --log-requests bodies` sets the team's logging; `ctl team logs`
+    prints its (empty) logs as JSON."""
+    code, out = ctl(api_url, "team", "add", "audited", "--log-requests", "bodies",
+                    "--log-retention-days", "7")
+    assert code == 0, out
+    assert "log requests bodies; log retention days 7" in out
+    code, out = ctl(api_url, "team", "logs", "audited")
+    assert code == 0, out
+    assert json.loads(out) == []

@@ -159,3 +159,30 @@ async def test_bad_usage_queries_are_refused(client: AsyncTestClient, params: di
     r = await client.get("/api/v1/usage", headers=ADMIN, params=params)
     assert r.status_code == 400, r.text
     assert field in r.text
+
+
+async def test_a_teams_request_logs_are_listed_newest_first(
+        client: AsyncTestClient, store: Store) -> None:
+    import time
+
+    from llmgw.store.base import RequestLog
+
+    r = await client.post("/api/v1/teams", headers=ADMIN, json={
+        "name": "ml", "limits": {"log_requests": "bodies", "log_retention_days": 7}})
+    assert r.status_code == 201, r.text
+    now = time.time()
+    await store.put_request_logs([RequestLog(
+        id="l1", at=now, expires_at=now + 3600, team="ml", key="k",
+        record=b'{"path": "/v1/chat/completions"}', request=b'{"messages": []}',
+        response=b'{"choices": []}')])
+    r = await client.get("/api/v1/teams/ml/logs", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    [entry] = r.json()
+    assert entry["entry"] == {"path": "/v1/chat/completions"}
+    assert entry["request"] == '{"messages": []}'
+    r = await client.get("/api/v1/teams/ml/logs", headers=ADMIN, params={"limit": 0})
+    assert r.status_code == 400
+    r = await client.post("/api/v1/keys", headers=ADMIN, json={
+        "name": "k", "team": "ml", "limits": {"log_requests": "off"}})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "log_requests"

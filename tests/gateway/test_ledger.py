@@ -149,6 +149,9 @@ class _FlakyStore:
     async def purge_usage(self, before: float) -> int:
         return await self.inner.purge_usage(before)
 
+    async def purge_request_logs(self, now: float) -> int:
+        return await self.inner.purge_request_logs(now)
+
 
 @pytest.fixture
 async def sqlite_store(tmp_path: Path) -> SqliteStore:
@@ -221,3 +224,57 @@ async def test_budgeted_records_are_written_at_the_budget_pace(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_request_logs_keep_bodies_only_for_teams_that_ask(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    from llmgw.tenancy import Limits
+    from tests.gateway.test_tenants import make_key, make_team
+
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080",
+                            ledger_interval="50ms")
+    await make_team(gw.store, "quiet")
+    await make_team(gw.store, "meta", Limits(log_requests="metadata"))
+    await make_team(gw.store, "full", Limits(log_requests="bodies", log_retention_days=7))
+    keys = {t: await make_key(gw.store, f"{t}-key", t) for t in ("quiet", "meta", "full")}
+    await wait_for(lambda: len(gw.gateway.keys) == 3, what="the runtime keys")
+    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}]}
+    for key in keys.values():
+        r = await gw.client.post("/v1/chat/completions", json=body,
+                                 headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+    streamed = await gw.client.post("/v1/chat/completions", json={**body, "stream": True},
+                                    headers={"Authorization": f"Bearer {keys['full']}"})
+    assert streamed.status_code == 200
+    await gw.gateway.ledger.flush()   # type: ignore[union-attr]
+    assert await gw.store.request_logs("quiet", time.time() + 1, 10) == []
+    [meta] = await gw.store.request_logs("meta", time.time() + 1, 10)
+    assert meta.request is None
+    assert meta.response is None
+    entry = json.loads(meta.record)
+    assert entry["path"] == "/v1/chat/completions"
+    assert entry["usage"][2] == "meta-key"
+    assert "kittens" not in meta.record.decode()
+    assert keys["meta"] not in meta.record.decode()
+    stream_log, plain_log = await gw.store.request_logs("full", time.time() + 1, 10)
+    assert plain_log.request is not None
+    assert "kittens" in plain_log.request.decode()
+    assert plain_log.response is not None
+    assert json.loads(plain_log.response)["usage"]["completion_tokens"] == 3
+    assert stream_log.response is not None
+    assert stream_log.response.decode() == streamed.text      # as the client received it
+    assert round(plain_log.expires_at - plain_log.at) == 7 * 86400
+    assert await gw.store.purge_request_logs(time.time() + 8 * 86400) == 2   # full's 7 days
+    assert await gw.store.purge_request_logs(time.time() + 31 * 86400) == 1  # meta's 30
+
+
+def test_log_settings_belong_to_the_team() -> None:
+    from llmgw.errors import DefinitionError
+    from llmgw.tenancy import Limits, check_limits, check_narrowing
+
+    with pytest.raises(DefinitionError, match="log_requests is set on the team"):
+        check_narrowing(Limits(), Limits(log_requests="bodies"), "key 'k'")
+    with pytest.raises(DefinitionError) as err:
+        check_limits(Limits(log_retention_days=0), "team 't'")
+    assert err.value.field == "log_retention_days"

@@ -114,3 +114,38 @@ async def test_concurrent_batches_from_two_instances_add_up(
     [row] = await store.usage("team", HOUR, HOUR + 3600, day=False)
     assert row.requests == 400
     assert row.prompt_tokens == 4000
+
+
+async def test_request_logs_are_kept_read_newest_first_and_purged(store: AnyStore) -> None:
+    import time
+
+    from llmgw.store.base import RequestLog
+
+    now = time.time()
+    logs = [RequestLog(id=f"l{i}", at=now - 10 + i, expires_at=now + 100 * (i + 1), team="ml",
+                       key="k", record=b'{"n": %d}' % i,
+                       request=b"prompt" if i == 1 else None, response=None)
+            for i in range(3)]
+    await store.put_request_logs(logs)
+    await store.put_request_logs(logs[:1])          # a retry keeps one
+    got = await store.request_logs("ml", now + 1, 10)
+    assert [g.id for g in got] == ["l2", "l1", "l0"]
+    assert got[1].request == b"prompt"
+    assert got[1].record == b'{"n": 1}'
+    assert [g.id for g in await store.request_logs("ml", now - 9.5, 10)] == ["l0"]
+    assert await store.request_logs("web", now + 1, 10) == []
+    assert await store.purge_request_logs(now + 150) == 1
+    assert [g.id for g in await store.request_logs("ml", now + 1, 10)] == ["l2", "l1"]
+
+
+async def test_replica_time_adds_up_per_hour_and_model(store: AnyStore) -> None:
+    from llmgw.store.base import ReplicaTime
+
+    row = ReplicaTime(hour=HOUR, model="m", gpu_class="h100", gpu_seconds=60, core_seconds=0)
+    await store.add_replica_time([row, ReplicaTime(hour=HOUR, model="n", gpu_class="",
+                                                   gpu_seconds=0, core_seconds=240)])
+    await store.add_replica_time([row])
+    got = await store.replica_time(HOUR, HOUR + 3600)
+    assert [(r.model, r.gpu_seconds, r.core_seconds) for r in got] == [
+        ("m", 120.0, 0.0), ("n", 0.0, 240.0)]
+    assert await store.replica_time(HOUR + 3600, HOUR + 7200) == []
