@@ -30,7 +30,7 @@ from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
 from llmgw.catalog.decode import to_builtins
 from llmgw.control.context import AppContext, Ctx
-from llmgw.control.tenants import list_teams
+from llmgw.control.tenants import list_keys, list_teams
 from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
@@ -202,7 +202,9 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
     count = 24 if hourly else 14
     since = datetime.fromtimestamp(end - count * step, UTC)
     out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None,
-                           "teams_error": None, "teams": [], "limits_text": limits_text}
+                           "teams_error": None, "teams": [], "keys": [],
+                           "limits_text": limits_text, "team_error": None, "key_error": None,
+                           "new_key": None}
     try:
         report = await usage_report(ctx, by, since, datetime.fromtimestamp(end, UTC),
                                     granularity)
@@ -213,6 +215,7 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
         out["usage_error"] = exc.message
     try:
         out["teams"] = await list_teams(ctx)
+        out["keys"] = await list_keys(ctx)
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out

@@ -183,7 +183,8 @@ class Gateway:
                                  urgent_interval=float(gw.budget_interval),
                                  on_drop=self.metrics.ledger_dropped.inc,
                                  on_flush=self._refresh_budgets)
-            self.budgets: Budgets | None = Budgets(store, self.ledger)
+            self.budgets: Budgets | None = Budgets(store, self.ledger,
+                                                   in_use=self.keys.budget_fields)
         else:
             self.budgets = None
         self._tasks: list[asyncio.Task[None]] = []

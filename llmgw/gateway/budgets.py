@@ -21,10 +21,11 @@ request, so a budget can be exceeded by:
   it arrives and its tokens are known only when it ends (bounded by the
   requests in flight and their ``max_tokens``);
 * the tokens other instances served and had not yet written and re-read:
-  at most two ``gateway.budget_interval``s (200ms) of the team's traffic
-  through them — one for their flush, one for this instance's refresh (the
-  ledger writes records of budgeted keys at that pace, not every
-  ``ledger_interval``).
+  at most two ledger cycles of the team's traffic through them — one for
+  their flush, one for this instance's refresh. A cycle is
+  ``gateway.budget_interval`` (200ms; the ledger writes records of budgeted
+  keys at that pace, not every ``ledger_interval``) plus one write and one
+  read of the store, so a slow store widens it.
 
 ``bench/ledger_bench.py`` measures it under a 32-connection burst.
 """
@@ -83,10 +84,12 @@ _PERIOD = {"tokens_per_minute": "minute", "tokens_per_day": "day (UTC)",
 class Budgets:
     """The tokens each team and key used in each period, as last read, and the checks."""
 
-    def __init__(self, store: Store, ledger: Ledger, clock: Callable[[], float] = time.time
-                 ) -> None:
+    def __init__(self, store: Store, ledger: Ledger, clock: Callable[[], float] = time.time,
+                 in_use: Callable[[], set[BudgetField]] | None = None) -> None:
         self.store = store
         self.ledger = ledger
+        # The periods some key or team in force has a budget for: only those are read.
+        self._in_use = in_use or (lambda: set(BUDGET_FIELDS))
         self.clock = clock
         self._teams: dict[BudgetField, dict[str, int]] = {f: {} for f in BUDGET_FIELDS}
         self._keys: dict[BudgetField, dict[tuple[str, str], int]] = {
@@ -95,7 +98,7 @@ class Budgets:
         self._carried: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
 
     async def refresh(self) -> None:
-        """Read the totals of every period (three queries)."""
+        """Read the totals of each period in use (a query each)."""
         if not self.store.is_open:
             return
         teams_w, keys_w = self.ledger.take_written()
@@ -106,7 +109,11 @@ class Budgets:
             carried_k[k] = carried_k.get(k, 0) + n
         now = self.clock()
         read: list[tuple[BudgetField, dict[str, int], dict[tuple[str, str], int]]] = []
+        in_use = self._in_use()
         for field in BUDGET_FIELDS:
+            if field not in in_use:
+                read.append((field, {}, {}))
+                continue
             since = period_start(field, now)
             totals: list[TokenTotal]
             if field == "tokens_per_minute":

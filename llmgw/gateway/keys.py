@@ -44,10 +44,12 @@ import msgspec
 
 from llmgw.errors import ConfigError, DefinitionError, NotFoundError, RefusedError
 from llmgw.tenancy import (
+    BUDGET_FIELDS,
     DEFAULT_LOG_DAYS,
     FILE_TEAM,
     KEY_PREFIX,
     NAME_RE,
+    BudgetField,
     KeyEntry,
     KeysFile,
     Limits,
@@ -264,9 +266,16 @@ class KeyRing:
             fresh[r.sha256] = key
             names.add(r.name)
         self._by_hash = fresh
+        self._budget_fields = {f for limits in [*(t.limits for t in self._teams.values()),
+                                                *(r.limits for r in self._runtime)]
+                               for f in BUDGET_FIELDS if limits.budget(f) is not None}
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+    def budget_fields(self) -> set[BudgetField]:
+        """The budget periods any runtime team or key in force sets."""
+        return self._budget_fields
 
     def named(self, name: str) -> ApiKey | None:
         return next((k for k in self._by_hash.values() if k.name == name), None)

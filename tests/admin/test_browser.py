@@ -331,4 +331,13 @@ def test_the_usage_page_shows_its_chart_and_switches_grouping(
     expect(page).to_have_url(re.compile(r"by=model&granularity=day"))
     expect(page.locator("rect.segment[data-group='small']")).to_have_count(1)
     shot(page, "13-usage-models")
+    page.fill("#team-form input[name=name]", "research")
+    page.fill("#team-form input[name=tokens_per_day]", "2000000")
+    page.click("#team-form button")
+    expect(page.locator("tr[data-team='research']")).to_contain_text("tokens per day 2,000,000")
+    page.fill("#key-form input[name=name]", "research-ci")
+    page.click("#key-form button")
+    expect(page.locator("#new-key code.key")).to_contain_text("sk-llmgw-")
+    expect(page.locator("tr[data-key='research-ci']")).to_contain_text("research")
+    shot(page, "14-new-key")
     assert errors == []

@@ -371,3 +371,39 @@ async def test_the_usage_page_draws_tokens_per_group_as_svg(
     by_model = (await admin.get("/admin/usage?by=model&granularity=day")).text
     assert 'data-group="m"' in by_model
     assert "no runtime teams" in page
+
+
+async def test_teams_and_keys_from_the_admin_page(admin: AsyncTestClient,
+                                                  ctx: AppContext) -> None:
+    """Create a team with a budget, a key shown once (never in a cookie), revoke both."""
+    from llmgw.tenancy import hash_key
+
+    token = await form_token(admin, "/admin/usage")
+    r = await admin.post("/admin/teams", follow_redirects=False, data={
+        "csrf": token, "name": "ml", "models": "m1, m2", "tokens_per_day": "5000",
+        "priority": "batch"})
+    assert r.status_code == 303, r.text
+    page = (await admin.get("/admin/usage")).text
+    assert "created team ml" in page
+    assert "models m1, m2; tokens per day 5,000; priority batch" in page
+    r = await admin.post("/admin/teams", data={"csrf": token, "name": "web",
+                                                "tokens_per_day": "0"})
+    assert r.status_code == 400
+    assert "tokens_per_day: 0 is below 1" in error_text(r.text, "team-error")
+    r = await admin.post("/admin/keys", data={"csrf": token, "name": "ml-ci", "team": "ml"})
+    assert r.status_code == 200
+    key = re.search(r'<code class="key">([^<]+)</code>', r.text)
+    assert key is not None
+    _, stored = await ctx.store.tenants()
+    assert [k.sha256 for k in stored] == [hash_key(key.group(1))]
+    assert all(key.group(1) not in c for c in r.headers.get_list("set-cookie"))
+    assert key.group(1) not in (await admin.get("/admin/usage")).text
+    r = await admin.post("/admin/teams/ml/revoke", data={"csrf": token, "confirm": "nope"})
+    assert r.status_code == 400
+    r = await admin.post("/admin/keys/ml-ci/revoke", follow_redirects=False,
+                         data={"csrf": token})
+    assert r.status_code == 303
+    r = await admin.post("/admin/teams/ml/revoke", follow_redirects=False,
+                         data={"csrf": token, "confirm": "ml"})
+    assert r.status_code == 303
+    assert await ctx.store.tenants() == ([], [])
