@@ -632,27 +632,34 @@ class Gateway:
         return capable_chain(chain, path)
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
-                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
+                      variant: Callable[[Model], tuple[str, Body]] | None = None,
+                      owner: str | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
         No key is checked here: the batch's lines were checked against its
         owner's key when it was validated. Nor is the line counted as a client's
         request (requests_total, request_duration: what interactive users get);
-        the worker counts it in batch_lines_total.
+        the worker counts it in batch_lines_total. It is in the usage ledger,
+        as its owner's (``owner``, the key's name), when that key still exists.
         """
         call = Call()
         answer = _Collected()
+        key = self.key_named(owner) if owner is not None else None
+        started = self._loop_time()
         try:
             chain = self.chain_for(model, None, path, call)
             assert call.metrics is not None   # chain_for set it
             call.request = ForwardRequest(path=path, body=body, model=model, stream=False,
-                                          headers=_INTERNAL_HEADERS, started=self._loop_time(),
+                                          headers=_INTERNAL_HEADERS, started=started,
                                           metrics=call.metrics, priority=priority,
-                                          variant=variant)
+                                          variant=variant,
+                                          team=key.team if key is not None else "")
             answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
             answer.status = err.status
             answer.body = [error_json(err)]
+        if key is not None and call.request is not None:
+            self._account(key, call.request, answer.status, self._loop_time() - started)
         return Executed(answer.status, b"".join(answer.body), answer.model)
 
     async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,
