@@ -129,7 +129,8 @@ class Server:
         self.cost_meter = CostMeter(
             self.store, self.backend.replicas, lambda: self.models.catalog,
             f"{socket.gethostname()}:{os.getpid()}:{id(self):x}",
-            float(config.costs.meter_interval))
+            float(config.costs.meter_interval), gpu_classes=dict(config.gpu_classes),
+            costs=config.costs)
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
         self._serving = False

@@ -61,6 +61,9 @@ FILE_TEAM = "-"
 MAX_TOKENS = 10**13
 MAX_RPM = 10**8
 MAX_LOG_DAYS = 3650
+MAX_COST = 10**9
+CostField = Literal["cost_per_day", "cost_per_month"]
+COST_FIELDS: tuple[CostField, ...] = ("cost_per_day", "cost_per_month")
 DEFAULT_LOG_DAYS = 30
 
 BudgetField = Literal["tokens_per_minute", "tokens_per_day", "tokens_per_month"]
@@ -81,15 +84,34 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defa
     # "bodies" also its prompt and answer. Kept for log_retention_days (30).
     log_requests: Literal["off", "metadata", "bodies"] | None = None
     log_retention_days: int | None = None
+    # Cost budgets, set on a team only, in the currency of the configured prices
+    # (``llmgw.control.costs``): the team's attributed GPU and CPU time per UTC day/month.
+    cost_per_day: float | None = None
+    cost_per_month: float | None = None
 
     def has_budget(self) -> bool:
         return (self.tokens_per_minute is not None or self.tokens_per_day is not None
-                or self.tokens_per_month is not None)
+                or self.tokens_per_month is not None or self.has_cost_budget())
+
+    def has_cost_budget(self) -> bool:
+        return self.cost_per_day is not None or self.cost_per_month is not None
 
     def budget(self, name: BudgetField) -> int | None:
         value: int | None = getattr(self, name)
         return value
 
+
+class TeamCosts(msgspec.Struct, kw_only=True):
+    """What the cost meter publishes (a store report) for the gateways' cost budgets:
+    each team's cost since the UTC day's and month's start."""
+
+    day_start: float
+    month_start: float
+    day: dict[str, float] = msgspec.field(default_factory=dict)
+    month: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+COSTS_REPORT = "team-costs"
 
 _decode_limits = msgspec.json.Decoder(Limits)
 encode_limits = msgspec.json.Encoder().encode
@@ -110,6 +132,16 @@ def check_limits(limits: Limits, where: str) -> None:
             raise DefinitionError(
                 f"{where}: {name} {value} is larger than {ceiling:,} (is it a typo?); omit it "
                 "for no limit", field=name)
+    for name in COST_FIELDS:
+        cost = getattr(limits, name)
+        if cost is None:
+            continue
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost > 0:
+            raise DefinitionError(f"{where}: {name} {cost!r} must be more than 0; omit it for "
+                                  "no limit", field=name)
+        if cost > MAX_COST:
+            raise DefinitionError(f"{where}: {name} {cost} is larger than {MAX_COST:,} (is it "
+                                  "a typo?); omit it for no limit", field=name)
     days = limits.log_retention_days
     if days is not None and (isinstance(days, bool) or not 1 <= days <= MAX_LOG_DAYS):
         raise DefinitionError(f"{where}: log_retention_days {days!r} must be 1 to "
@@ -128,7 +160,7 @@ def check_limits(limits: Limits, where: str) -> None:
 def check_narrowing(team: Limits, key: Limits, where: str) -> None:
     """A key may narrow its team's limits, never widen its allow-list or priority."""
     check_limits(key, where)
-    for name in ("log_requests", "log_retention_days"):
+    for name in ("log_requests", "log_retention_days", *COST_FIELDS):
         if getattr(key, name) is not None:
             raise DefinitionError(f"{where}: {name} is set on the team, for all its keys",
                                   field=name)

@@ -51,7 +51,8 @@ def _limits_text(limits: dict[str, Any]) -> str:
     parts = ["models " + ",".join(limits["models"])] if "models" in limits else []
     parts.extend(f"{name.replace('_', ' ')} {limits[name]}" for name in (
         "rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "priority",
-        "log_requests", "log_retention_days") if name in limits)
+        "log_requests", "log_retention_days", "cost_per_day", "cost_per_month")
+        if name in limits)
     return "; ".join(parts) or "no limits"
 
 
@@ -61,6 +62,11 @@ def team() -> None:
 
 
 def log_options(fn: F) -> F:
+    """The settings only a team has: request logs and cost budgets."""
+    fn = click.option("--cost-per-month", type=float, default=None,
+                      help="Budget of attributed GPU/CPU cost per UTC month.")(fn)
+    fn = click.option("--cost-per-day", type=float, default=None,
+                      help="Budget of attributed GPU/CPU cost per UTC day.")(fn)
     fn = click.option("--log-retention-days", type=int, default=None,
                       help="How long request logs are kept (default 30).")(fn)
     return click.option("--log-requests", type=click.Choice(["off", "metadata", "bodies"]),
@@ -69,11 +75,11 @@ def log_options(fn: F) -> F:
 
 
 def _with_logs(limits: dict[str, Any], log_requests: str | None,
-               log_retention_days: int | None) -> dict[str, Any]:
-    if log_requests is not None:
-        limits["log_requests"] = log_requests
-    if log_retention_days is not None:
-        limits["log_retention_days"] = log_retention_days
+               log_retention_days: int | None, cost_per_day: float | None,
+               cost_per_month: float | None) -> dict[str, Any]:
+    given = {"log_requests": log_requests, "log_retention_days": log_retention_days,
+             "cost_per_day": cost_per_day, "cost_per_month": cost_per_month}
+    limits.update({k: v for k, v in given.items() if v is not None})
     return limits
 
 
@@ -86,12 +92,13 @@ def _with_logs(limits: dict[str, Any], log_requests: str | None,
 def team_add(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
              tokens_per_month: int | None, priority: str | None, log_requests: str | None,
-             log_retention_days: int | None, output: str) -> None:
+             log_retention_days: int | None, cost_per_day: float | None,
+             cost_per_month: float | None, output: str) -> None:
     """Create a team with its limits."""
     with failures():
         limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
                                     tokens_per_month, priority), log_requests,
-                            log_retention_days)
+                            log_retention_days, cost_per_day, cost_per_month)
         t = client.post("/api/v1/teams", json={"name": name, "limits": limits})
     if output == "json":
         print_json(t)
@@ -108,12 +115,13 @@ def team_add(client: ApiClient, name: str, models: str | None,
 def team_set(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
              tokens_per_month: int | None, priority: str | None, log_requests: str | None,
-             log_retention_days: int | None, output: str) -> None:
+             log_retention_days: int | None, cost_per_day: float | None,
+             cost_per_month: float | None, output: str) -> None:
     """Replace a team's limits (those not given are lifted)."""
     with failures():
         limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
                                     tokens_per_month, priority), log_requests,
-                            log_retention_days)
+                            log_retention_days, cost_per_day, cost_per_month)
         t = client.put(f"/api/v1/teams/{quote(name)}/limits", json=limits)
     if output == "json":
         print_json(t)

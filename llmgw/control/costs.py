@@ -40,6 +40,7 @@ from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, LlmgwError, StoreUnavailableError
 from llmgw.scheduler.base import Replica
 from llmgw.store.base import ReplicaTime, Store, hour_of
+from llmgw.tenancy import COSTS_REPORT, TeamCosts
 
 log = logging.getLogger("llmgw.control.costs")
 
@@ -54,8 +55,12 @@ class CostMeter:
 
     def __init__(self, store: Store, replicas: Callable[[], Awaitable[list[Replica]]],
                  catalog: Callable[[], Catalog], holder: str, interval: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 gpu_classes: dict[str, GpuClass] | None = None,
+                 costs: CostsConfig | None = None) -> None:
         self.store = store
+        self.gpu_classes = gpu_classes or {}
+        self.costs = costs or CostsConfig()
         self._replicas = replicas
         self._catalog = catalog
         self.holder = holder
@@ -80,7 +85,26 @@ class CostMeter:
         rows = allocated_time(replicas, self._catalog(), start, now)
         if rows:
             await self.store.add_replica_time(rows)
+        await self.publish(now)
         return rows
+
+    async def publish(self, now: float) -> TeamCosts:
+        """Each team's cost so far this UTC day and month, for the gateways' cost budgets."""
+        t = datetime.fromtimestamp(now, UTC)
+        day = t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        month = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+        end = hour_of(now) + 3600
+        times = await self.store.replica_time(month, end)
+        tokens = [(x.hour, x.team, x.model, x.tokens)
+                  for x in await self.store.team_model_tokens(month, end)]
+        costs = TeamCosts(day_start=day, month_start=month)
+        for into, lo in ((costs.month, month), (costs.day, day)):
+            teams, _, _ = attribute([r for r in times if r.hour >= lo],
+                                    [x for x in tokens if x[0] >= lo], self.gpu_classes,
+                                    self.costs)
+            into.update({c.team: c.cost for c in teams})
+        await self.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(costs))
+        return costs
 
     async def run(self) -> None:
         while True:

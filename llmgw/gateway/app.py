@@ -184,7 +184,8 @@ class Gateway:
                                  on_drop=self.metrics.ledger_dropped.inc,
                                  on_flush=self._refresh_budgets)
             self.budgets: Budgets | None = Budgets(store, self.ledger,
-                                                   in_use=self.keys.budget_fields)
+                                                   in_use=self.keys.budget_fields,
+                                                   cost_in_use=self.keys.cost_budgeted)
         else:
             self.budgets = None
         self._tasks: list[asyncio.Task[None]] = []

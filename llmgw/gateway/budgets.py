@@ -28,6 +28,13 @@ request, so a budget can be exceeded by:
   read of the store, so a slow store widens it.
 
 ``bench/ledger_bench.py`` measures it under a 32-connection burst.
+
+A team may also have ``cost_per_day`` and ``cost_per_month``: its share of GPU
+and CPU time as ``llmgw.control.costs`` attributes it. The cost meter
+publishes every team's cost so far each ``costs.meter_interval`` (a store
+report); gateways read it with their budget re-read and refuse a team at or
+over its cost budget. The overshoot bound is one meter interval (1m) of the
+team's cost plus a ledger cycle.
 """
 
 from __future__ import annotations
@@ -37,10 +44,20 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from llmgw.errors import RateLimitedError
 from llmgw.gateway.ledger import Ledger
-from llmgw.store.base import Store, TokenTotal
-from llmgw.tenancy import BUDGET_FIELDS, BudgetField, Limits
+from llmgw.store.base import REPORT_RETENTION, Store, TokenTotal
+from llmgw.tenancy import (
+    BUDGET_FIELDS,
+    COST_FIELDS,
+    COSTS_REPORT,
+    BudgetField,
+    CostField,
+    Limits,
+    TeamCosts,
+)
 
 log = logging.getLogger("llmgw.gateway.budgets")
 
@@ -77,6 +94,12 @@ def resets_at(field: BudgetField, now: float) -> float:
     return t.replace(year=year, month=month).timestamp()
 
 
+def _cost_period(field: CostField) -> BudgetField:
+    return "tokens_per_day" if field == "cost_per_day" else "tokens_per_month"
+
+
+_decode_costs = msgspec.json.Decoder(TeamCosts).decode
+
 _PERIOD = {"tokens_per_minute": "minute", "tokens_per_day": "day (UTC)",
            "tokens_per_month": "month (UTC)"}
 
@@ -85,7 +108,8 @@ class Budgets:
     """The tokens each team and key used in each period, as last read, and the checks."""
 
     def __init__(self, store: Store, ledger: Ledger, clock: Callable[[], float] = time.time,
-                 in_use: Callable[[], set[BudgetField]] | None = None) -> None:
+                 in_use: Callable[[], set[BudgetField]] | None = None,
+                 cost_in_use: Callable[[], bool] | None = None) -> None:
         self.store = store
         self.ledger = ledger
         # The periods some key or team in force has a budget for: only those are read.
@@ -96,6 +120,9 @@ class Budgets:
             f: {} for f in BUDGET_FIELDS}
         # Tokens this instance wrote that the totals being read may not hold yet.
         self._carried: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
+        # The cost meter's latest figures (cost budgets), and whether any team has one.
+        self.costs: TeamCosts | None = None
+        self._cost_in_use = cost_in_use or (lambda: False)
 
     async def refresh(self) -> None:
         """Read the totals of each period in use (a query each)."""
@@ -130,6 +157,12 @@ class Budgets:
         for field, teams, keys in read:
             self._teams[field], self._keys[field] = teams, keys
         self._carried = ({}, {})
+        if self._cost_in_use():
+            reports = await self.store.reports(COSTS_REPORT, REPORT_RETENTION)
+            try:
+                self.costs = _decode_costs(reports[0].payload) if reports else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("the cost meter's report does not decode: %s", exc)
 
     def used(self, field: BudgetField, team: str, key: str | None) -> int:
         """Tokens of the period: as read from the store, plus this instance's unwritten."""
@@ -144,6 +177,8 @@ class Budgets:
     def check(self, team: str, key: str, team_limits: Limits | None,
               key_limits: Limits | None) -> None:
         """Raise QuotaExceededError if the key or its team has used a budget up."""
+        if team_limits is not None and team_limits.has_cost_budget():
+            self._check_cost(team, team_limits)
         now = 0.0
         for field in BUDGET_FIELDS:
             for limits, who, scope in ((key_limits, f"key {key!r}", key),
@@ -162,3 +197,26 @@ class Budgets:
                     f"{_PERIOD[field]}; it resets at {when}"
                     + (" (a sliding minute)" if field == "tokens_per_minute" else ""),
                     retry_after=max(1.0, at - now), resets_at=at)
+
+    def _check_cost(self, team: str, limits: Limits) -> None:
+        costs = self.costs
+        if costs is None:
+            return
+        now = self.clock()
+        for field in COST_FIELDS:
+            limit = getattr(limits, field)
+            if limit is None:
+                continue
+            period = _cost_period(field)
+            start = costs.day_start if field == "cost_per_day" else costs.month_start
+            if start != period_start(period, now):
+                continue          # the figures are of a period that has ended
+            spent = (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
+            if spent < limit:
+                continue
+            at = resets_at(period, now)
+            when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+            raise QuotaExceededError(
+                f"team {team!r} has spent {spent:,.2f} of its {limit:,.2f} per "
+                f"{_PERIOD[period]} (GPU and CPU time attributed by tokens); it resets at {when}",
+                retry_after=max(1.0, at - now), resets_at=at)

@@ -273,6 +273,10 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._by_hash)
 
+    def cost_budgeted(self) -> bool:
+        """Whether any runtime team in force has a cost budget."""
+        return any(t.limits.has_cost_budget() for t in self._teams.values())
+
     def budget_fields(self) -> set[BudgetField]:
         """The budget periods any runtime team or key in force sets."""
         return self._budget_fields

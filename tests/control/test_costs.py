@@ -132,3 +132,47 @@ async def test_the_costs_route_prices_time_and_attributes_it(
     r = await client.get("/api/v1/costs", headers=ADMIN, params={
         "since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"})
     assert r.status_code == 400
+
+
+async def test_the_meter_publishes_each_teams_cost_this_day_and_month(store: Store) -> None:
+    import msgspec
+
+    from llmgw.tenancy import COSTS_REPORT, TeamCosts
+
+    catalog = build_catalog([BIG], GPUS)
+    meter = CostMeter(store, replicas_none, lambda: catalog, "a", 60,
+                      clock=lambda: HOUR + 1800.0, gpu_classes=GPUS, costs=COSTS)
+    await store.add_replica_time([
+        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=3600,
+                    core_seconds=0),                       # today: 2.0
+        ReplicaTime(hour=HOUR - 86400, model="big", gpu_class="h100", gpu_seconds=1800,
+                    core_seconds=0)])                      # yesterday, this month: 1.0
+    await store.record_usage([
+        UsageRecord(id="a", at=HOUR + 5, key="k", team="ml", model="big", replica="r",
+                    gpu_class="h100", prompt_tokens=10, cached_tokens=0, completion_tokens=0,
+                    status=200, latency=0.1, ttft=None),
+        UsageRecord(id="b", at=HOUR - 86400 + 5, key="k", team="web", model="big",
+                    replica="r", gpu_class="h100", prompt_tokens=10, cached_tokens=0,
+                    completion_tokens=0, status=200, latency=0.1, ttft=None)])
+    published = await meter.publish(HOUR + 1800.0)
+    assert published.day == {"ml": 2.0}
+    assert published.month == {"ml": 2.0, "web": 1.0}
+    [report] = await store.reports(COSTS_REPORT, 60)
+    assert msgspec.json.decode(report.payload, type=TeamCosts) == published
+
+
+async def replicas_none() -> list[Replica]:
+    return []
+
+
+def test_cost_budgets_are_checked_and_belong_to_the_team() -> None:
+    from llmgw.errors import DefinitionError
+    from llmgw.tenancy import Limits, check_limits, check_narrowing
+
+    for bad in (0, -1.0, 1e12):
+        with pytest.raises(DefinitionError) as err:
+            check_limits(Limits(cost_per_day=bad), "team 't'")
+        assert err.value.field == "cost_per_day"
+    with pytest.raises(DefinitionError) as err:
+        check_narrowing(Limits(), Limits(cost_per_month=5), "key 'k'")
+    assert err.value.field == "cost_per_month"

@@ -112,3 +112,37 @@ async def test_own_tokens_count_once_between_a_write_and_the_re_read(tmp_path: P
         assert budgets.used("tokens_per_minute", "ml", None) == 10
     finally:
         await store.close()
+
+
+async def test_a_team_over_its_cost_budget_gets_insufficient_quota(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """The cost meter's published figures are checked; last period's are ignored."""
+    import msgspec
+
+    from llmgw.tenancy import COSTS_REPORT, TeamCosts
+
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080",
+                            ledger_interval="50ms")
+    await make_team(gw.store, "ml", Limits(cost_per_day=2.5))
+    key = await make_key(gw.store, "k", "ml")
+    now = time.time()
+    day = period_start("tokens_per_day", now)
+    month = period_start("tokens_per_month", now)
+    await gw.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(TeamCosts(
+        day_start=day - 86400, month_start=month, day={"ml": 9.0}, month={"ml": 9.0})))
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=key)).status_code == 200
+
+    await until(accepted, "yesterday's spending not to count today")
+    await gw.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(TeamCosts(
+        day_start=day, month_start=month, day={"ml": 3.0}, month={"ml": 3.0})))
+
+    async def refused() -> bool:
+        r = await gw.chat("m", key=key)
+        return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+    await until(refused, "the cost budget to be enforced")
+    r = await gw.chat("m", key=key)
+    assert "team 'ml' has spent 3.00 of its 2.50 per day (UTC)" in r.json()["error"]["message"]
