@@ -47,12 +47,18 @@ class TenantsFollower:
         return True
 
     async def run(self) -> None:
+        failing = False     # logged once when reading starts failing, and once when it heals
         while True:
             try:
                 await self.refresh()
+                if failing:
+                    log.info("reading teams and keys works again")
+                failing = False
             except LlmgwError as exc:
-                log.warning("reading teams and keys failed; keeping those in force: %s",
-                            exc.message)
+                if not failing:
+                    log.warning("reading teams and keys failed; keeping those in force until "
+                                "it works again: %s", exc.message)
+                failing = True
             except Exception:
                 log.exception("reading teams and keys failed; keeping those in force")
             await asyncio.sleep(self.interval)

@@ -8,11 +8,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from llmgw.gateway.keys import add_key, generate_key, hash_key
 from llmgw.store.base import Store, StoredKey, StoredTeam
 from llmgw.tenancy import Limits, encode_limits
-from tests.gateway.conftest import GatewayFactory, chat_model
+from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
 from tests.gateway.engine import FakeEngine
 
 
@@ -118,3 +119,43 @@ async def test_loopback_without_a_keys_file_closes_once_a_runtime_key_exists(
 
     await until(closed, "open access to end")
     assert (await gw.chat("a", key=key)).status_code == 200
+
+
+async def test_keys_stay_in_force_while_the_store_cannot_be_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A store outage keeps the runtime keys read last; it is logged once, not every poll."""
+    from llmgw.errors import StoreUnavailableError
+    from llmgw.gateway.keys import KeyRing
+    from llmgw.gateway.tenants import TenantsFollower
+    from llmgw.store.sqlite import SqliteStore
+
+    store = SqliteStore(f"sqlite:///{tmp_path / 't.db'}")
+    await store.open()
+    try:
+        await make_team(store, "ml")
+        key = await make_key(store, "k", "ml")
+        ring = KeyRing()
+        follower = TenantsFollower(store, ring.replace_runtime, interval=0.01)
+        assert await follower.refresh()
+        assert ring.lookup(key) is not None
+        polls = 0
+
+        class Down:
+            is_open = True
+
+            async def tenants_version(self) -> int:
+                nonlocal polls
+                polls += 1
+                raise StoreUnavailableError("the database is down")
+
+        follower.store = Down()  # type: ignore[assignment]
+        task = asyncio.create_task(follower.run())
+        try:
+            await wait_for(lambda: polls >= 5, what="several failed polls")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert ring.lookup(key) is not None
+        assert sum("reading teams and keys failed" in r.message for r in caplog.records) == 1
+    finally:
+        await store.close()
