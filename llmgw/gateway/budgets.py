@@ -25,7 +25,9 @@ request, so a budget can be exceeded by:
   their flush, one for this instance's refresh. A cycle is
   ``gateway.budget_interval`` (200ms; the ledger writes records of budgeted
   keys at that pace, not every ``ledger_interval``) plus one write and one
-  read of the store, so a slow store widens it.
+  read of the store, so a slow store widens it. Past 80% of a budget the
+  cycle quickens to a quarter of ``budget_interval`` on every instance that
+  sees it, so the last fifth of a budget is shared four times as often.
 
 ``bench/ledger_bench.py`` measures it under a 32-connection burst.
 
@@ -60,6 +62,9 @@ from llmgw.tenancy import (
 )
 
 log = logging.getLogger("llmgw.gateway.budgets")
+
+# Past this share of a budget, the ledger's cycle quickens (``Ledger.hurry``).
+NEAR = 0.8
 
 
 class QuotaExceededError(RateLimitedError):
@@ -188,6 +193,8 @@ class Budgets:
                     continue
                 used = self.used(field, team, scope)
                 if used < limit:
+                    if used >= NEAR * limit:
+                        self.ledger.hurry()
                     continue
                 now = now or self.clock()
                 at = resets_at(field, now)

@@ -61,6 +61,7 @@ class Ledger:
         # While records of budgeted traffic wait, they are written this often.
         self.urgent_interval = min(interval, urgent_interval or interval)
         self._urgent = False
+        self._hurry = False
         # Record ids: a random prefix per ledger and a counter, unique across processes
         # and restarts without a random draw per request.
         self._prefix = os.urandom(8).hex()
@@ -166,10 +167,22 @@ class Ledger:
         self.written_teams, self.written_keys = {}, {}
         return out
 
+    @property
+    def hurried(self) -> bool:
+        """Whether the next cycle comes at the quickened pace."""
+        return self._hurry
+
+    def hurry(self) -> None:
+        """A budget is nearly spent: the next cycle comes after a quarter of the budget
+        pace, so every instance's tokens are shared sooner while it matters."""
+        self._hurry = True
+        self._urgent = True
+
     async def run(self) -> None:
         waited = 0.0
         while True:
-            step = self.urgent_interval
+            step = self.urgent_interval / 4 if self._hurry else self.urgent_interval
+            self._hurry = False
             await asyncio.sleep(step)
             waited += step
             if waited >= self.interval or self._urgent:

@@ -146,3 +146,21 @@ async def test_a_team_over_its_cost_budget_gets_insufficient_quota(
     await until(refused, "the cost budget to be enforced")
     r = await gw.chat("m", key=key)
     assert "team 'ml' has spent 3.00 of its 2.50 per day (UTC)" in r.json()["error"]["message"]
+
+
+async def test_a_nearly_spent_budget_quickens_the_ledger(tmp_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'b.db'}")
+    await store.open()
+    try:
+        ledger = Ledger(store, interval=1, capacity=100, retention=86400)
+        budgets = Budgets(store, ledger)
+        ledger.record(UsageRecord(
+            id="a", at=time.time(), key="k", team="ml", model="m", replica="r",
+            gpu_class="", prompt_tokens=70, cached_tokens=0, completion_tokens=0, status=200,
+            latency=0.1, ttft=None))
+        budgets.check("ml", "k", Limits(tokens_per_day=100), None)      # 70%: no hurry
+        assert not ledger.hurried
+        budgets.check("ml", "k", Limits(tokens_per_day=85), None)       # 82%
+        assert ledger.hurried
+    finally:
+        await store.close()
