@@ -37,6 +37,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from llmgw.errors import LlmgwError
 from llmgw.store.base import RequestLog, Store, UsageRecord
@@ -123,43 +124,53 @@ class Ledger:
         tokens = rec.prompt_tokens + rec.completion_tokens
         if not tokens:
             return
-        left = self.pending_teams.get(rec.team, 0) - tokens
-        if left > 0:
-            self.pending_teams[rec.team] = left
-        else:
-            self.pending_teams.pop(rec.team, None)
-        k = (rec.team, rec.key)
-        left = self.pending_keys.get(k, 0) - tokens
-        if left > 0:
-            self.pending_keys[k] = left
-        else:
-            self.pending_keys.pop(k, None)
+        _subtract(self.pending_teams, rec.team, tokens)
+        _subtract(self.pending_keys, (rec.team, rec.key), tokens)
 
     async def flush(self) -> int:
         """Write what is buffered now; the records written. Raises if the store fails."""
         async with self._lock:
             total = 0
             while self._buffer:
-                batch = [self._buffer[i] for i in range(min(BATCH, len(self._buffer)))]
+                batch = list(itertools.islice(self._buffer, BATCH))
                 await self.store.record_usage(batch)
-                # Written: drop exactly those (records appended meanwhile stay).
-                for _ in batch:
-                    rec = self._buffer.popleft()
-                    self._forget(rec)
-                    tokens = rec.prompt_tokens + rec.completion_tokens
-                    if tokens:
-                        wt, wk = self.written_teams, self.written_keys
-                        wt[rec.team] = wt.get(rec.team, 0) + tokens
-                        k = (rec.team, rec.key)
-                        wk[k] = wk.get(k, 0) + tokens
+                self._written(batch)
                 total += len(batch)
                 self.written += len(batch)
             while self._logs:
-                logs = [self._logs[i] for i in range(min(LOG_BATCH, len(self._logs)))]
+                logs = list(itertools.islice(self._logs, LOG_BATCH))
                 await self.store.put_request_logs(logs)
-                for _ in logs:
-                    self._logs.popleft()
+                for entry in logs:
+                    if self._logs and self._logs[0] is entry:
+                        self._logs.popleft()
             return total
+
+    def _written(self, batch: list[UsageRecord]) -> None:
+        """Drop a written batch from the buffer and move its tokens from pending to written.
+
+        Records appended meanwhile stay. A record the full buffer dropped while the
+        batch was being written is no longer at the head (its pending tokens went
+        with it), but it was written, so its tokens count as written all the same.
+        """
+        buffer = self._buffer
+        left: dict[tuple[str, str], int] = {}
+        done: dict[tuple[str, str], int] = {}
+        for rec in batch:
+            tokens = rec.prompt_tokens + rec.completion_tokens
+            k = (rec.team, rec.key)
+            if buffer and buffer[0] is rec:
+                buffer.popleft()
+                if tokens:
+                    left[k] = left.get(k, 0) + tokens
+            if tokens:
+                done[k] = done.get(k, 0) + tokens
+        for (team, key), n in left.items():
+            _subtract(self.pending_teams, team, n)
+            _subtract(self.pending_keys, (team, key), n)
+        wt, wk = self.written_teams, self.written_keys
+        for (team, key), n in done.items():
+            wt[team] = wt.get(team, 0) + n
+            wk[(team, key)] = wk.get((team, key), 0) + n
 
     def take_written(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
         """The tokens written since the last call, by team and by (team, key)."""
@@ -232,3 +243,13 @@ class Ledger:
             log.error("writing the last %d usage record(s) failed; they are lost: %s",  # noqa: TRY400
                       len(self._buffer), exc)
 
+
+K = TypeVar("K")
+
+
+def _subtract(table: dict[K, int], name: K, n: int) -> None:
+    rest = table.get(name, 0) - n
+    if rest > 0:
+        table[name] = rest
+    else:
+        table.pop(name, None)

@@ -278,3 +278,34 @@ def test_log_settings_belong_to_the_team() -> None:
     with pytest.raises(DefinitionError) as err:
         check_limits(Limits(log_retention_days=0), "team 't'")
     assert err.value.field == "log_retention_days"
+
+
+async def test_records_dropped_while_a_batch_is_written_do_not_take_newer_ones(
+        sqlite_store: SqliteStore) -> None:
+    """The buffer overflows during a write: the batch's records that were dropped meanwhile
+    are not replaced by popping newer, unwritten ones."""
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+
+    class Slow:
+        is_open = True
+
+        async def record_usage(self, records: list[UsageRecord]) -> int:
+            entered.set()
+            await gate.wait()
+            return await sqlite_store.record_usage(records)
+
+    ledger = Ledger(Slow(), interval=1, capacity=3, retention=86400)  # type: ignore[arg-type]
+    for i in range(3):
+        ledger.record(rec(f"old{i}"))
+    flushing = asyncio.create_task(ledger.flush())
+    await entered.wait()
+    for i in range(2):                       # drops old0 and old1, which are being written
+        ledger.record(rec(f"new{i}"))
+    gate.set()
+    assert await flushing == 5               # the batch, then the two newer records
+    assert len(ledger) == 0
+    assert sorted(r[0] for r in await rows(sqlite_store)) == [
+        "new0", "new1", "old0", "old1", "old2"]
+    assert ledger.pending_teams == {}
+    assert ledger.written_teams == {"ml": 50}
