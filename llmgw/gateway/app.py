@@ -6,7 +6,8 @@ write out (find the key, read a bounded body, parse just ``model`` and
 ``stream``, hand over to the forwarder). ``bench/gateway_compare.py`` keeps
 the measurement that justified it.
 
-A request goes through, in this order: method; API key (401); the key's
+A request goes through, in this order: method; API key (401); the key's or
+its team's token budget (429 ``insufficient_quota``, ``budgets``); the key's
 rate limit (429, before the body is read, so a client over its limit costs
 almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
@@ -25,8 +26,11 @@ too, one across all gateway instances by the store's lease.
 
 Beside the requests, each gateway process runs these loops: the engine
 scraper (``signals``), which feeds routing and admission; the scaler
-(``scaler``), one decider across every process; the batch worker; and
-housekeeping (keys, on-demand idle scale-down, pruning replica state).
+(``scaler``), one decider across every process; the batch worker; the
+runtime teams and keys (``tenants``, followed from the store); the usage
+ledger (``ledger``: every request's record, written in batches, and the
+budgets' re-read after each write); and housekeeping (keys, on-demand idle
+scale-down, pruning replica state).
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
@@ -465,7 +469,7 @@ class Gateway:
         return self.open_access and not len(self.keys)
 
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
-        if self.open_access and not len(self.keys):
+        if self._is_open():
             return OPEN_ACCESS
         value = header(headers, b"authorization")
         if value is None:
