@@ -7,9 +7,9 @@ Teams and keys created at run time live beside the keys file.
 
 A team holds limits; a key belongs to one team and may narrow them. Both
 live in the store (``teams``, ``api_keys``), so every gateway instance sees
-them: each polls ``tenants_version()`` — one primary-key read — every
-``POLL_INTERVAL`` and, when it moved, reads the teams and keys again and
-puts them in force beside the keys file's. A revoked team or key is therefore
+them: each polls ``tenants_version()`` — one primary-key read — every half
+second (``gateway.tenants``) and, when it moved, reads the teams and keys
+again and puts them in force beside the keys file's. A revoked team or key is therefore
 refused by every instance within a second of the change.
 
 **The keys file wins every conflict**, as ``server.yaml`` wins over runtime
@@ -29,8 +29,16 @@ Limits (``Limits``) are the same fields on a team and on a key:
 * ``priority``: the admission class (``interactive`` or ``batch``); a key
   may only lower it.
 
-Every number must be at least 1 and at most ``MAX_TOKENS`` (``MAX_RPM`` for
-``rpm``): zero, negative or absurd values are refused naming the field.
+and on a team only (a key setting them is refused):
+
+* ``cost_per_day``, ``cost_per_month``: budgets of the team's attributed GPU
+  and CPU cost (``llmgw.control.costs``);
+* ``log_requests`` (``off``, ``metadata``, ``bodies``) and
+  ``log_retention_days``: the team's request logs.
+
+Every number must be at least 1 (a cost more than 0) and at most
+``MAX_TOKENS`` (``MAX_RPM`` for ``rpm``, ``MAX_COST``, ``MAX_LOG_DAYS``): zero,
+negative or absurd values are refused naming the field.
 """
 
 from __future__ import annotations
