@@ -10,7 +10,8 @@ listener, no keys_file). ``LLMGW_BENCH_ROUTING`` (JSON, optional) is the
 ``routing:`` block of every model, e.g. ``{"policy": "prefix-affinity",
 "engine_metrics": true}``. The store is a throw-away SQLite file, or the
 database ``LLMGW_BENCH_DATABASE`` names, opened in the ASGI lifespan.
-``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off.
+``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off; ``LLMGW_BENCH_LEDGER_INTERVAL``
+sets how often it writes (``1h``: not during a run, to measure the request path alone).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
+from llmgw.catalog.units import Duration
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
@@ -74,7 +76,9 @@ def build() -> Any:
         database = f"sqlite:///{state}/store.db"
     store = open_store(database)
     ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
-    config = ServerConfig(listen="127.0.0.1:0", gateway=GatewayConfig(ledger=ledger))
+    interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
+    config = ServerConfig(listen="127.0.0.1:0",
+                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval))
     gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

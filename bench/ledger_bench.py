@@ -15,7 +15,9 @@ schema of its own, dropped afterwards.
   model per day; median and worst of 20 runs each.
 * ab: the gateway alone (``gateway_serve.py``, one uvicorn worker, the Python
   upstream) at 32 connections, ledger off and on, alternated ``--rounds``
-  times in the same run; medians.
+  times in the same run; medians. ``ab-postgres``: the same on Postgres;
+  ``ab-unwritten``: the ledger on but writing only after the runs (the
+  request path's share of the cost).
 * overshoot: a team with a daily budget, 32 connections bursting through two
   gateway instances on one Postgres schema until every connection is
   refused; the tokens served past the budget.
@@ -129,7 +131,7 @@ async def query(base: str) -> None:
             await store.close()
 
 
-def ab(rounds: int, duration: float, database: str | None) -> None:
+def ab(rounds: int, duration: float, database: str | None, interval: str = "1s") -> None:
     """Both gateways run side by side; loads alternate between them, the order flipped
     each round, so drift in what else the machine runs falls on both alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -142,7 +144,8 @@ def ab(rounds: int, duration: float, database: str | None) -> None:
         url_off, _ = stack.enter_context(gateway(
             "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "0"}))
         url_on, _ = stack.enter_context(gateway(
-            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "1"}))
+            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "1",
+                                                 "LLMGW_BENCH_LEDGER_INTERVAL": interval}))
         for url in (url_off, url_on):
             load(url, 32, min(2.0, duration), tmp)     # warm up
         for i in range(rounds):
@@ -151,7 +154,8 @@ def ab(rounds: int, duration: float, database: str | None) -> None:
                 rps, _med, _bad = load(url, 32, duration, tmp)
                 results.append(rps)
     ratios = sorted(b / a for a, b in zip(off, on, strict=True))
-    print(f"gateway throughput at 32 connections, store {where}, {rounds} alternated pairs of "
+    print(f"gateway throughput at 32 connections, store {where}, ledger writing every "
+          f"{interval}, {rounds} alternated pairs of "
           f"{duration:g} s runs: ledger off median {statistics.median(off):,.0f} req/s, on "
           f"{statistics.median(on):,.0f} req/s; median of the pairs' ratios "
           f"{statistics.median(ratios):.3f} (target >= 0.95; pairs "
@@ -240,6 +244,8 @@ def main() -> None:
         asyncio.run(query(args.postgres))
     if "ab" in parts:
         ab(args.rounds, args.duration, None)
+    if "ab-unwritten" in parts:
+        ab(args.rounds, args.duration, None, interval="1h")
     if "ab-postgres" in parts:
         async def run_ab() -> None:
             async with schema(args.postgres) as url:
