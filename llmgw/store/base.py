@@ -137,8 +137,12 @@ class StoredKey(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
 
 
-class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """One request in the usage ledger. No API key, no prompt: names and counts only."""
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
+    """One request in the usage ledger. No API key, no prompt: names and counts only.
+
+    Not tracked by the garbage collector (it holds no container, so it can be in
+    no cycle): a ledger buffering a store outage holds up to 100,000 of them.
+    """
 
     id: str                    # made by the gateway; a record written twice is kept once
     at: float                  # Unix seconds when the request ended
