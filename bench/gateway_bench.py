@@ -125,10 +125,11 @@ def python_upstream(chunks: int, interval: float) -> Iterator[str]:
 
 @contextlib.contextmanager
 def gateway(server: str, models: dict[str, str],
-            extra: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+            extra: Sequence[str] = (), env: dict[str, str] | None = None
+            ) -> Iterator[tuple[str, int]]:
     """The gateway alone, one worker; yields (base URL, pid of the server process).
 
-    ``extra``: more options for the server's command line."""
+    ``extra``: more options for the server's command line; ``env``: more environment."""
     port = free_port()
     spec = ",".join(f"{name}={url}" for name, url in models.items())
     bindir = Path(PYTHON).parent
@@ -141,7 +142,7 @@ def gateway(server: str, models: dict[str, str],
                 "--workers", "1", "--backlog", "4096", "--no-access-log", "--log-level",
                 "warning", "--app-dir", str(BENCH), "gateway_serve:app"]
     args += extra
-    with running(args, port, env={"LLMGW_BENCH_MODELS": spec}) as proc:
+    with running(args, port, env={"LLMGW_BENCH_MODELS": spec, **(env or {})}) as proc:
         yield f"http://127.0.0.1:{port}", proc.pid
 
 

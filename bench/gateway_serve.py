@@ -8,8 +8,10 @@ Each ``NAME=URL`` is an external model whose only replica is URL
 (``NAME=URL1|URL2|…`` for several replicas); no key is needed (loopback
 listener, no keys_file). ``LLMGW_BENCH_ROUTING`` (JSON, optional) is the
 ``routing:`` block of every model, e.g. ``{"policy": "prefix-affinity",
-"engine_metrics": true}``. The store is a throw-away SQLite file, opened in the
-ASGI lifespan.
+"engine_metrics": true}``. The store is a throw-away SQLite file, or the
+database ``LLMGW_BENCH_DATABASE`` names, opened in the ASGI lifespan.
+``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off; ``LLMGW_BENCH_LEDGER_INTERVAL``
+sets how often it writes (``1h``: not during a run, to measure the request path alone).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import Any
 from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
-from llmgw.config import ServerConfig
+from llmgw.catalog.units import Duration
+from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
-from llmgw.store.sqlite import SqliteStore
+from llmgw.store import open_store
 
 
 class StaticCatalog:
@@ -67,10 +70,16 @@ def build() -> Any:
     models = [convert({"name": name, "upstream": urls.split("|"), "routing": routing}, Model)
               for name, _, urls in (item.partition("=") for item in spec.split(",") if item)]
     catalog = build_catalog(models)
-    state = tempfile.mkdtemp(prefix="llmgw-bench-")
-    store = SqliteStore(f"sqlite:///{state}/store.db")
-    gateway = Gateway(ServerConfig(listen="127.0.0.1:0"), StaticCatalog(catalog), NoScheduler(),
-                      store)
+    database = os.environ.get("LLMGW_BENCH_DATABASE")
+    if database is None:
+        state = tempfile.mkdtemp(prefix="llmgw-bench-")
+        database = f"sqlite:///{state}/store.db"
+    store = open_store(database)
+    ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
+    interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
+    config = ServerConfig(listen="127.0.0.1:0",
+                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval))
+    gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

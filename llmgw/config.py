@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -145,6 +145,26 @@ class GatewayConfig(_Conf, frozen=True):
     signal_timeout: Duration = Duration(0.5, "500ms")
     # How often the scaler publishes this gateway's load and (holding its lease) decides.
     scale_interval: Duration = Duration(2, "2s")
+    # The usage ledger: one record per request, written to the store in batches.
+    ledger: bool = True
+    # How often the ledger's buffer is written (also the lag of token budgets).
+    ledger_interval: Duration = Duration(1, "1s")
+    # ... and how often while records of a key or team with a token budget wait.
+    budget_interval: Duration = Duration(0.2, "200ms")
+    # Records held while the store is unreachable; beyond it the oldest are dropped.
+    ledger_buffer: int = 100_000
+    # How long raw records are kept (the hourly roll-ups are kept for good).
+    usage_retention: Duration = Duration(90 * 86400, "90d")
+
+
+class CostsConfig(_Conf, frozen=True):
+    # What one CPU core reserved by a CPU model costs per hour (GPU cards:
+    # gpu_classes.<name>.price_per_hour).
+    cpu_core_per_hour: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
+    # The account that carries replica time no request used.
+    overhead_account: str = "overhead"
+    # How often the replicas' allocated time is measured (one process, by lease).
+    meter_interval: Duration = Duration(60, "1m")
 
 
 class MetricsConfig(_Conf, frozen=True):
@@ -170,6 +190,7 @@ class ServerConfig(_Conf, frozen=True):
     admin_tokens: list[AdminToken | str] = []
     gateway: GatewayConfig = GatewayConfig()
     metrics: MetricsConfig = MetricsConfig()
+    costs: CostsConfig = CostsConfig()
     # Where people reach this server (its admin site), as a browser would: each Nomad
     # job's UI block links to the model's page under it. None: no such link.
     public_url: str | None = None
@@ -312,7 +333,8 @@ def _check_gateway(cfg: GatewayConfig) -> None:
     for key in ("max_body_size", "max_header_size", "max_head_size", "head_timeout",
                 "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
-                "signal_interval", "signal_timeout", "scale_interval"):
+                "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
+                "budget_interval", "ledger_buffer", "usage_retention"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ from llmgw.api.app import create_app
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.control.context import AppContext
+from llmgw.control.costs import CostMeter
 from llmgw.control.identity import is_private, refuse_unless_admin
 from llmgw.errors import StoreUnavailableError
 from llmgw.modelsvc import ModelService
@@ -124,6 +127,11 @@ class Server:
             self.relay = RoutingRelay(self.backend, lambda: [
                 m.name for m in self.models.catalog if not m.external])
         self._watch_interval = watch_interval
+        self.cost_meter = CostMeter(
+            self.store, self.backend.replicas, lambda: self.models.catalog,
+            f"{socket.gethostname()}:{os.getpid()}:{id(self):x}",
+            float(config.costs.meter_interval), gpu_classes=dict(config.gpu_classes),
+            costs=config.costs)
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
         self._serving = False
@@ -155,6 +163,7 @@ class Server:
             log.warning("the store is unreachable; routing the declared models and refusing "
                         "changes until it is back: %s", self.models.store_error)
         self._tasks.append(asyncio.create_task(self._follow(), name="llmgw-catalog-watch"))
+        self._tasks.append(asyncio.create_task(self.cost_meter.run(), name="llmgw-cost-meter"))
         if self.relay is not None:
             self.relay.start()
         else:

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"llmgw.config"},
     {"llmgw.store", "llmgw.weights", "llmgw.scheduler", "llmgw.scheduler.base"},
     {"llmgw.planner", "llmgw.scheduler.local", "llmgw.scheduler.nomad", "llmgw.scheduler.relay",
-     "llmgw.modelsvc"},
+     "llmgw.modelsvc", "llmgw.tenancy"},
     {"llmgw.control", "llmgw.gateway"},
     {"llmgw.api", "llmgw.admin"},
     {"llmgw.connection"},

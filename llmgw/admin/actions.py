@@ -1,4 +1,4 @@
-"""What the admin page changes: add, scale, remove, roll out, prefetch.
+"""What the admin page changes: add, scale, remove, roll out, prefetch; teams and keys.
 
 Each action calls the model service — the same calls the JSON API makes — so
 the rules (configuration wins, the whole catalog is validated first, a
@@ -18,7 +18,9 @@ one works in the others. A refused form is shown again with what was typed
 and the error beside the line it is about.
 
 A successful action redirects (POST, then redirect, then GET) with a
-one-shot message, so reloading the next page does not repeat the action.
+one-shot message, so reloading the next page does not repeat the action —
+but for a new key, which is shown in the answer to its POST only: the
+message travels in a cookie, and a key must not.
 """
 
 from __future__ import annotations
@@ -31,15 +33,18 @@ from litestar.params import Body, FromPath
 from litestar.response import Redirect, Template
 
 from llmgw.admin.locate import excerpt, line_of
-from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in
+from llmgw.admin.pages import EXAMPLE, model_context, model_page, signed_in, usage_context
 from llmgw.admin.render import page, scaling_text
 from llmgw.admin.session import flash_cookie
 from llmgw.catalog.decode import decode_model_file
 from llmgw.catalog.model import Model
+from llmgw.control import tenants
 from llmgw.control.actions import PrefetchRequest, roll_out, start_prefetch
 from llmgw.control.actions import add_model as add
 from llmgw.control.context import Ctx
+from llmgw.control.tenants import KeyRequest, TeamRequest
 from llmgw.errors import DefinitionError, LlmgwError
+from llmgw.tenancy import Limits
 
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 SOURCE = "pasted YAML"
@@ -140,4 +145,74 @@ async def prefetch_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPa
     return done(request, f"/admin/models/{name}", answer.message)
 
 
-route_handlers = [add_model, scale_model, remove_model, rollout_model, prefetch_model]
+# -- teams and keys -------------------------------------------------------------
+
+def _limits_from(data: dict[str, str]) -> Limits:
+    models = [m.strip() for m in data.get("models", "").split(",") if m.strip()]
+    priority = data.get("priority") or None
+    if priority not in (None, "interactive", "batch"):
+        raise DefinitionError(f"priority: {priority!r} is not interactive or batch",
+                              field="priority")
+    return Limits(models=models or None, rpm=_count(data, "rpm", 1),
+                  tokens_per_minute=_count(data, "tokens_per_minute", 1),
+                  tokens_per_day=_count(data, "tokens_per_day", 1),
+                  tokens_per_month=_count(data, "tokens_per_month", 1),
+                  priority=priority)  # type: ignore[arg-type]
+
+
+async def _usage(request: Request[Any, Any, Any], ctx: Ctx, status: int,
+                 **extra: Any) -> Template:
+    context = await usage_context(ctx, "team", "hour")
+    return page(request, "usage.html", session=signed_in(request), status=status,
+                **{**context, **extra})
+
+
+@post("/teams")
+async def create_team(request: Request[Any, Any, Any], ctx: Ctx,
+                      data: Form) -> Template | Redirect:
+    name = data.get("name", "").strip()
+    try:
+        await tenants.create_team(ctx, TeamRequest(name=name, limits=_limits_from(data)),
+                                  signed_in(request).name)
+    except LlmgwError as exc:
+        return await _usage(request, ctx, exc.status, team_error=exc.message)
+    return done(request, "/admin/usage", f"created team {name}")
+
+
+@post("/keys")
+async def create_key(request: Request[Any, Any, Any], ctx: Ctx, data: Form) -> Template:
+    """Shown on this answer only: the key is not stored, so it is not put in a redirect."""
+    name, team = data.get("name", "").strip(), data.get("team", "").strip()
+    try:
+        created = await tenants.create_key(ctx, KeyRequest(name=name, team=team),
+                                           signed_in(request).name)
+    except LlmgwError as exc:
+        return await _usage(request, ctx, exc.status, key_error=exc.message)
+    return await _usage(request, ctx, 200, new_key=created)
+
+
+@post("/teams/{name:str}/revoke")
+async def revoke_team(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
+                      data: Form) -> Template | Redirect:
+    if data.get("confirm") != name:
+        return await _usage(request, ctx, 400, team_error=(
+            f"type the team's name, {name}, to revoke it and every key of it"))
+    try:
+        await tenants.revoke_team(ctx, name)
+    except LlmgwError as exc:
+        return await _usage(request, ctx, exc.status, team_error=exc.message)
+    return done(request, "/admin/usage", f"revoked team {name} and its keys")
+
+
+@post("/keys/{name:str}/revoke")
+async def revoke_key(request: Request[Any, Any, Any], ctx: Ctx,
+                     name: FromPath[str]) -> Template | Redirect:
+    try:
+        await tenants.revoke_key(ctx, name)
+    except LlmgwError as exc:
+        return await _usage(request, ctx, exc.status, key_error=exc.message)
+    return done(request, "/admin/usage", f"revoked key {name}")
+
+
+route_handlers = [add_model, scale_model, remove_model, rollout_model, prefetch_model,
+                  create_team, create_key, revoke_team, revoke_key]

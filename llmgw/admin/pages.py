@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 from litestar import Request, get
-from litestar.params import FromPath
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
+from llmgw.admin.chart import series_of, usage_chart
 from llmgw.admin.csrf import session_of
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
 from llmgw.catalog.decode import to_builtins
 from llmgw.control.context import AppContext, Ctx
+from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
     ReplicaView,
@@ -37,6 +42,7 @@ from llmgw.control.views import (
 )
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
+from llmgw.tenancy import Limits
 
 log = logging.getLogger("llmgw.admin")
 
@@ -178,5 +184,49 @@ async def remove_page(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[
     return page(request, "remove.html", session=signed_in(request), **context)
 
 
+def limits_text(limits: Limits) -> str:
+    parts = [f"models {', '.join(limits.models)}"] if limits.models is not None else []
+    parts.extend(f"{name.replace('_', ' ')} {value:,}" if isinstance(value, int)
+                 else f"{name} {value}"
+                 for name in ("rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month",
+                              "priority")
+                 if (value := getattr(limits, name)) is not None)
+    return "; ".join(parts) or "no limits"
+
+
+async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> dict[str, Any]:
+    hourly = granularity == "hour"
+    step = 3600 if hourly else 86400
+    now = time.time()
+    end = (int(now // step) + 1) * step
+    count = 24 if hourly else 14
+    since = datetime.fromtimestamp(end - count * step, UTC)
+    out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None,
+                           "teams_error": None, "teams": [], "keys": [],
+                           "limits_text": limits_text, "team_error": None, "key_error": None,
+                           "new_key": None}
+    try:
+        report = await usage_report(ctx, by, since, datetime.fromtimestamp(end, UTC),
+                                    granularity)
+        starts = [datetime.fromtimestamp(end - (count - i) * step, UTC) for i in range(count)]
+        out.update(report=report, series=series_of(report.totals),
+                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
+    except LlmgwError as exc:
+        out["usage_error"] = exc.message
+    try:
+        out["teams"] = await list_teams(ctx)
+        out["keys"] = await list_keys(ctx)
+    except LlmgwError as exc:
+        out["teams_error"] = exc.message
+    return out
+
+
+@get("/usage")
+async def usage_page(request: Request[Any, Any, Any], ctx: Ctx, by: FromQuery[By] = "team",
+                     granularity: FromQuery[Granularity] = "hour") -> Template:
+    return page(request, "usage.html", session=signed_in(request),
+                **await usage_context(ctx, by, granularity))
+
+
 route_handlers = [index, models_page, models_fragment, show_model, model_fragment, fleet_page,
-                  fleet_fragment, add_page, remove_page]
+                  fleet_fragment, add_page, remove_page, usage_page]

@@ -14,7 +14,7 @@ new value (``msgspec.structs.replace``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -216,3 +216,5 @@ class GpuClass(_Spec, frozen=True):
     device: str
     memory: Size
     vendor: str = "nvidia"
+    # What one card costs per hour, in any currency (reports only say "cost").
+    price_per_hour: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None

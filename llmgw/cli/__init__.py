@@ -15,7 +15,7 @@ from __future__ import annotations
 import click
 
 from llmgw import __version__
-from llmgw.cli import cache, ctl, jobspec, keys, mirror, plan, replicas, serve
+from llmgw.cli import cache, ctl, jobspec, keys, mirror, plan, replicas, serve, tenants
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -30,6 +30,10 @@ ctl.ctl.add_command(ctl.scale)
 ctl.ctl.add_command(replicas.rollout)
 ctl.ctl.add_command(replicas.replicas)
 ctl.ctl.add_command(replicas.fleet)
+ctl.ctl.add_command(tenants.team)
+ctl.ctl.add_command(tenants.key)
+ctl.ctl.add_command(tenants.usage)
+ctl.ctl.add_command(tenants.costs)
 
 main.add_command(serve.serve)
 main.add_command(ctl.ctl)

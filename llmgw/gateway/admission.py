@@ -22,6 +22,15 @@ stream can send keep-alive comments between waits. It raises
 ``Ticket.close()`` must follow in a ``finally``: it leaves the line, or ends
 the transit of an admitted ticket once its request is being forwarded.
 
+**Within a class, teams share fairly**: deficit round robin by tokens. Each
+ticket carries its team and an estimate of its tokens (``cost``: the prompt's
+bytes / 4 plus the answer's ``max_tokens``, see ``request``); each team waiting
+has its own line, the teams take turns, and a team's turn admits tickets while
+its deficit covers them, the deficit growing by ``QUANTUM`` tokens each time it
+comes round. One team's burst therefore waits behind a share of every other
+team's requests instead of ahead of all of them; within a team the order stays
+first come, first served.
+
 Leaving is lazy (a ticket that timed out or whose client went away is marked,
 and skipped when it reaches the head), so every operation is O(1) but the
 skip.
@@ -36,22 +45,27 @@ from collections.abc import Callable
 from typing import Literal
 
 from llmgw.gateway.errors import ModelBusyError
+from llmgw.tenancy import Priority
 
-Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 _State = Literal["waiting", "admitted", "gone"]
 # Admissions remembered for the drain rate behind Retry-After.
 _RATE_WINDOW = 10.0
+# Tokens a team's deficit grows by each round (deficit round robin).
+QUANTUM = 1024.0
 
 
 class Ticket:
     """One request's place in line."""
 
-    __slots__ = ("_future", "_queue", "_state", "deadline", "joined", "priority")
+    __slots__ = ("_future", "_queue", "_state", "cost", "deadline", "joined", "priority", "team")
 
-    def __init__(self, queue: AdmissionQueue, priority: Priority, joined: float) -> None:
+    def __init__(self, queue: AdmissionQueue, priority: Priority, joined: float,
+                 team: str = "", cost: float = 1.0) -> None:
         self._queue = queue
         self.priority = priority
+        self.team = team
+        self.cost = cost
         self.joined = joined
         self.deadline = joined + queue.wait
         self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -104,6 +118,51 @@ class Ticket:
         self._future.set_result(None)
 
 
+class _Lane:
+    """One priority class: a line per team, served by deficit round robin."""
+
+    __slots__ = ("deficit", "lines", "order")
+
+    def __init__(self) -> None:
+        self.lines: dict[str, deque[Ticket]] = {}
+        self.order: deque[str] = deque()        # teams with a line, in turn order
+        self.deficit: dict[str, float] = {}
+
+    def append(self, ticket: Ticket) -> None:
+        line = self.lines.get(ticket.team)
+        if line is None:
+            line = self.lines[ticket.team] = deque()
+            self.order.append(ticket.team)
+            self.deficit[ticket.team] = 0.0
+        line.append(ticket)
+
+    def pop(self) -> Ticket | None:
+        """The next ticket to admit, or None when no one waits."""
+        order = self.order
+        while order:
+            team = order[0]
+            line = self.lines[team]
+            while line and line[0]._state != "waiting":
+                line.popleft()
+            if not line:
+                order.popleft()
+                del self.lines[team]
+                del self.deficit[team]
+                continue
+            head = line[0]
+            if self.deficit[team] >= head.cost or len(order) == 1:
+                self.deficit[team] = max(0.0, self.deficit[team] - head.cost)
+                return line.popleft()
+            # Not enough for its head: the team's turn ends; it gains a quantum
+            # for its next turn and goes last.
+            self.deficit[team] += QUANTUM
+            order.rotate(-1)
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.order)
+
+
 class AdmissionQueue:
     """A bounded line of tickets in priority order for one model."""
 
@@ -112,7 +171,7 @@ class AdmissionQueue:
         self.size = size
         self.wait = wait
         self.clock = clock
-        self._lanes: dict[Priority, deque[Ticket]] = {p: deque() for p in PRIORITIES}
+        self._lanes: dict[Priority, _Lane] = {p: _Lane() for p in PRIORITIES}
         self._waiting: dict[Priority, int] = dict.fromkeys(PRIORITIES, 0)
         self.in_transit = 0
         self.expired = 0
@@ -124,14 +183,17 @@ class AdmissionQueue:
     def waiting(self, priority: Priority) -> int:
         return self._waiting[priority]
 
-    def join(self, priority: Priority) -> Ticket:
-        """A place in line; ModelBusyError (429) when the line is full."""
+    def join(self, priority: Priority, team: str = "", cost: float = 1.0) -> Ticket:
+        """A place in ``team``'s line of the class; ModelBusyError (429) when the queue is full.
+
+        ``cost``: the request's estimated tokens, what its team's turn is charged.
+        """
         if len(self) >= self.size:
             raise ModelBusyError(
                 f"model {self.name!r} is saturated and {len(self)} requests are already "
                 f"waiting for it (routing.queue_size {self.size}); retry later",
                 retry_after=self.retry_after())
-        ticket = Ticket(self, priority, self.clock())
+        ticket = Ticket(self, priority, self.clock(), team, max(1.0, cost))
         self._lanes[priority].append(ticket)
         self._waiting[priority] += 1
         return ticket
@@ -141,16 +203,14 @@ class AdmissionQueue:
         admitted = 0
         for priority in PRIORITIES:
             lane = self._lanes[priority]
-            while lane and budget - self.in_transit > 0:
-                ticket = lane.popleft()
-                if ticket._state != "waiting":
-                    continue
+            while budget - self.in_transit > 0:
+                ticket = lane.pop()
+                if ticket is None:
+                    break
                 self._waiting[priority] -= 1
                 self.in_transit += 1
                 ticket._admit()
                 admitted += 1
-            while lane and lane[0]._state != "waiting":
-                lane.popleft()
         if admitted:
             now = self.clock()
             self._admissions.extend([now] * min(admitted, 1000))

@@ -6,7 +6,8 @@ write out (find the key, read a bounded body, parse just ``model`` and
 ``stream``, hand over to the forwarder). ``bench/gateway_compare.py`` keeps
 the measurement that justified it.
 
-A request goes through, in this order: method; API key (401); the key's
+A request goes through, in this order: method; API key (401); the key's or
+its team's token budget (429 ``insufficient_quota``, ``budgets``); the key's
 rate limit (429, before the body is read, so a client over its limit costs
 almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
@@ -25,8 +26,11 @@ too, one across all gateway instances by the store's lease.
 
 Beside the requests, each gateway process runs these loops: the engine
 scraper (``signals``), which feeds routing and admission; the scaler
-(``scaler``), one decider across every process; the batch worker; and
-housekeeping (keys, on-demand idle scale-down, pruning replica state).
+(``scaler``), one decider across every process; the batch worker; the
+runtime teams and keys (``tenants``, followed from the store); the usage
+ledger (``ledger``: every request's record, written in batches, and the
+budgets' re-read after each write); and housekeeping (keys, on-demand idle
+scale-down, pruning replica state).
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
@@ -46,6 +50,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -55,10 +60,11 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError, StoreUnavailableError
-from llmgw.gateway.admission import AdmissionQueue, Priority, Ticket
+from llmgw.gateway.admission import AdmissionQueue, Ticket
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
 from llmgw.gateway.batchworker import BatchWorker
+from llmgw.gateway.budgets import Budgets
 from llmgw.gateway.capabilities import capable_chain
 from llmgw.gateway.errors import (
     CatalogUnavailableError,
@@ -80,17 +86,26 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
+from llmgw.gateway.ledger import Ledger
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
 from llmgw.gateway.ondemand import OnDemand, is_on_demand
 from llmgw.gateway.probes import UpstreamProber
-from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest
-from llmgw.gateway.request import header, parse_head, read_body
+from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
+from llmgw.gateway.request import (
+    estimated_tokens,
+    header,
+    parse_head,
+    read_body,
+    with_usage,
+)
 from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
+from llmgw.gateway.tenants import TenantsFollower
 from llmgw.scheduler.base import Routing
-from llmgw.store.base import Store
+from llmgw.store.base import RequestLog, Store, UsageRecord
+from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -163,16 +178,30 @@ class Gateway:
         self.keys_watcher: KeysFileWatcher | None = None
         self._keys_interval = float(gw.keys_check_interval)
         self.open_access = False
+        self.tenants = TenantsFollower(store, self.keys.replace_runtime)
         if config.keys_file:
             self.keys_watcher = KeysFileWatcher(config.keys_file, self.keys)
             self.keys_watcher.load()
         elif is_loopback(config.listen):
             self.open_access = True
             log.warning("no keys_file configured: inference is open to anyone who can reach "
-                        "%s (loopback only)", config.listen)
+                        "%s (loopback only) until a key is created with `llmgw ctl key add`",
+                        config.listen)
         else:
             log.warning("no keys_file configured and %s is not a loopback address: every "
                         "inference request will be refused; set keys_file", config.listen)
+        self.ledger: Ledger | None = None
+        if gw.ledger:
+            self.ledger = Ledger(store, interval=float(gw.ledger_interval),
+                                 capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
+                                 urgent_interval=float(gw.budget_interval),
+                                 on_drop=self.metrics.ledger_dropped.inc,
+                                 on_flush=self._refresh_budgets)
+            self.budgets: Budgets | None = Budgets(store, self.ledger,
+                                                   in_use=self.keys.budget_fields,
+                                                   cost_in_use=self.keys.cost_budgeted)
+        else:
+            self.budgets = None
         self._tasks: list[asyncio.Task[None]] = []
         self.batch_worker = BatchWorker(self, holder, key_named=self.key_named)
         audio = AudioEndpoint(self)
@@ -206,6 +235,9 @@ class Gateway:
     async def start(self) -> None:
         if self.keys_watcher is not None:
             self._tasks.append(asyncio.create_task(self._watch_keys(), name="llmgw-keys-watch"))
+        self._tasks.append(asyncio.create_task(self.tenants.run(), name="llmgw-gw-tenants"))
+        if self.ledger is not None:
+            self._tasks.append(asyncio.create_task(self.ledger.run(), name="llmgw-gw-ledger"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
@@ -219,6 +251,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.batch_worker.close()
+        if self.ledger is not None:
+            await self.ledger.close()
         await self.ondemand.close()
         await self.forwarder.close()
         await self.signals.close()
@@ -341,7 +375,7 @@ class Gateway:
             queue.size, queue.wait = r.queue_size, float(r.queue_wait)
         return queue
 
-    def _enter(self, model: Model, priority: Priority) -> Ticket | None:
+    def _enter(self, model: Model, req: ForwardRequest) -> Ticket | None:
         """None: forward now. Else the request's place in the model's queue (429 when full)."""
         r = model.routing
         if r.max_concurrency is None and not model.scrapes_engine:
@@ -353,7 +387,7 @@ class Gateway:
         if not len(queue) and headroom - queue.in_transit > 0:
             return None
         try:
-            ticket = queue.join(priority)
+            ticket = queue.join(req.priority, req.team, req.cost)
         except LlmgwError:
             self.metrics.rejected.labels(model.name, "queue_full").inc()
             raise
@@ -439,30 +473,37 @@ class Gateway:
 
     def key_named(self, name: str) -> ApiKey | None:
         """The key in force called ``name`` (the owner of a batch), if it still exists."""
-        if self.open_access:
+        if self._is_open():
             return OPEN_ACCESS if name == OPEN_ACCESS.name else None
         return self.keys.named(name)
 
+    def _is_open(self) -> bool:
+        """Open access: no keys file on a loopback listener, and no runtime key either."""
+        return self.open_access and not len(self.keys)
+
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
-        if self.open_access:
+        if self._is_open():
             return OPEN_ACCESS
         value = header(headers, b"authorization")
-        if value is None or self.keys_watcher is None:
+        if value is None:
             raise InvalidKeyError(self._no_key_message())
         scheme, _, token = value.decode("latin-1").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise InvalidKeyError("the Authorization header must be 'Bearer <API key>'")
         key = self.keys.lookup(token)
+        if key is None and self.keys_watcher is None and not len(self.keys):
+            raise InvalidKeyError(self._no_key_message())
         if key is None:
             raise InvalidKeyError("the API key is not valid (unknown or revoked); ask for a "
-                                  "new one (`llmgw keys add NAME` on the control-plane host)")
+                                  "new one (`llmgw ctl key add` or `llmgw keys add NAME`)")
         return key
 
     def _no_key_message(self) -> str:
         if self.keys_watcher is None:
-            return ("inference needs an API key, and this server has no keys_file: set "
-                    "keys_file in server.yaml and create a key with `llmgw keys add NAME`")
+            return ("inference needs an API key, and this server has no keys_file and no "
+                    "runtime key: set keys_file in server.yaml and create a key with `llmgw "
+                    "keys add NAME`, or create one with `llmgw ctl key add`")
         return "no API key: send 'Authorization: Bearer <API key>'"
 
     async def _list_models(self, scope: Scope, send: Send, path: str) -> None:
@@ -511,7 +552,44 @@ class Gateway:
         finally:
             mm = call.metrics or self.metrics.for_model("")
             mm.done(status)
-            mm.latency.observe(self._loop_time() - started)
+            latency = self._loop_time() - started
+            mm.latency.observe(latency)
+            if call.key is not None and call.request is not None:
+                self._account(call.key, call.request, status, latency)
+
+    async def _refresh_budgets(self) -> None:
+        if self.budgets is not None:
+            await self.budgets.refresh()
+
+    def _account(self, key: ApiKey, req: ForwardRequest, status: int, latency: float) -> None:
+        """The request's ledger record and its team's token counters."""
+        served = req.served_by
+        usage = req.usage or _NO_USAGE
+        model = served.name if served is not None else req.model
+        if usage.prompt or usage.completion:
+            self.metrics.add_team_tokens(key.team, model, usage.prompt, usage.completion)
+        ledger = self.ledger
+        if ledger is None:
+            return
+        gpu_class = ""
+        if served is not None and served.profiles:
+            gpu_class = served.profiles[0].gpu_class or ""
+        record = UsageRecord(
+            id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
+            replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,
+            cached_tokens=usage.cached, completion_tokens=usage.completion, status=status,
+            latency=latency, ttft=req.ttft)
+        ledger.record(record, urgent=key.budgeted)
+        if key.log_requests != "off":
+            bodies = key.log_requests == "bodies"
+            ledger.log(RequestLog(
+                id=record.id, at=record.at, expires_at=record.at + key.log_days * 86400,
+                team=key.team, key=key.name,
+                record=_encode_log(_LogEntry(path=req.path, requested=req.model,
+                                             stream=req.stream, usage=record)),
+                request=req.body if bodies else None,
+                response=b"".join(req.capture) if bodies and req.capture is not None
+                else None))
 
     async def admit_json(self, scope: Scope, receive: Receive, path: str, started: float,
                          call: Call) -> tuple[ForwardRequest, list[Model]]:
@@ -527,17 +605,27 @@ class Gateway:
         head = parse_head(body)
         chain = self.chain_for(head.model, key, path, call)
         assert call.metrics is not None   # chain_for set it
+        strip = False
+        if head.stream and self.ledger is not None and path in _USAGE_PATHS:
+            asked = with_usage(body, head.stream_options)
+            if asked is not None:
+                body, strip = asked, True
         query: bytes = scope.get("query_string", b"")
         if query:
             path = f"{path}?{query.decode('latin-1')}"
         call.request = ForwardRequest(path=path, body=body, model=head.model,
                                       stream=bool(head.stream), headers=scope["headers"],
                                       started=started, metrics=call.metrics,
-                                      priority=key.priority)
+                                      priority=key.priority, strip_usage=strip,
+                                      team=key.team, cost=estimated_tokens(body, head),
+                                      capture=[] if key.log_requests == "bodies" else None)
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
         key = self._authenticate(headers)
+        budgets = self.budgets
+        if budgets is not None and key.budgeted:
+            budgets.check(key.team, key.name, key.team_limits, key.limits)
         wait = key.admit(now)
         if wait > 0:
             raise KeyRateLimitedError(
@@ -569,27 +657,34 @@ class Gateway:
         return capable_chain(catalog.fallback_chain(model), path)
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
-                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
+                      variant: Callable[[Model], tuple[str, Body]] | None = None,
+                      owner: str | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
         No key is checked here: the batch's lines were checked against its
         owner's key when it was validated. Nor is the line counted as a client's
         request (requests_total, request_duration: what interactive users get);
-        the worker counts it in batch_lines_total.
+        the worker counts it in batch_lines_total. It is in the usage ledger,
+        as its owner's (``owner``, the key's name), when that key still exists.
         """
         call = Call()
         answer = _Collected()
+        key = self.key_named(owner) if owner is not None else None
+        started = self._loop_time()
         try:
             chain = self.chain_for(model, None, path, call)
             assert call.metrics is not None   # chain_for set it
             call.request = ForwardRequest(path=path, body=body, model=model, stream=False,
-                                          headers=_INTERNAL_HEADERS, started=self._loop_time(),
+                                          headers=_INTERNAL_HEADERS, started=started,
                                           metrics=call.metrics, priority=priority,
-                                          variant=variant)
+                                          variant=variant,
+                                          team=key.team if key is not None else "")
             answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
             answer.status = err.status
             answer.body = [error_json(err)]
+        if key is not None and call.request is not None:
+            self._account(key, call.request, answer.status, self._loop_time() - started)
         return Executed(answer.status, b"".join(answer.body), answer.model)
 
     async def _serve(self, req: ForwardRequest, chain: list[Model], receive: Receive,
@@ -613,7 +708,7 @@ class Gateway:
                     self.ondemand.end(model)
                 if not up:
                     return await self._forward_after_cold_wait(req, chain, send)
-            ticket = self._enter(model, req.priority)
+            ticket = self._enter(model, req)
             if ticket is not None:
                 try:
                     await self._wait_in_queue(ticket, model, mm)
@@ -647,6 +742,21 @@ class Gateway:
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+_NO_USAGE = Usage(0, 0, 0)
+
+
+class _LogEntry(msgspec.Struct):
+    """What a request log keeps beside the bodies: the request's shape and its record."""
+
+    path: str
+    requested: str
+    stream: bool
+    usage: UsageRecord
+
+
+_encode_log = msgspec.json.Encoder().encode
+# Streams that report usage only when asked (stream_options.include_usage).
+_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _INTERNAL_HEADERS = [(b"content-type", b"application/json")]
 
 

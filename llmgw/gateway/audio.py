@@ -120,6 +120,7 @@ class Upload:
         call.request = ForwardRequest(
             path=self.path, body=b"", model=name, stream=fields.get("stream") == "true",
             headers=scope["headers"], started=started, metrics=call.metrics,
+            priority=key.priority, team=key.team,
             variant=lambda model: (self.path, self._body(boundary, model)))
         return call.request, chain, send
 

@@ -387,7 +387,8 @@ class BatchWorker:
                 status, body = await batch_response(self.core, request.body, record.owner)
             else:
                 status, body, _ = await self.core.execute(record.endpoint, request.body,
-                                                          request.model, priority="batch")
+                                                          request.model, priority="batch",
+                                                          owner=record.owner)
             if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
                 break
             left = record.expires_at - time.time()

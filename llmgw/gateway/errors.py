@@ -158,7 +158,7 @@ def error_json(err: LlmgwError) -> bytes:
     """``err`` as OpenAI's error object."""
     detail = _Detail(
         message=err.message,
-        type=_TYPES.get(err.status, "server_error"),
+        type=getattr(err, "openai_type", None) or _TYPES.get(err.status, "server_error"),
         param=err.field,
         code=getattr(err, "code", None) or err.kind,
     )

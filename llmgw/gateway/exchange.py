@@ -23,12 +23,12 @@ from typing import NamedTuple, Protocol
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
-from llmgw.gateway.admission import Priority
 from llmgw.gateway.errors import Receive, Scope, Send
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.proxy import Body, ForwardRequest
 from llmgw.store.base import Store
+from llmgw.tenancy import Priority
 
 
 class Call:
@@ -94,8 +94,10 @@ class Core(Protocol):
         """Serve one inference request end to end, ``exchange`` shaping it."""
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
-                      variant: Callable[[Model], tuple[str, Body]] | None = None) -> Executed:
-        """Run one request on behalf of the gateway itself (``variant``: as ForwardRequest's)."""
+                      variant: Callable[[Model], tuple[str, Body]] | None = None,
+                      owner: str | None = None) -> Executed:
+        """Run one request on behalf of the gateway itself (``variant``: as ForwardRequest's);
+        ``owner``: the key it is run for (a batch's), whose usage it is."""
 
     def now(self) -> float:
         """The gateway's loop clock (monotonic seconds)."""

@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import hmac
 import ipaddress
 import logging
 import os
-import re
-import secrets
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,62 +43,32 @@ from pathlib import Path
 import msgspec
 
 from llmgw.errors import ConfigError, DefinitionError, NotFoundError, RefusedError
-from llmgw.gateway.admission import Priority
+from llmgw.tenancy import (
+    BUDGET_FIELDS,
+    DEFAULT_LOG_DAYS,
+    FILE_TEAM,
+    KEY_PREFIX,
+    NAME_RE,
+    BudgetField,
+    KeyEntry,
+    KeysFile,
+    Limits,
+    Priority,
+    RuntimeKey,
+    RuntimeTeam,
+    effective,
+    generate_key,
+    hash_key,
+    read_keys_file,
+)
 
 log = logging.getLogger("llmgw.gateway.keys")
 
-KEY_PREFIX = "sk-llmgw-"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-
-
-class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
-               omit_defaults=True):
-    """One key as stored: never the key itself."""
-
-    name: str
-    sha256: str                     # hex digest of the key
-    models: list[str] = []          # empty: every model
-    rpm: int | None = None          # requests per minute; None: unlimited
-    priority: Priority = "interactive"
-    created_at: datetime | None = None
-
-
-class KeysFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    version: int = 1
-    keys: list[KeyEntry] = []
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def generate_key() -> str:
-    """A new key: 256 random bits, with a prefix that secret scanners can match."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-# ---------------------------------------------------------------- the file
-
-
-def read_keys_file(path: str | Path) -> KeysFile:
-    """The keys in ``path``; an absent file has none. ConfigError naming the file if it is bad."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        return KeysFile()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the keys file: {exc.strerror}",
-                          field="keys_file") from None
-    if not data.strip():
-        return KeysFile()
-    try:
-        return msgspec.json.decode(data, type=KeysFile)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ConfigError(
-            f"{p}: not a valid keys file ({exc}); fix or restore it, or remove it and add "
-            "the keys again with `llmgw keys add`", field="keys_file",
-        ) from None
+# The keys file's format and reader live in llmgw.tenancy (the control plane reads
+# it too); they are also this module's, where the gateway and `llmgw keys` find them.
+__all__ = ["KEY_PREFIX", "OPEN_ACCESS", "ApiKey", "KeyEntry", "KeyRing", "KeysFile",
+           "KeysFileWatcher", "add_key", "generate_key", "hash_key", "is_loopback",
+           "read_keys_file", "revoke_key"]
 
 
 def _write_keys_file(path: Path, content: KeysFile) -> None:
@@ -179,6 +146,15 @@ class ApiKey:
     models: frozenset[str] | None       # None: every model
     rpm: int | None
     priority: Priority = "interactive"
+    team: str = FILE_TEAM
+    # A runtime key's own budgets and its team's (``budgets``); None for file keys.
+    limits: Limits | None = None
+    team_limits: Limits | None = None
+    budgeted: bool = False          # the key or its team has a token budget
+    log_requests: str = "off"       # the team's request logs: off, metadata or bodies
+    log_days: int = DEFAULT_LOG_DAYS
+    # The team's request-rate bucket, shared by its keys; None: no team limit.
+    team_gate: ApiKey | None = None
     tokens: float = 0.0
     refilled_at: float = field(default=-1.0)
 
@@ -187,6 +163,11 @@ class ApiKey:
 
     def admit(self, now: float) -> float:
         """0 if a request may go now (and count it), else seconds until one may."""
+        gate = self.team_gate
+        if gate is not None:
+            wait = gate.admit(now)
+            if wait > 0:
+                return wait
         if self.rpm is None:
             return 0.0
         rate = self.rpm / 60.0
@@ -222,28 +203,88 @@ OPEN_ACCESS = ApiKey(name="", sha256="", models=None, rpm=None)
 
 
 class KeyRing:
-    """The keys in force, looked up by the hash of what a request presents."""
+    """The keys in force, looked up by the hash of what a request presents.
+
+    Two sources: the keys file's entries and the runtime teams and keys from
+    the store. The file wins a conflict of name or hash; the runtime key is
+    left out (logged once per change).
+    """
 
     def __init__(self, entries: Sequence[KeyEntry] = ()) -> None:
         self._by_hash: dict[str, ApiKey] = {}
-        self.replace(entries)
+        self._file: list[KeyEntry] = list(entries)
+        self._teams: dict[str, RuntimeTeam] = {}
+        self._runtime: list[RuntimeKey] = []
+        self._rebuild()
 
     def replace(self, entries: Sequence[KeyEntry]) -> None:
-        """Swap in a new set of keys, keeping the buckets of keys that stay."""
+        """Swap in a new set of file keys, keeping the buckets of keys that stay."""
+        self._file = list(entries)
+        self._rebuild()
+
+    def replace_runtime(self, teams: dict[str, RuntimeTeam], keys: Sequence[RuntimeKey]) -> None:
+        """Swap in the runtime teams and keys, keeping the buckets of those that stay."""
+        self._teams = dict(teams)
+        self._runtime = list(keys)
+        self._rebuild()
+
+    def team(self, name: str) -> RuntimeTeam | None:
+        return self._teams.get(name)
+
+    def _rebuild(self) -> None:
         old = {k.name: k for k in self._by_hash.values()}
+        old_gates = {k.team_gate.name: k.team_gate for k in self._by_hash.values()
+                     if k.team_gate is not None}
         fresh: dict[str, ApiKey] = {}
-        for e in entries:
+        names: set[str] = set()
+        for e in self._file:
             key = ApiKey(name=e.name, sha256=e.sha256,
                          models=frozenset(e.models) if e.models else None, rpm=e.rpm,
                          priority=e.priority)
-            prev = old.get(e.name)
-            if prev is not None and prev.sha256 == e.sha256 and prev.rpm == e.rpm:
-                key.tokens, key.refilled_at = prev.tokens, prev.refilled_at
+            _keep_bucket(key, old.get(e.name))
             fresh[e.sha256] = key
+            names.add(e.name)
+        gates: dict[str, ApiKey] = {}
+        for r in self._runtime:
+            team = self._teams.get(r.team)
+            if team is None:
+                continue
+            if r.name in names or r.sha256 in fresh:
+                log.warning("runtime key %r is ignored: the keys file has a key of that name "
+                            "or value, and the file wins", r.name)
+                continue
+            limits = effective(team.limits, r.limits)
+            gate = gates.get(team.name)
+            if gate is None and team.limits.rpm is not None:
+                gate = gates[team.name] = ApiKey(name=team.name, sha256="", models=None,
+                                                 rpm=team.limits.rpm)
+                _keep_bucket(gate, old_gates.get(team.name))
+            key = ApiKey(name=r.name, sha256=r.sha256,
+                         models=frozenset(limits.models) if limits.models is not None else None,
+                         rpm=limits.rpm, priority=limits.priority or "interactive",
+                         team=team.name, limits=r.limits, team_limits=team.limits,
+                         budgeted=r.limits.has_budget() or team.limits.has_budget(),
+                         log_requests=team.limits.log_requests or "off",
+                         log_days=team.limits.log_retention_days or DEFAULT_LOG_DAYS,
+                         team_gate=gate)
+            _keep_bucket(key, old.get(r.name))
+            fresh[r.sha256] = key
+            names.add(r.name)
         self._by_hash = fresh
+        self._budget_fields = {f for limits in [*(t.limits for t in self._teams.values()),
+                                                *(r.limits for r in self._runtime)]
+                               for f in BUDGET_FIELDS if limits.budget(f) is not None}
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+    def cost_budgeted(self) -> bool:
+        """Whether any runtime team in force has a cost budget."""
+        return any(t.limits.has_cost_budget() for t in self._teams.values())
+
+    def budget_fields(self) -> set[BudgetField]:
+        """The budget periods any runtime team or key in force sets."""
+        return self._budget_fields
 
     def named(self, name: str) -> ApiKey | None:
         return next((k for k in self._by_hash.values() if k.name == name), None)
@@ -254,6 +295,11 @@ class KeyRing:
         if key is None or not hmac.compare_digest(key.sha256, digest):
             return None
         return key
+
+
+def _keep_bucket(key: ApiKey, prev: ApiKey | None) -> None:
+    if prev is not None and prev.sha256 == key.sha256 and prev.rpm == key.rpm:
+        key.tokens, key.refilled_at = prev.tokens, prev.refilled_at
 
 
 class KeysFileWatcher:

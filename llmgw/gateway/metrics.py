@@ -198,6 +198,13 @@ class GatewayMetrics:
             "llmgw_gateway_batch_lines", "Batch lines sent to a model and answered, by model "
             "and outcome (succeeded: 2xx; failed: any other status after retries).",
             ["model", "outcome"], registry=r)
+        self.team_tokens = Counter(
+            "llmgw_gateway_team_tokens", "Tokens the engines reported for each team's "
+            "requests, by team (- for keys of the keys file), answering model and kind "
+            "(prompt, completion).", ["team", "model", "kind"], registry=r)
+        self.ledger_dropped = Counter(
+            "llmgw_gateway_ledger_dropped_records", "Usage records dropped because the "
+            "ledger's buffer was full while the store could not be written.", registry=r)
         self.key_reloads = Counter(
             "llmgw_gateway_key_reloads", "Times the keys file was reloaded after a change.",
             registry=r)
@@ -208,6 +215,16 @@ class GatewayMetrics:
             r.register(collector)
             self._collected.register(collector)
         self._models: dict[str, ModelMetrics] = {}
+        self._team_tokens: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+
+    def add_team_tokens(self, team: str, model: str, prompt: int, completion: int) -> None:
+        children = self._team_tokens.get((team, model))
+        if children is None:
+            children = self._team_tokens[(team, model)] = (
+                self.team_tokens.labels(team, model, "prompt"),
+                self.team_tokens.labels(team, model, "completion"))
+        children[0].inc(prompt)
+        children[1].inc(completion)
 
     def for_model(self, name: str) -> ModelMetrics:
         mm = self._models.get(name)

@@ -55,13 +55,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
-from llmgw.gateway.admission import Priority
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -76,6 +75,7 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.routing import Balancer
+from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway.proxy")
 
@@ -97,6 +97,15 @@ _DROP_RESPONSE = frozenset({
 # 8192), and the client would get their 400 for a header llmgw accepted.
 MAX_FORWARDED_HEADER = 8000
 _ERROR_SNIPPET = 300
+# The most of one answer a request log keeps.
+CAPTURE_LIMIT = 1024 * 1024
+
+
+def keep(capture: list[bytes], chunk: bytes) -> None:
+    """Append ``chunk`` to a captured answer, up to ``CAPTURE_LIMIT`` bytes in all."""
+    room = CAPTURE_LIMIT - sum(len(c) for c in capture)
+    if room > 0:
+        capture.append(chunk[:room])
 # How long one send to the client may block (the client reads nothing) before
 # the client is taken as gone. Generous: a client pausing briefly is served.
 CLIENT_SEND_TIMEOUT = 120.0
@@ -130,6 +139,14 @@ def _found(found: _WithUsage) -> _Usage | None:
 
 
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
+
+
+class Usage(NamedTuple):
+    """The token counts of one answer, as its engine reported them."""
+
+    prompt: int
+    cached: int
+    completion: int
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
 
@@ -202,6 +219,61 @@ class StreamUsage:
                     self.usage = usage
 
 
+class _UsageOnly(msgspec.Struct):
+    choices: list[object] | None = None
+    usage: dict[str, object] | None = None
+
+
+_usage_only = msgspec.json.Decoder(_UsageOnly)
+
+
+class UsageChunkFilter:
+    """Drops the usage-only chunk (``choices: []`` with ``usage``) from an SSE stream.
+
+    For streams where the gateway asked for usage and the client did not: the
+    client gets the stream it asked for. Whole events pass as soon as their
+    blank line arrives; only an unfinished event is held back.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    @property
+    def tail(self) -> bytes:
+        """What is left at the end of the stream (an event without its blank line)."""
+        held, self._held = self._held, b""
+        return held
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._held + chunk if self._held else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._held = data
+            return b""
+        end += 2
+        self._held = data[end:]
+        whole = data[:end]
+        if b'"usage"' not in whole:
+            return whole
+        kept = [e for e in whole.split(b"\n\n") if not _is_usage_only(e)]
+        return b"\n\n".join(kept)
+
+
+def _is_usage_only(event: bytes) -> bool:
+    if b'"usage"' not in event:
+        return False
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                found = _usage_only.decode(line[5:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return False
+            return found.choices == [] and found.usage is not None
+    return False
+
+
 # Responses passed to the client as they arrive rather than read whole.
 _STREAMED = ("text/event-stream", "audio/", "application/octet-stream")
 
@@ -224,9 +296,21 @@ class ForwardRequest:
     # The admission class: "interactive" (clients, or the key's class) or "batch"
     # (the batch worker's lines), which orders requests waiting for a replica.
     priority: Priority = "interactive"
+    # Its team and estimated tokens: its turn among the teams of its class when queued.
+    team: str = ""
+    cost: float = 1.0
     # (path, body) for each model of the chain, when they differ by model.
     variant: Callable[[Model], tuple[str, Body]] | None = None
     keys: dict[int, PrefixKey | None] | None = None  # per prefix_bytes, made when asked
+    # What the ledger records of the attempt that answered.
+    served_by: Model | None = None
+    replica: str = ""
+    usage: Usage | None = None
+    ttft: float | None = None
+    # The gateway asked for the usage chunk the client did not: it is not passed on.
+    strip_usage: bool = False
+    # The answer as sent to the client, for a team that logs bodies (None: not kept).
+    capture: list[bytes] | None = None
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
@@ -439,6 +523,7 @@ class Forwarder:
                     headers = [(n.lower(), v) for n, v in resp.raw_headers
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))
+                    req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
                     to_client = self._sender(send)
                     if ctype.startswith(_STREAMED):
@@ -462,8 +547,10 @@ class Forwarder:
                                          "headers": headers})
                         sent = req.responded = True
                         await to_client({"type": "http.response.body", "body": data})
+                        if req.capture is not None:
+                            req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
-                            self._count_usage(model, data)
+                            self._count_usage(model, data, req)
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -495,19 +582,28 @@ class Forwarder:
                       loop: asyncio.AbstractEventLoop, events: bool) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica."""
         usage = StreamUsage() if events else None
+        strip = UsageChunkFilter() if events and req.strip_usage else None
         content = resp.content
         if chunk:
-            req.metrics.ttft.observe(loop.time() - req.started)
+            req.ttft = loop.time() - req.started
+            req.metrics.ttft.observe(req.ttft)
         while chunk:
             if usage is not None:
                 usage.feed(chunk)
-            await to_client({"type": "http.response.body", "body": chunk, "more_body": True})
+            if strip is not None:
+                chunk = strip.feed(chunk)
+            if chunk:
+                await to_client({"type": "http.response.body", "body": chunk,
+                                 "more_body": True})
+                if req.capture is not None:
+                    keep(req.capture, chunk)
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
             deadline.reschedule(None)
-        await to_client({"type": "http.response.body", "body": b""})
+        await to_client({"type": "http.response.body",
+                         "body": strip.tail if strip is not None else b""})
         if usage is not None and usage.usage is not None:
-            self._add_tokens(model, usage.usage)
+            self._add_tokens(model, usage.usage, req)
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
                       reason: str) -> None:
@@ -534,25 +630,27 @@ class Forwarder:
 
         return to_client
 
-    def _count_usage(self, model: Model, data: bytes) -> None:
+    def _count_usage(self, model: Model, data: bytes, req: ForwardRequest) -> None:
         try:
             found = _usage_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         if (usage := _found(found)) is not None:
-            self._add_tokens(model, usage)
+            self._add_tokens(model, usage, req)
 
-    def _add_tokens(self, model: Model, usage: _Usage) -> None:
+    def _add_tokens(self, model: Model, usage: _Usage, req: ForwardRequest) -> None:
         mm = self.metrics.for_model(model.name)
-        prompt = usage.prompt_tokens or usage.input_tokens
-        completion = usage.completion_tokens or usage.output_tokens
+        prompt = max(0, usage.prompt_tokens or usage.input_tokens)
+        completion = max(0, usage.completion_tokens or usage.output_tokens)
+        details = usage.prompt_tokens_details
+        cached = max(0, details.cached_tokens or 0) if details is not None else 0
+        req.usage = Usage(prompt, cached, completion)
         if prompt > 0:
             mm.tokens_prompt.inc(prompt)
         if completion > 0:
             mm.tokens_completion.inc(completion)
-        details = usage.prompt_tokens_details
-        if details is not None and details.cached_tokens:
-            mm.tokens_cached.inc(details.cached_tokens)
+        if cached:
+            mm.tokens_cached.inc(cached)
 
 
 def _describe(exc: BaseException) -> str:

@@ -17,10 +17,18 @@ from llmgw.nesting import MAX_DEPTH, json_depth, too_deep
 
 
 class RequestHead(msgspec.Struct):
-    """The two fields of a request body the gateway needs; the rest is not parsed."""
+    """The fields of a request body the gateway needs; the rest is not parsed.
+
+    ``stream_options`` is kept as raw bytes: only a stream whose client did not
+    ask for usage has it read (``with_usage``).
+    """
 
     model: str
     stream: bool | None = None
+    stream_options: msgspec.Raw = msgspec.Raw()      # empty: absent
+    # Read leniently (a wrong type is the engine's to refuse): the fair share's estimate.
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_completion_tokens: msgspec.Raw = msgspec.Raw()
 
 
 _head_decoder = msgspec.json.Decoder(RequestHead)
@@ -91,3 +99,44 @@ async def read_body(headers: Iterable[tuple[bytes, bytes]], receive: Receive,
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encode = msgspec.json.Encoder().encode
+_TRUE = msgspec.Raw(b"true")
+
+
+def with_usage(body: bytes, options: msgspec.Raw) -> bytes | None:
+    """``body`` asking the engine for a usage chunk, or None if it already asks.
+
+    A stream carries token counts only in a last chunk the client must ask
+    for (``stream_options.include_usage``, OpenAI's API); the ledger needs them
+    for every stream. Other options the client set are kept.
+    """
+    opts: dict[str, msgspec.Raw] = {}
+    if len(options) and bytes(options).strip() != b"null":
+        try:
+            opts = _raw_object.decode(options)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None          # not an object: the engine will say what is wrong
+        if bytes(opts.get("include_usage", b"")).strip() == b"true":
+            return None
+    opts["include_usage"] = _TRUE
+    fields = _raw_object.decode(body)
+    fields["stream_options"] = msgspec.Raw(_encode(opts))
+    return _encode(fields)
+
+
+# What a request is assumed to generate when it does not say (the fair share's estimate).
+DEFAULT_ANSWER_TOKENS = 256
+
+
+def estimated_tokens(body: bytes, head: RequestHead) -> float:
+    """A request's tokens before it runs: its bytes / 4, plus the answer it allows."""
+    answer = DEFAULT_ANSWER_TOKENS
+    for raw in (head.max_completion_tokens, head.max_tokens):
+        text = bytes(raw).strip()
+        if text.isdigit():
+            answer = int(text)
+            break
+    return len(body) / 4 + answer

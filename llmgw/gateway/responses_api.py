@@ -321,7 +321,8 @@ async def batch_response(core: Core, body: bytes, owner: str) -> tuple[int, byte
     except LlmgwError as err:
         return err.status, error_json(err)
     base = skeleton(raw, id=new_id("resp"), created_at=int(time.time()), model=name)
-    status, answer, served_by = await core.execute(PATH, body, name, variant=variants.of)
+    status, answer, served_by = await core.execute(PATH, body, name, variant=variants.of,
+                                                   owner=owner)
     model = core.catalog.get(served_by or "")
     if status != 200 or model is None:
         return status, answer

@@ -117,6 +117,111 @@ class BatchResult(msgspec.Struct, frozen=True, kw_only=True):
     data: bytes
 
 
+class StoredTeam(msgspec.Struct, frozen=True, kw_only=True):
+    """A team created at run time; ``settings`` is its limits as JSON (``gateway.tenants``)."""
+
+    name: str
+    settings: bytes
+    created_by: str
+    created_at: float          # Unix seconds
+
+
+class StoredKey(msgspec.Struct, frozen=True, kw_only=True):
+    """A key created at run time: never the key itself, only its SHA-256."""
+
+    name: str
+    team: str
+    sha256: str
+    settings: bytes            # the key's narrowing of its team's limits, JSON
+    created_by: str
+    created_at: float
+
+
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
+    """One request in the usage ledger. No API key, no prompt: names and counts only.
+
+    Not tracked by the garbage collector (it holds no container, so it can be in
+    no cycle): a ledger buffering a store outage holds up to 100,000 of them.
+    """
+
+    id: str                    # made by the gateway; a record written twice is kept once
+    at: float                  # Unix seconds when the request ended
+    key: str                   # the key's name
+    team: str
+    model: str                 # the model that answered (a fallback's name if one did)
+    replica: str
+    gpu_class: str             # "" for a CPU or external model
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    status: int
+    latency: float
+    ttft: float | None
+
+
+class UsageRow(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests and tokens of one group (a team, key or model) in one bucket."""
+
+    bucket: int                # Unix seconds of the bucket's start (an hour or a UTC day)
+    group: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
+    team: str
+    key: str
+    tokens: int                # prompt + completion
+
+
+class RequestLog(msgspec.Struct, frozen=True, kw_only=True):
+    """A request kept for a team that logs requests: its usage record as JSON, and its
+    bodies only when the team logs bodies."""
+
+    id: str                    # the usage record's id
+    at: float
+    expires_at: float          # Unix seconds; purged after
+    team: str
+    key: str
+    record: bytes
+    request: bytes | None = None
+    response: bytes | None = None
+
+
+class ReplicaTime(msgspec.Struct, frozen=True, kw_only=True):
+    """Allocated replica time of one model (on one GPU class, "" for CPU) in one hour."""
+
+    hour: int                  # Unix seconds of the hour's start
+    model: str
+    gpu_class: str
+    gpu_seconds: float         # cards x seconds
+    core_seconds: float        # reserved CPU cores x seconds (CPU models)
+
+
+class TeamModelTokens(msgspec.Struct, frozen=True, kw_only=True):
+    hour: int
+    team: str
+    model: str
+    tokens: int
+
+
+USAGE_GROUPS = ("team", "key", "model")
+
+
+def hour_of(at: float) -> int:
+    """The start of the UTC hour holding ``at`` (Unix seconds)."""
+    return int(at // 3600) * 3600
+
+
+def usage_column(by: str) -> str:
+    """The roll-up column to group by; only ever one of ``USAGE_GROUPS`` reaches SQL."""
+    if by not in USAGE_GROUPS:
+        raise ValueError(f"usage grouped by {by!r}: use one of {', '.join(USAGE_GROUPS)}")
+    return by
+
+
 class CatalogChange(Protocol):
     """The open transaction of one catalog change; all methods hold the lock."""
 
@@ -259,3 +364,66 @@ class Store(Protocol):
 
     async def reports(self, kind: str, within: float) -> list[Report]:
         """The reports of ``kind`` written less than ``within`` seconds ago, by key."""
+
+    # --- teams and keys created at run time ----------------------------------------
+
+    async def tenants_version(self) -> int:
+        """Increases with every change to teams or keys; cheap enough to poll."""
+
+    async def tenants(self) -> tuple[list[StoredTeam], list[StoredKey]]:
+        """Every runtime team and key, by name."""
+
+    async def put_team(self, team: StoredTeam, *, create: bool) -> bool:
+        """Create (``create``: False if the name is taken) or update (False if absent) a team."""
+
+    async def delete_team(self, name: str) -> bool:
+        """Delete a team and every key of it in one transaction; False if there was none."""
+
+    async def put_key(self, key: StoredKey) -> bool:
+        """Create a key; False if its name is taken or its team does not exist."""
+
+    async def delete_key(self, name: str) -> bool: ...
+
+    # --- the usage ledger -----------------------------------------------------------
+
+    async def record_usage(self, records: list[UsageRecord]) -> int:
+        """Insert records and add the new ones to the hourly roll-ups, in one transaction.
+
+        A record whose id is already stored is skipped, so a batch retried
+        after a lost acknowledgement counts once. Returns the records added.
+        """
+
+    async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
+        """Roll-ups grouped by ``by`` (``team``, ``key`` or ``model``) and by hour (or UTC
+        day with ``day``), over the hours that start in [since, until)."""
+
+    async def token_totals(self, since: float) -> list[TokenTotal]:
+        """Tokens per (team, key) in the hours starting at or after ``since`` (roll-ups)."""
+
+    async def recent_tokens(self, since: float) -> list[TokenTotal]:
+        """Tokens per (team, key) of records at or after ``since`` (raw records)."""
+
+    async def purge_usage(self, before: float) -> int:
+        """Delete raw records older than ``before`` (the roll-ups stay); the number deleted."""
+
+    async def team_model_tokens(self, since: float, until: float) -> list[TeamModelTokens]:
+        """Tokens per (hour, team, model) over the hours starting in [since, until)."""
+
+    # --- request logs ----------------------------------------------------------------
+
+    async def put_request_logs(self, logs: list[RequestLog]) -> None:
+        """Keep ``logs``; an id already kept is skipped."""
+
+    async def request_logs(self, team: str, before: float, limit: int) -> list[RequestLog]:
+        """``team``'s unexpired logs older than ``before``, newest first."""
+
+    async def purge_request_logs(self, now: float) -> int:
+        """Delete logs whose ``expires_at`` has passed; the number deleted."""
+
+    # --- replica time, for costs ----------------------------------------------------
+
+    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
+        """Add to the replica time of each row's (hour, model, gpu_class)."""
+
+    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
+        """Replica time over the hours starting in [since, until), by hour and model."""

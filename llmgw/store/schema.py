@@ -28,6 +28,18 @@ the adapters bytes, and a row that is not valid UTF-8 must still come back
 out, so that startup can name and skip it instead of failing to read
 the whole table.
 
+Teams and runtime keys carry their limits as one JSON document
+(``settings``), decoded and checked by ``llmgw.gateway.tenants``; the store
+only keeps them. ``tenants_version`` is bumped by every change to either
+table, and polled by every gateway the way ``catalog_version`` is.
+
+The usage ledger's times (``usage.at``, ``usage_hourly.hour``) are Unix
+seconds from the gateway that served the request, on both adapters: a record
+states when its request was answered, and an hour bucket is a plain number
+both dialects group and compare the same way. ``usage_hourly`` is written in
+the same transaction as the raw rows it sums, and only for rows that were new
+(a batch retried after a lost acknowledgement adds nothing twice).
+
 This module does no I/O; ``pending`` is the one decision in it.
 """
 
@@ -225,6 +237,164 @@ MIGRATIONS: tuple[Migration, ...] = (
                 at      timestamptz NOT NULL,
                 PRIMARY KEY (kind, key)
             )""",
+        ),
+    ),
+    Migration(
+        number=4,
+        name="teams and keys at run time, the usage ledger and its hourly roll-ups",
+        sqlite=(
+            """CREATE TABLE teams (
+                name       TEXT PRIMARY KEY,
+                settings   BLOB NOT NULL,
+                created_by TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )""",
+            """CREATE TABLE api_keys (
+                name       TEXT PRIMARY KEY,
+                team       TEXT NOT NULL REFERENCES teams (name) ON DELETE CASCADE,
+                sha256     TEXT NOT NULL UNIQUE,
+                settings   BLOB NOT NULL,
+                created_by TEXT NOT NULL,
+                created_at REAL NOT NULL
+            )""",
+            "CREATE INDEX api_keys_team ON api_keys (team)",
+            """CREATE TABLE tenants_version (
+                id      INTEGER PRIMARY KEY CHECK (id = 1),
+                version INTEGER NOT NULL
+            )""",
+            "INSERT INTO tenants_version (id, version) VALUES (1, 0)",
+            """CREATE TABLE usage (
+                id                TEXT PRIMARY KEY,
+                at                REAL NOT NULL,
+                key               TEXT NOT NULL,
+                team              TEXT NOT NULL,
+                model             TEXT NOT NULL,
+                replica           TEXT NOT NULL,
+                gpu_class         TEXT NOT NULL,
+                prompt_tokens     INTEGER NOT NULL,
+                cached_tokens     INTEGER NOT NULL,
+                completion_tokens INTEGER NOT NULL,
+                status            INTEGER NOT NULL,
+                latency           REAL NOT NULL,
+                ttft              REAL
+            )""",
+            "CREATE INDEX usage_at ON usage (at)",
+            """CREATE TABLE usage_hourly (
+                hour              INTEGER NOT NULL,
+                team              TEXT NOT NULL,
+                key               TEXT NOT NULL,
+                model             TEXT NOT NULL,
+                requests          INTEGER NOT NULL,
+                prompt_tokens     INTEGER NOT NULL,
+                cached_tokens     INTEGER NOT NULL,
+                completion_tokens INTEGER NOT NULL,
+                PRIMARY KEY (hour, team, key, model)
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE teams (
+                name       text PRIMARY KEY,
+                settings   bytea NOT NULL,
+                created_by text NOT NULL,
+                created_at double precision NOT NULL
+            )""",
+            """CREATE TABLE api_keys (
+                name       text PRIMARY KEY,
+                team       text NOT NULL REFERENCES teams (name) ON DELETE CASCADE,
+                sha256     text NOT NULL UNIQUE,
+                settings   bytea NOT NULL,
+                created_by text NOT NULL,
+                created_at double precision NOT NULL
+            )""",
+            "CREATE INDEX api_keys_team ON api_keys (team)",
+            """CREATE TABLE tenants_version (
+                id      smallint PRIMARY KEY CHECK (id = 1),
+                version bigint NOT NULL
+            )""",
+            "INSERT INTO tenants_version (id, version) VALUES (1, 0)",
+            """CREATE TABLE usage (
+                id                text PRIMARY KEY,
+                at                double precision NOT NULL,
+                key               text NOT NULL,
+                team              text NOT NULL,
+                model             text NOT NULL,
+                replica           text NOT NULL,
+                gpu_class         text NOT NULL,
+                prompt_tokens     bigint NOT NULL,
+                cached_tokens     bigint NOT NULL,
+                completion_tokens bigint NOT NULL,
+                status            smallint NOT NULL,
+                latency           double precision NOT NULL,
+                ttft              double precision
+            )""",
+            "CREATE INDEX usage_at ON usage (at)",
+            """CREATE TABLE usage_hourly (
+                hour              bigint NOT NULL,
+                team              text NOT NULL,
+                key               text NOT NULL,
+                model             text NOT NULL,
+                requests          bigint NOT NULL,
+                prompt_tokens     bigint NOT NULL,
+                cached_tokens     bigint NOT NULL,
+                completion_tokens bigint NOT NULL,
+                PRIMARY KEY (hour, team, key, model)
+            )""",
+        ),
+    ),
+    Migration(
+        number=5,
+        name="replica time per model and hour, for costs",
+        sqlite=(
+            """CREATE TABLE replica_time (
+                hour         INTEGER NOT NULL,
+                model        TEXT NOT NULL,
+                gpu_class    TEXT NOT NULL,
+                gpu_seconds  REAL NOT NULL,
+                core_seconds REAL NOT NULL,
+                PRIMARY KEY (hour, model, gpu_class)
+            )""",
+        ),
+        postgres=(
+            """CREATE TABLE replica_time (
+                hour         bigint NOT NULL,
+                model        text NOT NULL,
+                gpu_class    text NOT NULL,
+                gpu_seconds  double precision NOT NULL,
+                core_seconds double precision NOT NULL,
+                PRIMARY KEY (hour, model, gpu_class)
+            )""",
+        ),
+    ),
+    Migration(
+        number=6,
+        name="request logs, kept for teams that ask for them",
+        sqlite=(
+            """CREATE TABLE request_logs (
+                id         TEXT PRIMARY KEY,
+                at         REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                team       TEXT NOT NULL,
+                key        TEXT NOT NULL,
+                record     BLOB NOT NULL,
+                request    BLOB,
+                response   BLOB
+            )""",
+            "CREATE INDEX request_logs_team ON request_logs (team, at)",
+            "CREATE INDEX request_logs_expiry ON request_logs (expires_at)",
+        ),
+        postgres=(
+            """CREATE TABLE request_logs (
+                id         text PRIMARY KEY,
+                at         double precision NOT NULL,
+                expires_at double precision NOT NULL,
+                team       text NOT NULL,
+                key        text NOT NULL,
+                record     bytea NOT NULL,
+                request    bytea,
+                response   bytea
+            )""",
+            "CREATE INDEX request_logs_team ON request_logs (team, at)",
+            "CREATE INDEX request_logs_expiry ON request_logs (expires_at)",
         ),
     ),
 )

@@ -281,3 +281,63 @@ def test_prefetch_from_the_model_page_shows_each_nodes_progress(
     expect(page.locator("tr[data-node='cpu-64c-1'] td.warm")).to_have_text("prod-chat")
     expect(page.locator("tr[data-node='gpu-h100-a1'] td.warm")).to_have_text("—")
     assert errors == []
+
+
+def test_the_usage_page_shows_its_chart_and_switches_grouping(
+        live: tuple[str, AppContext], page: Page, tmp_path: Path, errors: list[str]) -> None:
+    """The server-rendered SVG chart draws in Chromium with no script error or CSP
+    violation; its bars name the team on hover; the form switches to models by day."""
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llmgw.store.base import UsageRecord
+    from llmgw.store.sqlite import SqliteStore
+
+    async def record() -> None:
+        store = SqliteStore(f"sqlite:///{tmp_path / 'llmgw.db'}")
+        await store.open()
+        try:
+            now = time.time()
+            await store.record_usage([UsageRecord(
+                id=f"r{i}", at=now, key=f"{team}-key", team=team, model=model, replica="r",
+                gpu_class="", prompt_tokens=500, cached_tokens=0, completion_tokens=100 * i,
+                status=200, latency=0.1, ttft=None)
+                for i, (team, model) in enumerate([("research", "big"), ("web", "small"),
+                                                    ("research", "small")])])
+        finally:
+            await store.close()
+
+    base, _ = live
+    sign_in(page, base)
+    # Playwright's sync API runs an event loop in this thread: write from another one.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(record())).result()
+    page.click("nav a:has-text('Usage')")
+    expect(page).to_have_url(f"{base}/admin/usage")
+    chart = page.locator("#usage-chart svg.usage-chart")
+    expect(chart).to_be_visible()
+    expect(page.locator("rect.segment[data-group='research']")).to_have_count(1)
+    assert "research: 1,200 tokens" in page.locator(
+        "rect.segment[data-group='research'] title").text_content()  # type: ignore[operator]
+    box = chart.bounding_box()
+    assert box is not None
+    assert box["width"] > 300
+    expect(page.locator("tr[data-group='web']")).to_contain_text("600")
+    shot(page, "12-usage")
+    page.select_option("select[name=by]", "model")
+    page.select_option("select[name=granularity]", "day")
+    page.click("form.usage-filter button")
+    expect(page).to_have_url(re.compile(r"by=model&granularity=day"))
+    expect(page.locator("rect.segment[data-group='small']")).to_have_count(1)
+    shot(page, "13-usage-models")
+    page.fill("#team-form input[name=name]", "research")
+    page.fill("#team-form input[name=tokens_per_day]", "2000000")
+    page.click("#team-form button")
+    expect(page.locator("tr[data-team='research']")).to_contain_text("tokens per day 2,000,000")
+    page.fill("#key-form input[name=name]", "research-ci")
+    page.click("#key-form button")
+    expect(page.locator("#new-key code.key")).to_contain_text("sk-llmgw-")
+    expect(page.locator("tr[data-key='research-ci']")).to_contain_text("research")
+    shot(page, "14-new-key")
+    assert errors == []

@@ -354,3 +354,67 @@ async def test_deeply_nested_yaml_is_refused_with_one_line_and_no_traceback(
     assert error_text(r.text, "field-error").startswith("pasted YAML: not valid YAML (line 2")
     assert "nested more than 64 levels deep" in error_text(r.text, "field-error")
     assert not [rec for rec in caplog.records if rec.levelno >= 30]
+
+
+async def test_the_usage_page_draws_tokens_per_group_as_svg(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """Tokens per hour stacked by team, server-rendered; group names are escaped."""
+    import time
+
+    from llmgw.store.base import UsageRecord
+
+    now = time.time()
+    await ctx.store.record_usage([UsageRecord(
+        id=f"r{i}", at=now, key="k", team=team, model="m", replica="r", gpu_class="",
+        prompt_tokens=100, cached_tokens=0, completion_tokens=20 * (i + 1), status=200,
+        latency=0.1, ttft=None) for i, team in enumerate(["ml", "<script>x</script>", "ml"])])
+    r = await admin.get("/admin/usage")
+    assert r.status_code == 200
+    page = r.text
+    svg = page[page.index("<svg xmlns"):page.index("</svg>", page.index("<svg xmlns"))]
+    assert 'data-group="ml"' in svg
+    assert "<script>x</script>" not in page
+    assert "&lt;script&gt;x&lt;/script&gt;" in svg
+    assert "ml: 280 tokens" in svg
+    totals = re.search(r'<tr data-group="ml">(.*?)</tr>', page, re.S)
+    assert totals is not None
+    assert "<td>2</td>" in totals.group(1)
+    by_model = (await admin.get("/admin/usage?by=model&granularity=day")).text
+    assert 'data-group="m"' in by_model
+    assert "no runtime teams" in page
+
+
+async def test_teams_and_keys_from_the_admin_page(admin: AsyncTestClient,
+                                                  ctx: AppContext) -> None:
+    """Create a team with a budget, a key shown once (never in a cookie), revoke both."""
+    from llmgw.tenancy import hash_key
+
+    token = await form_token(admin, "/admin/usage")
+    r = await admin.post("/admin/teams", follow_redirects=False, data={
+        "csrf": token, "name": "ml", "models": "m1, m2", "tokens_per_day": "5000",
+        "priority": "batch"})
+    assert r.status_code == 303, r.text
+    page = (await admin.get("/admin/usage")).text
+    assert "created team ml" in page
+    assert "models m1, m2; tokens per day 5,000; priority batch" in page
+    r = await admin.post("/admin/teams", data={"csrf": token, "name": "web",
+                                                "tokens_per_day": "0"})
+    assert r.status_code == 400
+    assert "tokens_per_day: 0 is below 1" in error_text(r.text, "team-error")
+    r = await admin.post("/admin/keys", data={"csrf": token, "name": "ml-ci", "team": "ml"})
+    assert r.status_code == 200
+    key = re.search(r'<code class="key">([^<]+)</code>', r.text)
+    assert key is not None
+    _, stored = await ctx.store.tenants()
+    assert [k.sha256 for k in stored] == [hash_key(key.group(1))]
+    assert all(key.group(1) not in c for c in r.headers.get_list("set-cookie"))
+    assert key.group(1) not in (await admin.get("/admin/usage")).text
+    r = await admin.post("/admin/teams/ml/revoke", data={"csrf": token, "confirm": "nope"})
+    assert r.status_code == 400
+    r = await admin.post("/admin/keys/ml-ci/revoke", follow_redirects=False,
+                         data={"csrf": token})
+    assert r.status_code == 303
+    r = await admin.post("/admin/teams/ml/revoke", follow_redirects=False,
+                         data={"csrf": token, "confirm": "ml"})
+    assert r.status_code == 303
+    assert await ctx.store.tenants() == ([], [])

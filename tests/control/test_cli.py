@@ -233,3 +233,88 @@ def test_replicas_shows_the_count_the_scaler_asked_for_and_why(api_url: str,
     assert "unchanged for 1" in line
     code, out = ctl(api_url, "model", "show", "prod-chat", "--output", "json")
     assert json.loads(out)["scaler"]["desired"] == 3
+
+
+def test_team_and_key_commands(api_url: str) -> None:
+    """`ctl team add|list|set|revoke` and `ctl key add|list|revoke`; a key is printed once."""
+    code, out = ctl(api_url, "team", "add", "ml", "--models", "m1,m2", "--tokens-per-day",
+                    "500000")
+    assert code == 0, out
+    assert "tokens per day 500000" in out
+    code, out = ctl(api_url, "team", "add", "web", "--tokens-per-day", "0")
+    assert code == 1, out
+    assert "tokens_per_day" in out
+    code, key = ctl(api_url, "key", "add", "ml-ci", "--team", "ml", "--models", "m1")
+    assert code == 0, key
+    key = key.strip()
+    assert key.startswith("sk-llmgw-")
+    code, out = ctl(api_url, "key", "list", "-o", "json")
+    assert code == 0
+    assert key not in out
+    assert json.loads(out)[0]["limits"] == {"models": ["m1"]}
+    code, out = ctl(api_url, "team", "list")
+    assert "ml-ci" in out
+    code, out = ctl(api_url, "team", "set", "ml", "--rpm", "30")
+    assert code == 0, out
+    assert "rpm 30" in out
+    assert ctl(api_url, "key", "revoke", "ml-ci")[0] == 0
+    assert ctl(api_url, "team", "revoke", "ml")[0] == 0
+    code, out = ctl(api_url, "team", "revoke", "ml")
+    assert code == 1
+    assert "no team named 'ml'" in out
+
+
+def test_usage_command_prints_a_table_and_json(api_url: str, store_url: str) -> None:
+    """`ctl usage` reads /api/v1/usage: buckets by default, totals with --totals."""
+    from llmgw.store.base import UsageRecord
+
+    hour = 1_773_500_400          # 2026-03-14T15:00:00Z
+
+    async def record() -> None:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            await store.record_usage([UsageRecord(
+                id=f"r{i}", at=hour + i, key="k1", team=team, model="m", replica="r",
+                gpu_class="", prompt_tokens=10, cached_tokens=0, completion_tokens=2,
+                status=200, latency=0.1, ttft=None) for i, team in enumerate(["ml", "ml", "web"])])
+        finally:
+            await store.close()
+
+    asyncio.run(record())
+    span = ["--since", "2026-03-14T15:00:00Z", "--until", "2026-03-14T16:00:00Z"]
+    code, out = ctl(api_url, "usage", *span)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[1].split() == ["HOUR", "TEAM", "REQUESTS", "PROMPT", "CACHED", "COMPLETION",
+                                "TOTAL"]
+    assert lines[2].split() == ["2026-03-14T15:00:00Z", "ml", "2", "20", "0", "4", "24"]
+    code, out = ctl(api_url, "usage", "--totals", "--by", "key", *span)
+    assert out.splitlines()[2].split() == ["k1", "3", "30", "0", "6", "36"]
+    code, out = ctl(api_url, "usage", "-o", "json", *span)
+    assert code == 0
+    assert [t["group"] for t in json.loads(out)["totals"]] == ["ml", "web"]
+
+
+def test_costs_command_prints_teams_and_models(api_url: str) -> None:
+    """`ctl costs` prints the cost per team and per model (nothing metered: all zero)."""
+    code, out = ctl(api_url, "costs", "--since", "2026-03-14T00:00:00Z", "--until",
+                    "2026-03-15T00:00:00Z")
+    assert code == 0, out
+    assert out.startswith("cost from 2026-03-14T00:00:00Z to 2026-03-15T00:00:00Z: 0.00")
+    assert "PER 1M TOKENS" in out
+    code, out = ctl(api_url, "costs", "-o", "json")
+    assert code == 0
+    assert json.loads(out)["overhead_account"] == "overhead"
+
+
+def test_team_logs_settings_and_command(api_url: str) -> None:
+    """`ctl team add --log-requests bodies` sets the team's logging; `ctl team logs`
+    prints its (empty) logs as JSON."""
+    code, out = ctl(api_url, "team", "add", "audited", "--log-requests", "bodies",
+                    "--log-retention-days", "7")
+    assert code == 0, out
+    assert "log requests bodies; log retention days 7" in out
+    code, out = ctl(api_url, "team", "logs", "audited")
+    assert code == 0, out
+    assert json.loads(out) == []

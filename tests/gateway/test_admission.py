@@ -90,3 +90,44 @@ async def test_a_client_leaving_the_line_frees_its_place() -> None:
     stays = q.join("interactive")
     assert q.admit(1) == 1
     assert stays.admitted
+
+
+async def test_teams_in_one_class_take_turns_by_tokens() -> None:
+    """A team's burst does not hold back another team's requests (deficit round robin)."""
+    q = AdmissionQueue("m", 100, 60, lambda: 0.0)
+    burst = [q.join("interactive", "a", cost=1000) for _ in range(10)]
+    late = [q.join("interactive", "b", cost=1000) for _ in range(2)]
+    order = []
+    for _ in range(12):
+        assert q.admit(1) == 1
+        admitted = next(t for t in burst + late if t.admitted and t not in order)
+        order.append(admitted)
+        admitted.close()
+    teams = "".join("a" if t in burst else "b" for t in order)
+    assert teams.index("b") <= 2
+    assert teams[:4].count("b") == 2
+    assert [t for t in order if t in burst] == burst      # first come, first served in a team
+
+
+async def test_a_team_of_large_requests_gets_its_share_in_tokens() -> None:
+    """Costs count: one team's 4,000-token requests go a quarter as often as 1,000-token ones."""
+    q = AdmissionQueue("m", 100, 60, lambda: 0.0)
+    big = [q.join("batch", "big", cost=4000) for _ in range(5)]
+    small = [q.join("batch", "small", cost=1000) for _ in range(20)]
+    done: list[str] = []
+    for _ in range(15):
+        assert q.admit(1) == 1
+        t = next(t for t in big + small if t.admitted)
+        done.append("big" if t in big else "small")
+        t.close()
+    assert 2 <= done.count("big") <= 4
+    assert 11 <= done.count("small") <= 13
+
+
+async def test_interactive_still_goes_before_batch_whatever_the_team() -> None:
+    q = AdmissionQueue("m", 100, 60, lambda: 0.0)
+    b = q.join("batch", "a")
+    i = q.join("interactive", "b")
+    assert q.admit(1) == 1
+    assert i.admitted
+    assert not b.admitted

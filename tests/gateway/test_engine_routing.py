@@ -178,6 +178,40 @@ async def test_interactive_keys_are_served_before_batch_keys(
     assert done == ["first", "interactive", "batch"]
 
 
+async def test_a_teams_burst_does_not_starve_another_team(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """Within a priority class, a team arriving behind another team's burst goes next."""
+    from llmgw.tenancy import Limits
+    from tests.gateway.test_tenants import make_key, make_team
+
+    sim = await sims(SimSpec(step_time=0.03, max_seqs=1))
+    model = chat_model("m", upstream=[sim.url], routing={
+        "policy": "least-outstanding", "max_concurrency": 1})
+    gw = await make_gateway([model], listen="0.0.0.0:8080", **FAST)
+    await make_team(gw.store, "bulk", Limits())
+    await make_team(gw.store, "small", Limits())
+    bulk = await make_key(gw.store, "bulk-key", "bulk")
+    small = await make_key(gw.store, "small-key", "small")
+    await wait_for(lambda: len(gw.gateway.keys) == 2, what="the runtime keys")
+    done: list[str] = []
+
+    async def call(who: str, key: str, tokens: int) -> None:
+        r = await ask(gw, "m", conversation(len(done), 1), key=key, max_tokens=tokens)
+        assert r.status_code == 200, r.text
+        done.append(who)
+
+    first = asyncio.create_task(call("bulk", bulk, 20))
+    await wait_for(lambda: sim.running == 1, what="the first request to run")
+    burst = [asyncio.create_task(call("bulk", bulk, 2)) for _ in range(5)]
+    await wait_for(lambda: len(gw.gateway.queues["m"]) == 5, what="the burst to queue")
+    late = asyncio.create_task(call("small", small, 2))
+    await wait_for(lambda: len(gw.gateway.queues["m"]) == 6, what="the other team to queue")
+    await asyncio.gather(first, *burst, late)
+    # First come, first served would make it last (7th). Deficit round robin lets at
+    # most one quantum (1,024 tokens: two of the burst's ~400-token requests) go first.
+    assert done.index("small") <= 3, done
+
+
 async def published(gw: Any, kind: str, timeout: float = 30.0) -> list[Any]:
     """The store's fresh reports of ``kind``, once there is at least one."""
     loop = asyncio.get_running_loop()

@@ -447,3 +447,16 @@ async def test_a_responses_batch_answers_responses_and_keeps_them(
     assert native.requests[0]["store"] is False
     kept = await client.responses.retrieve(bodies[0]["id"])
     assert kept.output_text == "hello from llama"
+
+
+async def test_batch_lines_are_in_the_usage_ledger_as_their_owners(setup) -> None:  # type: ignore[no-untyped-def]
+    """Each line is one ledger record of the key that created the batch."""
+    gw, client, _, _ = setup
+    file_id = await upload(client, b"".join(line(i) for i in range(3)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="24h")
+    assert (await finished(client, batch.id)).status == "completed"
+    await gw.gateway.ledger.flush()
+    [row] = await gw.store.usage("key", 0, 2**40, day=False)
+    assert (row.group, row.requests, row.prompt_tokens, row.completion_tokens) == (
+        "alice", 3, 15, 9)

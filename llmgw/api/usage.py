@@ -1,0 +1,21 @@
+"""/api/v1/usage: the usage ledger's roll-ups, by team, key or model."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from litestar import get
+from litestar.params import FromQuery
+
+from llmgw.control.context import Ctx
+from llmgw.control.usage import By, Granularity, UsageReport, usage_report
+
+
+@get("/usage", summary="Requests and tokens by team, key or model, per hour or day")
+async def usage(ctx: Ctx, by: FromQuery[By] = "team", since: FromQuery[datetime | None] = None,
+                until: FromQuery[datetime | None] = None,
+                granularity: FromQuery[Granularity] = "hour") -> UsageReport:
+    return await usage_report(ctx, by, since, until, granularity)
+
+
+route_handlers = [usage]

@@ -1,0 +1,249 @@
+"""Cost from GPU time: the replicas' allocated time, priced, attributed to teams by tokens.
+
+**Metering.** One process across all instances (the store lease
+``cost-meter``) asks the scheduler for its replicas every
+``costs.meter_interval`` (1m) and adds, per model and hour, the time each
+allocated replica (starting, running or stopping: it holds its cards
+whether or not it answers yet) held its profile's GPUs — card-seconds — and,
+for a CPU profile, its reserved cores. An interval that spans an hour's end
+is split between the two hours. The same code meters Nomad allocations and
+the local scheduler's processes, because both report replicas alike. A
+change of meter holder, or a restart, loses at most one interval: the new
+holder starts its clock at its first sample.
+
+**Pricing.** A model-hour costs its card-seconds times its GPU class's
+``price_per_hour`` / 3600, plus its core-seconds times
+``costs.cpu_core_per_hour`` / 3600. A GPU class without a price is listed in
+``unpriced`` and costs nothing, rather than a guess.
+
+**Attribution.** Each model-hour's cost is shared among the teams whose
+requests that model answered in that hour, in proportion to their tokens
+(prompt + completion, from the ledger's roll-ups). A model-hour in which no
+request was answered is idle: its whole cost goes to the overhead account
+(``costs.overhead_account``), never spread silently over the teams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import msgspec
+
+from llmgw.catalog.build import Catalog
+from llmgw.catalog.model import GpuClass
+from llmgw.config import CostsConfig
+from llmgw.control.context import AppContext
+from llmgw.errors import DefinitionError, LlmgwError, StoreUnavailableError
+from llmgw.scheduler.base import Replica
+from llmgw.store.base import ReplicaTime, Store, hour_of
+from llmgw.tenancy import COSTS_REPORT, TeamCosts
+
+log = logging.getLogger("llmgw.control.costs")
+
+LEASE = "cost-meter"
+# States in which a replica holds its allocation.
+ALLOCATED = frozenset({"starting", "running", "stopping"})
+MAX_SPAN = 367 * 86400
+
+
+class CostMeter:
+    """Adds the replicas' allocated time to the store; one holder across instances."""
+
+    def __init__(self, store: Store, replicas: Callable[[], Awaitable[list[Replica]]],
+                 catalog: Callable[[], Catalog], holder: str, interval: float,
+                 clock: Callable[[], float] = time.time,
+                 gpu_classes: dict[str, GpuClass] | None = None,
+                 costs: CostsConfig | None = None) -> None:
+        self.store = store
+        self.gpu_classes = gpu_classes or {}
+        self.costs = costs or CostsConfig()
+        self._replicas = replicas
+        self._catalog = catalog
+        self.holder = holder
+        self.interval = interval
+        self.clock = clock
+        self._last: float | None = None
+
+    async def tick(self) -> list[ReplicaTime]:
+        """Measure once; the rows added (none on the first sample, or without the lease)."""
+        if not self.store.is_open:
+            self._last = None
+            return []
+        if not await self.store.try_lease(LEASE, self.holder, 3 * self.interval):
+            self._last = None
+            return []
+        replicas = await self._replicas()
+        now = self.clock()
+        last, self._last = self._last, now
+        if last is None:
+            return []
+        start = max(last, now - 3 * self.interval)     # a stalled loop is not billed twice
+        rows = allocated_time(replicas, self._catalog(), start, now)
+        if rows:
+            await self.store.add_replica_time(rows)
+        await self.publish(now)
+        return rows
+
+    async def publish(self, now: float) -> TeamCosts:
+        """Each team's cost so far this UTC day and month, for the gateways' cost budgets."""
+        t = datetime.fromtimestamp(now, UTC)
+        day = t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        month = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+        end = hour_of(now) + 3600
+        times = await self.store.replica_time(month, end)
+        tokens = [(x.hour, x.team, x.model, x.tokens)
+                  for x in await self.store.team_model_tokens(month, end)]
+        costs = TeamCosts(day_start=day, month_start=month)
+        for into, lo in ((costs.month, month), (costs.day, day)):
+            teams, _, _ = attribute([r for r in times if r.hour >= lo],
+                                    [x for x in tokens if x[0] >= lo], self.gpu_classes,
+                                    self.costs)
+            into.update({c.team: c.cost for c in teams})
+        await self.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(costs))
+        return costs
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except LlmgwError as exc:
+                log.warning("metering replica time failed: %s", exc.message)
+            except Exception:
+                log.exception("metering replica time failed")
+            await asyncio.sleep(self.interval)
+
+
+def allocated_time(replicas: list[Replica], catalog: Catalog, start: float,
+                   end: float) -> list[ReplicaTime]:
+    """Card- and core-seconds of each model in [start, end), split at hour boundaries."""
+    spans: list[tuple[int, float]] = []
+    t = start
+    while t < end:
+        hour = hour_of(t)
+        stop = min(end, hour + 3600)
+        spans.append((hour, stop - t))
+        t = stop
+    sums: dict[tuple[int, str, str], list[float]] = {}
+    for r in replicas:
+        if r.state not in ALLOCATED:
+            continue
+        model = catalog.get(r.model)
+        if model is None or not model.profiles:
+            continue
+        profile = model.profile(r.profile) or model.profiles[0]
+        gpu_class = (profile.gpu_class or "") if profile.gpus else ""
+        cores = 0 if profile.gpus else (profile.cpu_cores or 0)
+        for hour, seconds in spans:
+            s = sums.setdefault((hour, r.model, gpu_class), [0.0, 0.0])
+            s[0] += profile.gpus * seconds
+            s[1] += cores * seconds
+    return [ReplicaTime(hour=h, model=m, gpu_class=g, gpu_seconds=v[0], core_seconds=v[1])
+            for (h, m, g), v in sorted(sums.items())]
+
+
+class TeamCost(msgspec.Struct, kw_only=True):
+    team: str
+    cost: float
+    tokens: int
+
+
+class ModelCost(msgspec.Struct, kw_only=True):
+    model: str
+    cost: float
+    gpu_hours: float
+    core_hours: float
+    tokens: int
+    idle_cost: float                        # of cost, what went to the overhead account
+    cost_per_million_tokens: float | None   # None: no tokens
+
+
+class CostReport(msgspec.Struct, kw_only=True):
+    since: datetime
+    until: datetime
+    total: float
+    overhead_account: str
+    teams: list[TeamCost]                   # most expensive first; the overhead account too
+    models: list[ModelCost]
+    unpriced: list[str]                     # GPU classes with time but no price_per_hour
+
+
+def attribute(times: list[ReplicaTime], tokens: list[tuple[int, str, str, int]],
+              gpu_classes: dict[str, GpuClass], costs: CostsConfig
+              ) -> tuple[list[TeamCost], list[ModelCost], list[str]]:
+    """Price each model-hour and share it among teams by tokens; idle to the overhead."""
+    unpriced: set[str] = set()
+    hour_cost: dict[tuple[int, str], float] = {}
+    models: dict[str, ModelCost] = {}
+    for t in times:
+        cost = 0.0
+        if t.gpu_seconds:
+            gc = gpu_classes.get(t.gpu_class)
+            price = gc.price_per_hour if gc is not None else None
+            if price is None:
+                unpriced.add(t.gpu_class)
+            else:
+                cost += t.gpu_seconds / 3600 * price
+        if t.core_seconds and costs.cpu_core_per_hour is not None:
+            cost += t.core_seconds / 3600 * costs.cpu_core_per_hour
+        hour_cost[(t.hour, t.model)] = hour_cost.get((t.hour, t.model), 0.0) + cost
+        m = models.setdefault(t.model, ModelCost(model=t.model, cost=0.0, gpu_hours=0.0,
+                                                 core_hours=0.0, tokens=0, idle_cost=0.0,
+                                                 cost_per_million_tokens=None))
+        m.cost += cost
+        m.gpu_hours += t.gpu_seconds / 3600
+        m.core_hours += t.core_seconds / 3600
+    by_hour: dict[tuple[int, str], list[tuple[str, int]]] = {}
+    for hour, team, model, n in tokens:
+        if n > 0:
+            by_hour.setdefault((hour, model), []).append((team, n))
+        if model in models:
+            models[model].tokens += n
+    teams: dict[str, TeamCost] = {}
+
+    def charge(team: str, cost: float, n: int) -> None:
+        tc = teams.setdefault(team, TeamCost(team=team, cost=0.0, tokens=0))
+        tc.cost += cost
+        tc.tokens += n
+
+    for (hour, model), cost in hour_cost.items():
+        shares = by_hour.get((hour, model))
+        if not shares:
+            charge(costs.overhead_account, cost, 0)
+            models[model].idle_cost += cost
+            continue
+        total = sum(n for _, n in shares)
+        for team, n in shares:
+            charge(team, cost * n / total, n)
+    for m in models.values():
+        if m.tokens:
+            m.cost_per_million_tokens = m.cost / m.tokens * 1e6
+    return (sorted(teams.values(), key=lambda c: (-c.cost, c.team)),
+            sorted(models.values(), key=lambda c: (-c.cost, c.model)), sorted(unpriced))
+
+
+async def cost_report(ctx: AppContext, since: datetime | None,
+                      until: datetime | None) -> CostReport:
+    if not ctx.store.is_open:
+        raise StoreUnavailableError("the store is not open, so costs cannot be read; "
+                                    "`/readyz` says why")
+    end = until.timestamp() if until is not None else time.time()
+    start = since.timestamp() if since is not None else end - 30 * 86400
+    lo, hi = hour_of(start), -hour_of(-end)      # whole hours
+    if hi <= lo:
+        raise DefinitionError(f"until ({until}) must be after since ({since})", field="until")
+    if hi - lo > MAX_SPAN:
+        raise DefinitionError(f"the span from since to until is over {MAX_SPAN // 86400} days; "
+                              "ask for less", field="since")
+    times = await ctx.store.replica_time(lo, hi)
+    tokens = [(t.hour, t.team, t.model, t.tokens)
+              for t in await ctx.store.team_model_tokens(lo, hi)]
+    teams, models, unpriced = attribute(times, tokens, dict(ctx.config.gpu_classes),
+                                        ctx.config.costs)
+    return CostReport(since=datetime.fromtimestamp(lo, UTC), until=datetime.fromtimestamp(hi, UTC),
+                      total=sum(m.cost for m in models),
+                      overhead_account=ctx.config.costs.overhead_account, teams=teams,
+                      models=models, unpriced=unpriced)

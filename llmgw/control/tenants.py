@@ -1,0 +1,181 @@
+"""Creating, limiting and revoking teams and runtime keys; the views the API answers with.
+
+Every rule lives here, shared by the API and the CLI (through the API): names,
+limits (``gateway.tenants.check_limits``), a key narrowing its team, and the
+keys file winning every conflict — a runtime key may not take a name the file
+declares. A key is made here, returned once in ``CreatedKey`` and stored only
+as its SHA-256.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from llmgw.control.context import AppContext
+from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
+from llmgw.store.base import Store, StoredKey, StoredTeam
+from llmgw.tenancy import (
+    NAME_RE,
+    Limits,
+    check_limits,
+    check_narrowing,
+    check_team_name,
+    decode_limits,
+    encode_limits,
+    generate_key,
+    hash_key,
+    read_keys_file,
+)
+
+
+class TeamRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class KeyRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    team: str
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class TeamView(msgspec.Struct, kw_only=True):
+    name: str
+    limits: Limits
+    keys: list[str]
+    created_by: str
+    created_at: float
+
+
+class KeyView(msgspec.Struct, kw_only=True):
+    name: str
+    team: str
+    limits: Limits
+    created_by: str
+    created_at: float
+
+
+class CreatedKey(msgspec.Struct, kw_only=True):
+    """The one answer that carries a key: it is not stored and cannot be shown again."""
+
+    name: str
+    team: str
+    key: str
+
+
+def _store(ctx: AppContext) -> Store:
+    if not ctx.store.is_open:
+        raise StoreUnavailableError(
+            "the store is not open, so teams and keys cannot be changed; check database: in "
+            "server.yaml (`/readyz` says why)")
+    return ctx.store
+
+
+async def _team(store: Store, name: str) -> StoredTeam:
+    teams, _ = await store.tenants()
+    for t in teams:
+        if t.name == name:
+            return t
+    known = ", ".join(t.name for t in teams) or "none"
+    raise NotFoundError(f"no team named {name!r} (teams: {known})", field="team")
+
+
+async def list_teams(ctx: AppContext) -> list[TeamView]:
+    teams, keys = await _store(ctx).tenants()
+    return [TeamView(name=t.name, limits=decode_limits(t.settings),
+                     keys=[k.name for k in keys if k.team == t.name],
+                     created_by=t.created_by, created_at=t.created_at) for t in teams]
+
+
+async def list_keys(ctx: AppContext, team: str | None = None) -> list[KeyView]:
+    _, keys = await _store(ctx).tenants()
+    return [KeyView(name=k.name, team=k.team, limits=decode_limits(k.settings),
+                    created_by=k.created_by, created_at=k.created_at)
+            for k in keys if team is None or k.team == team]
+
+
+async def create_team(ctx: AppContext, request: TeamRequest, by: str) -> TeamView:
+    check_team_name(request.name)
+    check_limits(request.limits, f"team {request.name!r}")
+    row = StoredTeam(name=request.name, settings=encode_limits(request.limits), created_by=by,
+                     created_at=time.time())
+    if not await _store(ctx).put_team(row, create=True):
+        raise RefusedError(f"a team named {request.name!r} already exists; change its limits "
+                           "with `llmgw ctl team set`")
+    return TeamView(name=row.name, limits=request.limits, keys=[], created_by=by,
+                    created_at=row.created_at)
+
+
+async def set_team_limits(ctx: AppContext, name: str, limits: Limits) -> TeamView:
+    store = _store(ctx)
+    check_limits(limits, f"team {name!r}")
+    current = await _team(store, name)
+    _, keys = await store.tenants()
+    for k in keys:
+        if k.team == name:
+            check_narrowing(limits, decode_limits(k.settings),
+                            f"team {name!r} (its key {k.name!r} would widen it)")
+    row = StoredTeam(name=name, settings=encode_limits(limits), created_by=current.created_by,
+                     created_at=current.created_at)
+    if not await store.put_team(row, create=False):
+        raise NotFoundError(f"team {name!r} was revoked meanwhile", field="name")
+    return TeamView(name=name, limits=limits, keys=[k.name for k in keys if k.team == name],
+                    created_by=row.created_by, created_at=row.created_at)
+
+
+async def revoke_team(ctx: AppContext, name: str) -> None:
+    if not await _store(ctx).delete_team(name):
+        raise NotFoundError(f"no team named {name!r}", field="name")
+
+
+async def create_key(ctx: AppContext, request: KeyRequest, by: str) -> CreatedKey:
+    if not NAME_RE.match(request.name):
+        raise DefinitionError(
+            f"key name {request.name!r}: use letters, digits, '_', '.', '@' or '-' "
+            "(at most 64, starting with a letter or digit)", field="name")
+    store = _store(ctx)
+    team = await _team(store, request.team)
+    check_narrowing(decode_limits(team.settings), request.limits, f"key {request.name!r}")
+    if ctx.config.keys_file and any(
+            k.name == request.name for k in read_keys_file(ctx.config.keys_file).keys):
+        raise RefusedError(f"the keys file {ctx.config.keys_file} declares a key named "
+                           f"{request.name!r}, and the file wins; choose another name")
+    key = generate_key()
+    row = StoredKey(name=request.name, team=request.team, sha256=hash_key(key),
+                    settings=encode_limits(request.limits), created_by=by,
+                    created_at=time.time())
+    if not await store.put_key(row):
+        raise RefusedError(f"a key named {request.name!r} already exists (or team "
+                           f"{request.team!r} was just revoked); revoke it first or choose "
+                           "another name")
+    return CreatedKey(name=request.name, team=request.team, key=key)
+
+
+async def revoke_key(ctx: AppContext, name: str) -> None:
+    if not await _store(ctx).delete_key(name):
+        raise NotFoundError(f"no runtime key named {name!r} (keys in the keys file are revoked "
+                            "with `llmgw keys revoke` on the control-plane host)", field="name")
+
+
+class LoggedRequest(msgspec.Struct, kw_only=True):
+    id: str
+    at: float
+    key: str
+    entry: msgspec.Raw            # path, requested model, stream, and its usage record
+    request: str | None           # the bodies, for a team that logs them
+    response: str | None
+
+
+async def request_logs(ctx: AppContext, team: str, before: float | None,
+                       limit: int) -> list[LoggedRequest]:
+    if not 1 <= limit <= 1000:
+        raise DefinitionError(f"limit {limit} must be 1 to 1000", field="limit")
+    logs = await _store(ctx).request_logs(team, before if before is not None else time.time()
+                                          + 1, limit)
+    return [LoggedRequest(id=g.id, at=g.at, key=g.key, entry=msgspec.Raw(g.record),
+                          request=None if g.request is None
+                          else g.request.decode("utf-8", "replace"),
+                          response=None if g.response is None
+                          else g.response.decode("utf-8", "replace")) for g in logs]

@@ -1,0 +1,229 @@
+"""Token budgets per team and per key, enforced across gateway instances.
+
+A budget is ``tokens_per_minute``, ``tokens_per_day`` (UTC) or
+``tokens_per_month`` (UTC calendar month) on a team (every key of it counts)
+or on a key (``llmgw.tenancy.Limits``); a token is a prompt or completion
+token as the engine reported it.
+
+What a request is checked against, when it arrives (before its body is
+read): the tokens the store's ledger holds for the period — read by every
+instance right after each of its ledger flushes, from the hourly roll-ups for
+a day or a month and from the raw records for the last minute — plus this
+instance's own tokens not yet written, or written since that read began
+(``Ledger.pending_*``, ``Ledger.written_*``). At or over the
+budget, the answer is 429 with the code ``insufficient_quota`` in OpenAI's
+error shape, the time the budget resets in the message, and ``Retry-After``.
+
+**Overshoot is bounded, not zero.** No database round trip is made per
+request, so a budget can be exceeded by:
+
+* the tokens of requests admitted before it was reached: each is checked when
+  it arrives and its tokens are known only when it ends (bounded by the
+  requests in flight and their ``max_tokens``);
+* the tokens other instances served and had not yet written and re-read:
+  at most two ledger cycles of the team's traffic through them — one for
+  their flush, one for this instance's refresh. A cycle is
+  ``gateway.budget_interval`` (200ms; the ledger writes records of budgeted
+  keys at that pace, not every ``ledger_interval``) plus one write and one
+  read of the store, so a slow store widens it. Past 80% of a budget the
+  cycle quickens to a quarter of ``budget_interval`` on every instance that
+  sees it, so the last fifth of a budget is shared four times as often.
+
+``bench/ledger_bench.py`` measures it under a 32-connection burst.
+
+A team may also have ``cost_per_day`` and ``cost_per_month``: its share of GPU
+and CPU time as ``llmgw.control.costs`` attributes it. The cost meter
+publishes every team's cost so far each ``costs.meter_interval`` (a store
+report); gateways read it with their budget re-read and refuse a team at or
+over its cost budget. The overshoot bound is one meter interval (1m) of the
+team's cost plus a ledger cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from llmgw.errors import RateLimitedError
+from llmgw.gateway.ledger import Ledger
+from llmgw.store.base import REPORT_RETENTION, Store, TokenTotal
+from llmgw.tenancy import (
+    BUDGET_FIELDS,
+    COST_FIELDS,
+    COSTS_REPORT,
+    BudgetField,
+    CostField,
+    Limits,
+    TeamCosts,
+)
+
+log = logging.getLogger("llmgw.gateway.budgets")
+
+# Past this share of a budget, the ledger's cycle quickens (``Ledger.hurry``).
+NEAR = 0.8
+
+
+class QuotaExceededError(RateLimitedError):
+    """A team's or key's token budget is used up until it resets."""
+
+    code = "insufficient_quota"
+    openai_type = "insufficient_quota"
+
+    def __init__(self, message: str, *, retry_after: float, resets_at: float) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.resets_at = resets_at
+
+
+def period_start(field: BudgetField, now: float) -> float:
+    """Where the period of ``field`` holding ``now`` began (Unix seconds, UTC)."""
+    if field == "tokens_per_minute":
+        return now - 60.0
+    t = datetime.fromtimestamp(now, UTC)
+    if field == "tokens_per_day":
+        return t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def resets_at(field: BudgetField, now: float) -> float:
+    """When the budget of ``field`` used up at ``now`` has room again (at the latest)."""
+    if field == "tokens_per_minute":
+        return now + 60.0
+    t = datetime.fromtimestamp(period_start(field, now), UTC)
+    if field == "tokens_per_day":
+        return (t + timedelta(days=1)).timestamp()
+    year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
+    return t.replace(year=year, month=month).timestamp()
+
+
+def _cost_period(field: CostField) -> BudgetField:
+    return "tokens_per_day" if field == "cost_per_day" else "tokens_per_month"
+
+
+_decode_costs = msgspec.json.Decoder(TeamCosts).decode
+
+_PERIOD = {"tokens_per_minute": "minute", "tokens_per_day": "day (UTC)",
+           "tokens_per_month": "month (UTC)"}
+
+
+class Budgets:
+    """The tokens each team and key used in each period, as last read, and the checks."""
+
+    def __init__(self, store: Store, ledger: Ledger, clock: Callable[[], float] = time.time,
+                 in_use: Callable[[], set[BudgetField]] | None = None,
+                 cost_in_use: Callable[[], bool] | None = None) -> None:
+        self.store = store
+        self.ledger = ledger
+        # The periods some key or team in force has a budget for: only those are read.
+        self._in_use = in_use or (lambda: set(BUDGET_FIELDS))
+        self.clock = clock
+        self._teams: dict[BudgetField, dict[str, int]] = {f: {} for f in BUDGET_FIELDS}
+        self._keys: dict[BudgetField, dict[tuple[str, str], int]] = {
+            f: {} for f in BUDGET_FIELDS}
+        # Tokens this instance wrote that the totals being read may not hold yet.
+        self._carried: tuple[dict[str, int], dict[tuple[str, str], int]] = ({}, {})
+        # The cost meter's latest figures (cost budgets), and whether any team has one.
+        self.costs: TeamCosts | None = None
+        self._cost_in_use = cost_in_use or (lambda: False)
+
+    async def refresh(self) -> None:
+        """Read the totals of each period in use (a query each)."""
+        if not self.store.is_open:
+            return
+        teams_w, keys_w = self.ledger.take_written()
+        carried_t, carried_k = self._carried
+        for team, n in teams_w.items():
+            carried_t[team] = carried_t.get(team, 0) + n
+        for k, n in keys_w.items():
+            carried_k[k] = carried_k.get(k, 0) + n
+        now = self.clock()
+        read: list[tuple[BudgetField, dict[str, int], dict[tuple[str, str], int]]] = []
+        in_use = self._in_use()
+        for field in BUDGET_FIELDS:
+            if field not in in_use:
+                read.append((field, {}, {}))
+                continue
+            since = period_start(field, now)
+            totals: list[TokenTotal]
+            if field == "tokens_per_minute":
+                totals = await self.store.recent_tokens(since)
+            else:
+                totals = await self.store.token_totals(since)
+            teams: dict[str, int] = {}
+            keys: dict[tuple[str, str], int] = {}
+            for t in totals:
+                teams[t.team] = teams.get(t.team, 0) + t.tokens
+                keys[(t.team, t.key)] = t.tokens
+            read.append((field, teams, keys))
+        # Installed together, with the carried tokens dropped: they are in what was read.
+        for field, teams, keys in read:
+            self._teams[field], self._keys[field] = teams, keys
+        self._carried = ({}, {})
+        if self._cost_in_use():
+            reports = await self.store.reports(COSTS_REPORT, REPORT_RETENTION)
+            try:
+                self.costs = _decode_costs(reports[0].payload) if reports else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("the cost meter's report does not decode: %s", exc)
+
+    def used(self, field: BudgetField, team: str, key: str | None) -> int:
+        """Tokens of the period: as read from the store, plus this instance's unwritten."""
+        ledger = self.ledger
+        if key is None:
+            return (self._teams[field].get(team, 0) + ledger.pending_teams.get(team, 0)
+                    + ledger.written_teams.get(team, 0) + self._carried[0].get(team, 0))
+        k = (team, key)
+        return (self._keys[field].get(k, 0) + ledger.pending_keys.get(k, 0)
+                + ledger.written_keys.get(k, 0) + self._carried[1].get(k, 0))
+
+    def check(self, team: str, key: str, team_limits: Limits | None,
+              key_limits: Limits | None) -> None:
+        """Raise QuotaExceededError if the key or its team has used a budget up."""
+        if team_limits is not None and team_limits.has_cost_budget():
+            self._check_cost(team, team_limits)
+        now = 0.0
+        for field in BUDGET_FIELDS:
+            for limits, who, scope in ((key_limits, f"key {key!r}", key),
+                                       (team_limits, f"team {team!r}", None)):
+                limit = limits.budget(field) if limits is not None else None
+                if limit is None:
+                    continue
+                used = self.used(field, team, scope)
+                if used < limit:
+                    if used >= NEAR * limit:
+                        self.ledger.hurry()
+                    continue
+                now = now or self.clock()
+                at = resets_at(field, now)
+                when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+                raise QuotaExceededError(
+                    f"{who} has used {used:,} of its {limit:,} tokens per "
+                    f"{_PERIOD[field]}; it resets at {when}"
+                    + (" (a sliding minute)" if field == "tokens_per_minute" else ""),
+                    retry_after=max(1.0, at - now), resets_at=at)
+
+    def _check_cost(self, team: str, limits: Limits) -> None:
+        costs = self.costs
+        if costs is None:
+            return
+        now = self.clock()
+        for field in COST_FIELDS:
+            limit = getattr(limits, field)
+            if limit is None:
+                continue
+            period = _cost_period(field)
+            start = costs.day_start if field == "cost_per_day" else costs.month_start
+            if start != period_start(period, now):
+                continue          # the figures are of a period that has ended
+            spent = (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
+            if spent < limit:
+                continue
+            at = resets_at(period, now)
+            when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+            raise QuotaExceededError(
+                f"team {team!r} has spent {spent:,.2f} of its {limit:,.2f} per "
+                f"{_PERIOD[period]} (GPU and CPU time attributed by tokens); it resets at {when}",
+                retry_after=max(1.0, at - now), resets_at=at)

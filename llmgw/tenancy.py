@@ -1,0 +1,298 @@
+"""Teams and keys: what a key is, the limits a team sets and a key narrows.
+
+Shared by the gateway (which enforces them) and the control plane (which
+changes them); the keys file's format and reader live here for the same reason.
+
+Teams and keys created at run time live beside the keys file.
+
+A team holds limits; a key belongs to one team and may narrow them. Both
+live in the store (``teams``, ``api_keys``), so every gateway instance sees
+them: each polls ``tenants_version()`` — one primary-key read — every half
+second (``gateway.tenants``) and, when it moved, reads the teams and keys
+again and puts them in force beside the keys file's. A revoked team or key is therefore
+refused by every instance within a second of the change.
+
+**The keys file wins every conflict**, as ``server.yaml`` wins over runtime
+models: a runtime key whose name or hash is also in the file is ignored
+(logged), so a reviewed file cannot be overridden from the API. Keys from
+the file belong to no team; the ledger files them under the team ``-``.
+
+Limits (``Limits``) are the same fields on a team and on a key:
+
+* ``models``: the allow-list (absent: every model). A key's list must be
+  inside its team's.
+* ``rpm``: requests per minute, per gateway process (as the keys file's).
+  A team's limit is one bucket shared by its keys.
+* ``tokens_per_minute``, ``tokens_per_day``, ``tokens_per_month``: token
+  budgets (prompt + completion) enforced across instances from the usage
+  ledger (``budgets``). A team's budget counts every key of the team.
+* ``priority``: the admission class (``interactive`` or ``batch``); a key
+  may only lower it.
+
+and on a team only (a key setting them is refused):
+
+* ``cost_per_day``, ``cost_per_month``: budgets of the team's attributed GPU
+  and CPU cost (``llmgw.control.costs``);
+* ``log_requests`` (``off``, ``metadata``, ``bodies``) and
+  ``log_retention_days``: the team's request logs.
+
+Every number must be at least 1 (a cost more than 0) and at most
+``MAX_TOKENS`` (``MAX_RPM`` for ``rpm``, ``MAX_COST``, ``MAX_LOG_DAYS``): zero,
+negative or absurd values are refused naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from llmgw.errors import ConfigError, DefinitionError
+from llmgw.store.base import StoredKey, StoredTeam
+
+log = logging.getLogger("llmgw.tenancy")
+
+# The admission class of a key's requests when a model is saturated.
+Priority = Literal["interactive", "batch"]
+
+TEAM_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# Team of the keys declared in the keys file (not a valid team name, so no clash).
+FILE_TEAM = "-"
+# 10^13 tokens is beyond any fleet's month; a larger budget is a typo.
+MAX_TOKENS = 10**13
+MAX_RPM = 10**8
+MAX_LOG_DAYS = 3650
+MAX_COST = 10**9
+CostField = Literal["cost_per_day", "cost_per_month"]
+COST_FIELDS: tuple[CostField, ...] = ("cost_per_day", "cost_per_month")
+DEFAULT_LOG_DAYS = 30
+
+BudgetField = Literal["tokens_per_minute", "tokens_per_day", "tokens_per_month"]
+BUDGET_FIELDS: tuple[BudgetField, ...] = ("tokens_per_minute", "tokens_per_day",
+                                          "tokens_per_month")
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """What a team allows, or how a key narrows its team."""
+
+    models: list[str] | None = None
+    rpm: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    priority: Priority | None = None
+    # Request logs, set on a team only: "metadata" keeps each request's record;
+    # "bodies" also its prompt and answer. Kept for log_retention_days (30).
+    log_requests: Literal["off", "metadata", "bodies"] | None = None
+    log_retention_days: int | None = None
+    # Cost budgets, set on a team only, in the currency of the configured prices
+    # (``llmgw.control.costs``): the team's attributed GPU and CPU time per UTC day/month.
+    cost_per_day: float | None = None
+    cost_per_month: float | None = None
+
+    def has_budget(self) -> bool:
+        return (self.tokens_per_minute is not None or self.tokens_per_day is not None
+                or self.tokens_per_month is not None or self.has_cost_budget())
+
+    def has_cost_budget(self) -> bool:
+        return self.cost_per_day is not None or self.cost_per_month is not None
+
+    def budget(self, name: BudgetField) -> int | None:
+        value: int | None = getattr(self, name)
+        return value
+
+
+class TeamCosts(msgspec.Struct, kw_only=True):
+    """What the cost meter publishes (a store report) for the gateways' cost budgets:
+    each team's cost since the UTC day's and month's start."""
+
+    day_start: float
+    month_start: float
+    day: dict[str, float] = msgspec.field(default_factory=dict)
+    month: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+COSTS_REPORT = "team-costs"
+
+_decode_limits = msgspec.json.Decoder(Limits)
+encode_limits = msgspec.json.Encoder().encode
+
+
+def check_limits(limits: Limits, where: str) -> None:
+    """Refuse numbers below 1 or beyond belief, naming the field."""
+    for name in ("rpm", *BUDGET_FIELDS):
+        value = getattr(limits, name)
+        if value is None:
+            continue
+        ceiling = MAX_RPM if name == "rpm" else MAX_TOKENS
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DefinitionError(
+                f"{where}: {name} {value!r} must be a whole number of at least 1; omit it for "
+                "no limit", field=name)
+        if value > ceiling:
+            raise DefinitionError(
+                f"{where}: {name} {value} is larger than {ceiling:,} (is it a typo?); omit it "
+                "for no limit", field=name)
+    for name in COST_FIELDS:
+        cost = getattr(limits, name)
+        if cost is None:
+            continue
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost > 0:
+            raise DefinitionError(f"{where}: {name} {cost!r} must be more than 0; omit it for "
+                                  "no limit", field=name)
+        if cost > MAX_COST:
+            raise DefinitionError(f"{where}: {name} {cost} is larger than {MAX_COST:,} (is it "
+                                  "a typo?); omit it for no limit", field=name)
+    days = limits.log_retention_days
+    if days is not None and (isinstance(days, bool) or not 1 <= days <= MAX_LOG_DAYS):
+        raise DefinitionError(f"{where}: log_retention_days {days!r} must be 1 to "
+                              f"{MAX_LOG_DAYS}", field="log_retention_days")
+    if limits.models is not None:
+        if not limits.models:
+            raise DefinitionError(
+                f"{where}: models is an empty list, which would allow nothing; omit it to "
+                "allow every model", field="models")
+        for m in limits.models:
+            if not isinstance(m, str) or not m:
+                raise DefinitionError(f"{where}: models holds {m!r}, not a model name",
+                                      field="models")
+
+
+def check_narrowing(team: Limits, key: Limits, where: str) -> None:
+    """A key may narrow its team's limits, never widen its allow-list or priority."""
+    check_limits(key, where)
+    for name in ("log_requests", "log_retention_days", *COST_FIELDS):
+        if getattr(key, name) is not None:
+            raise DefinitionError(f"{where}: {name} is set on the team, for all its keys",
+                                  field=name)
+    if key.models is not None and team.models is not None:
+        outside = sorted(set(key.models) - set(team.models))
+        if outside:
+            raise DefinitionError(
+                f"{where}: models {outside} are not in the team's allow-list "
+                f"{sorted(team.models)}; a key may only narrow it", field="models")
+    if key.priority == "interactive" and team.priority == "batch":
+        raise DefinitionError(
+            f"{where}: priority interactive is above the team's batch; a key may only lower it",
+            field="priority")
+
+
+def decode_limits(data: bytes) -> Limits:
+    return _decode_limits.decode(data) if data else Limits()
+
+
+def check_team_name(name: str) -> None:
+    if not TEAM_RE.match(name):
+        raise DefinitionError(
+            f"team name {name!r}: use lowercase letters, digits and '-', starting with a "
+            "letter, at most 63 characters", field="name")
+
+
+class RuntimeTeam(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    limits: Limits
+
+
+class RuntimeKey(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    team: str
+    sha256: str
+    limits: Limits
+
+
+def effective(team: Limits, key: Limits) -> Limits:
+    """The limits a key's own requests see (its team's budgets are checked separately)."""
+    models = team.models if key.models is None else (
+        key.models if team.models is None else sorted(set(key.models) & set(team.models)))
+    rpm = key.rpm if key.rpm is not None else None
+    priority = key.priority or team.priority
+    return Limits(models=models, rpm=rpm, tokens_per_minute=key.tokens_per_minute,
+                  tokens_per_day=key.tokens_per_day, tokens_per_month=key.tokens_per_month,
+                  priority=priority)
+
+
+def from_store(teams: Sequence[StoredTeam], keys: Sequence[StoredKey]
+               ) -> tuple[dict[str, RuntimeTeam], list[RuntimeKey]]:
+    """Decode stored rows; a row that does not decode is skipped (logged), not fatal."""
+    out_teams: dict[str, RuntimeTeam] = {}
+    for t in teams:
+        try:
+            out_teams[t.name] = RuntimeTeam(name=t.name, limits=decode_limits(t.settings))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("team %r: stored limits do not decode (%s); its keys are refused",  # noqa: TRY400
+                      t.name, exc)
+    out_keys: list[RuntimeKey] = []
+    for k in keys:
+        if k.team not in out_teams:
+            continue
+        try:
+            limits = decode_limits(k.settings)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("key %r: stored limits do not decode (%s); it is refused",  # noqa: TRY400
+                      k.name, exc)
+            continue
+        out_keys.append(RuntimeKey(name=k.name, team=k.team, sha256=k.sha256, limits=limits))
+    return out_teams, out_keys
+
+
+# ---------------------------------------------------------------- keys and the keys file
+
+KEY_PREFIX = "sk-llmgw-"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+
+
+class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
+               omit_defaults=True):
+    """One key as stored: never the key itself."""
+
+    name: str
+    sha256: str                     # hex digest of the key
+    models: list[str] = []          # empty: every model
+    rpm: int | None = None          # requests per minute; None: unlimited
+    priority: Priority = "interactive"
+    created_at: datetime | None = None
+
+
+class KeysFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    version: int = 1
+    keys: list[KeyEntry] = []
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def generate_key() -> str:
+    """A new key: 256 random bits, with a prefix that secret scanners can match."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+# ---------------------------------------------------------------- the file
+
+
+def read_keys_file(path: str | Path) -> KeysFile:
+    """The keys in ``path``; an absent file has none. ConfigError naming the file if it is bad."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return KeysFile()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the keys file: {exc.strerror}",
+                          field="keys_file") from None
+    if not data.strip():
+        return KeysFile()
+    try:
+        return msgspec.json.decode(data, type=KeysFile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConfigError(
+            f"{p}: not a valid keys file ({exc}); fix or restore it, or remove it and add "
+            "the keys again with `llmgw keys add`", field="keys_file",
+        ) from None

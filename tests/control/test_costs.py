@@ -1,0 +1,178 @@
+"""Cost from GPU time: metering replica time, pricing it, attributing it by tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from llmgw.api.app import create_app
+from llmgw.catalog.build import build_catalog
+from llmgw.catalog.decode import convert
+from llmgw.catalog.model import GpuClass, Model
+from llmgw.catalog.units import Size
+from llmgw.config import AdminToken, CostsConfig, ServerConfig
+from llmgw.control.context import AppContext
+from llmgw.control.costs import CostMeter, allocated_time, attribute
+from llmgw.modelsvc import ModelService
+from llmgw.scheduler.base import Replica
+from llmgw.store.base import ReplicaTime, Store, UsageRecord
+
+from .conftest import RecordingBackend
+
+ADMIN = {"Authorization": "Bearer t0ken-alice"}
+HOUR = 1_773_500_400          # 2026-03-14T15:00:00Z
+H100 = GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"),
+                price_per_hour=2.0)
+L4 = GpuClass(device="NVIDIA L4", memory=Size.parse("23034MiB"))
+GPUS = {"h100": H100, "l4": L4}
+COSTS = CostsConfig(cpu_core_per_hour=0.05, overhead_account="platform")
+
+BIG = convert({"name": "big", "source": "/m/big.gguf", "engine": "llama.cpp", "profiles": [
+    {"name": "tp2", "gpu_class": "h100", "gpus": 2}]}, Model)
+SMALL = convert({"name": "small", "source": "/m/small.gguf", "engine": "llama.cpp",
+                 "profiles": [{"name": "cpu", "cpu_cores": 4, "memory": "8GiB"}]}, Model)
+
+
+def replica(model: str, profile: str, state: str = "running", n: int = 0) -> Replica:
+    return Replica(id=f"{model}-{n}", model=model, profile=profile, fingerprint="", node="n1",
+                   state=state, healthy=state == "running")  # type: ignore[arg-type]
+
+
+def test_allocated_time_counts_cards_and_cores_split_at_the_hour() -> None:
+    catalog = build_catalog([BIG, SMALL], GPUS)
+    replicas = [replica("big", "tp2"), replica("big", "tp2", "starting", 1),
+                replica("big", "tp2", "pending", 2), replica("small", "cpu")]
+    rows = allocated_time(replicas, catalog, HOUR - 60, HOUR + 30)
+    assert rows == [
+        ReplicaTime(hour=HOUR - 3600, model="big", gpu_class="h100", gpu_seconds=240.0,
+                    core_seconds=0.0),
+        ReplicaTime(hour=HOUR - 3600, model="small", gpu_class="", gpu_seconds=0.0,
+                    core_seconds=240.0),
+        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=120.0,
+                    core_seconds=0.0),
+        ReplicaTime(hour=HOUR, model="small", gpu_class="", gpu_seconds=0.0,
+                    core_seconds=120.0)]
+
+
+def test_cost_is_shared_by_tokens_and_idle_hours_go_to_the_overhead() -> None:
+    times = [ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=7200,
+                         core_seconds=0),                 # 2 cards x 1 h = 4.0
+             ReplicaTime(hour=HOUR + 3600, model="big", gpu_class="h100", gpu_seconds=3600,
+                         core_seconds=0),                 # idle: 2.0
+             ReplicaTime(hour=HOUR, model="small", gpu_class="", gpu_seconds=0,
+                         core_seconds=4 * 3600),          # 4 cores x 1 h = 0.2
+             ReplicaTime(hour=HOUR, model="cheap", gpu_class="l4", gpu_seconds=3600,
+                         core_seconds=0)]                 # no price
+    tokens = [(HOUR, "ml", "big", 3000), (HOUR, "web", "big", 1000),
+              (HOUR, "web", "small", 500), (HOUR, "ml", "cheap", 10)]
+    teams, models, unpriced = attribute(times, tokens, GPUS, COSTS)
+    cost = {t.team: round(t.cost, 6) for t in teams}
+    assert cost == {"ml": 3.0, "platform": 2.0, "web": 1.2}
+    by_model = {m.model: m for m in models}
+    assert round(by_model["big"].cost, 6) == 6.0
+    assert round(by_model["big"].idle_cost, 6) == 2.0
+    assert by_model["big"].gpu_hours == 3.0
+    assert round(by_model["big"].cost_per_million_tokens or 0, 6) == 1500.0
+    assert round(by_model["small"].cost, 6) == 0.2
+    assert unpriced == ["l4"]
+
+
+async def test_one_meter_holds_the_lease_and_its_first_sample_starts_the_clock(
+        store: Store) -> None:
+    catalog = build_catalog([BIG], GPUS)
+    now = [float(HOUR)]
+
+    async def replicas() -> list[Replica]:
+        return [replica("big", "tp2")]
+
+    first = CostMeter(store, replicas, lambda: catalog, "a", 60, clock=lambda: now[0])
+    second = CostMeter(store, replicas, lambda: catalog, "b", 60, clock=lambda: now[0])
+    assert await first.tick() == []
+    assert await second.tick() == []            # no lease
+    now[0] += 60
+    assert [r.gpu_seconds for r in await first.tick()] == [120.0]
+    assert await second.tick() == []
+    now[0] += 3600                              # a stalled loop: at most 3 intervals
+    assert sum(r.gpu_seconds for r in await first.tick()) == 360.0
+    stored = await store.replica_time(HOUR, HOUR + 7200)
+    assert sum(r.gpu_seconds for r in stored) == 480.0
+
+
+@pytest.fixture
+async def client(store: Store, backend: RecordingBackend,
+                 tmp_path: Path) -> AsyncIterator[AsyncTestClient]:
+    config = ServerConfig(admin_tokens=[AdminToken(name="alice", token="t0ken-alice")],
+                          gpu_classes=GPUS, costs=COSTS)
+    svc = ModelService(config.models, GPUS, store)
+    await svc.load()
+    ctx = AppContext(config=config, models=svc, backend=backend, store=store)
+    async with AsyncTestClient(create_app(ctx)) as c:
+        yield c
+
+
+async def test_the_costs_route_prices_time_and_attributes_it(
+        client: AsyncTestClient, store: Store) -> None:
+    await store.add_replica_time([ReplicaTime(hour=HOUR, model="big", gpu_class="h100",
+                                              gpu_seconds=7200, core_seconds=0)])
+    await store.record_usage([UsageRecord(
+        id=f"r{i}", at=HOUR + i, key="k", team=team, model="big", replica="r",
+        gpu_class="h100", prompt_tokens=n, cached_tokens=0, completion_tokens=0, status=200,
+        latency=0.1, ttft=None) for i, (team, n) in enumerate([("ml", 300), ("web", 100)])])
+    r = await client.get("/api/v1/costs", headers=ADMIN, params={
+        "since": "2026-03-14T15:00:00Z", "until": "2026-03-14T16:00:00Z"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["total"] == 4.0
+    assert [(t["team"], t["cost"], t["tokens"]) for t in body["teams"]] == [
+        ("ml", 3.0, 300), ("web", 1.0, 100)]
+    assert body["models"][0]["cost_per_million_tokens"] == 10000.0
+    r = await client.get("/api/v1/costs", headers=ADMIN, params={
+        "since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"})
+    assert r.status_code == 400
+
+
+async def test_the_meter_publishes_each_teams_cost_this_day_and_month(store: Store) -> None:
+    import msgspec
+
+    from llmgw.tenancy import COSTS_REPORT, TeamCosts
+
+    catalog = build_catalog([BIG], GPUS)
+    meter = CostMeter(store, replicas_none, lambda: catalog, "a", 60,
+                      clock=lambda: HOUR + 1800.0, gpu_classes=GPUS, costs=COSTS)
+    await store.add_replica_time([
+        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=3600,
+                    core_seconds=0),                       # today: 2.0
+        ReplicaTime(hour=HOUR - 86400, model="big", gpu_class="h100", gpu_seconds=1800,
+                    core_seconds=0)])                      # yesterday, this month: 1.0
+    await store.record_usage([
+        UsageRecord(id="a", at=HOUR + 5, key="k", team="ml", model="big", replica="r",
+                    gpu_class="h100", prompt_tokens=10, cached_tokens=0, completion_tokens=0,
+                    status=200, latency=0.1, ttft=None),
+        UsageRecord(id="b", at=HOUR - 86400 + 5, key="k", team="web", model="big",
+                    replica="r", gpu_class="h100", prompt_tokens=10, cached_tokens=0,
+                    completion_tokens=0, status=200, latency=0.1, ttft=None)])
+    published = await meter.publish(HOUR + 1800.0)
+    assert published.day == {"ml": 2.0}
+    assert published.month == {"ml": 2.0, "web": 1.0}
+    [report] = await store.reports(COSTS_REPORT, 60)
+    assert msgspec.json.decode(report.payload, type=TeamCosts) == published
+
+
+async def replicas_none() -> list[Replica]:
+    return []
+
+
+def test_cost_budgets_are_checked_and_belong_to_the_team() -> None:
+    from llmgw.errors import DefinitionError
+    from llmgw.tenancy import Limits, check_limits, check_narrowing
+
+    for bad in (0, -1.0, 1e12):
+        with pytest.raises(DefinitionError) as err:
+            check_limits(Limits(cost_per_day=bad), "team 't'")
+        assert err.value.field == "cost_per_day"
+    with pytest.raises(DefinitionError) as err:
+        check_narrowing(Limits(), Limits(cost_per_month=5), "key 'k'")
+    assert err.value.field == "cost_per_month"

@@ -1,0 +1,166 @@
+"""Token budgets: 429 insufficient_quota with the reset time, across gateway instances."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llmgw.gateway.budgets import Budgets, period_start, resets_at
+from llmgw.gateway.ledger import Ledger
+from llmgw.store.base import UsageRecord
+from llmgw.store.sqlite import SqliteStore
+from llmgw.tenancy import Limits
+from tests.gateway.conftest import GatewayFactory, chat_model
+from tests.gateway.engine import FakeEngine
+from tests.gateway.test_tenants import make_key, make_team, until
+
+# The fake engine reports 5 prompt and 3 completion tokens per chat completion.
+PER_REQUEST = 8
+
+
+async def test_a_team_over_its_daily_budget_gets_insufficient_quota(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    k1 = await make_key(gw.store, "k1", "ml")
+    k2 = await make_key(gw.store, "k2", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=k1)).status_code == 200
+
+    await until(accepted, "the key to be accepted")          # 8 tokens
+    assert (await gw.chat("m", key=k2)).status_code == 200   # 8 < 10: admitted, now 16
+    r = await gw.chat("m", key=k1)
+    assert r.status_code == 429
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_quota"
+    assert error["type"] == "insufficient_quota"
+    assert "team 'ml' has used 16 of its 10 tokens per day (UTC)" in error["message"]
+    midnight = datetime.fromtimestamp(resets_at("tokens_per_day", time.time()), UTC)
+    assert midnight.isoformat(timespec="seconds") in error["message"]
+    assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_a_key_budget_narrows_its_team(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_month=1000))
+    small = await make_key(gw.store, "small", "ml", Limits(tokens_per_minute=PER_REQUEST))
+    other = await make_key(gw.store, "other", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=small)).status_code == 200
+
+    await until(accepted, "the key to be accepted")
+    r = await gw.chat("m", key=small)
+    assert r.status_code == 429
+    assert "key 'small' has used 8 of its 8 tokens per minute" in r.json()["error"]["message"]
+    assert (await gw.chat("m", key=other)).status_code == 200
+
+
+async def test_another_instance_sees_the_tokens_after_a_flush(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    engine = await engines()
+    models = [chat_model("m", upstream=[engine.url])]
+    first = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
+    second = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
+    await make_team(first.store, "ml", Limits(tokens_per_day=PER_REQUEST))
+    key = await make_key(first.store, "k", "ml")
+
+    async def accepted() -> bool:
+        return (await first.chat("m", key=key)).status_code == 200
+
+    await until(accepted, "the key to be accepted on the first instance")
+
+    async def refused_on_second() -> bool:
+        r = await second.chat("m", key=key)
+        return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+    await until(refused_on_second, "the second instance to refuse the spent budget")
+
+
+def test_periods_are_utc_days_and_calendar_months() -> None:
+    now = datetime(2026, 12, 31, 23, 59, tzinfo=UTC).timestamp()
+    assert period_start("tokens_per_day", now) == datetime(2026, 12, 31, tzinfo=UTC).timestamp()
+    assert period_start("tokens_per_month", now) == datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_day", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_month", now) == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    assert resets_at("tokens_per_minute", now) == now + 60
+
+
+async def test_own_tokens_count_once_between_a_write_and_the_re_read(tmp_path: Path) -> None:
+    """Written but not yet re-read, this instance's tokens still count; after, once."""
+    store = SqliteStore(f"sqlite:///{tmp_path / 'b.db'}")
+    await store.open()
+    try:
+        ledger = Ledger(store, interval=1, capacity=100, retention=86400)
+        budgets = Budgets(store, ledger)
+        ledger.record(UsageRecord(
+            id="a", at=time.time(), key="k", team="ml", model="m", replica="r",
+            gpu_class="", prompt_tokens=7, cached_tokens=0, completion_tokens=3, status=200,
+            latency=0.1, ttft=None))
+        for field in ("tokens_per_minute", "tokens_per_day", "tokens_per_month"):
+            assert budgets.used(field, "ml", None) == 10   # type: ignore[arg-type]
+        await ledger.flush()
+        assert budgets.used("tokens_per_day", "ml", "k") == 10
+        await budgets.refresh()
+        assert budgets.used("tokens_per_day", "ml", "k") == 10
+        assert budgets.used("tokens_per_minute", "ml", None) == 10
+    finally:
+        await store.close()
+
+
+async def test_a_team_over_its_cost_budget_gets_insufficient_quota(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """The cost meter's published figures are checked; last period's are ignored."""
+    import msgspec
+
+    from llmgw.tenancy import COSTS_REPORT, TeamCosts
+
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080",
+                            ledger_interval="50ms")
+    await make_team(gw.store, "ml", Limits(cost_per_day=2.5))
+    key = await make_key(gw.store, "k", "ml")
+    now = time.time()
+    day = period_start("tokens_per_day", now)
+    month = period_start("tokens_per_month", now)
+    await gw.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(TeamCosts(
+        day_start=day - 86400, month_start=month, day={"ml": 9.0}, month={"ml": 9.0})))
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=key)).status_code == 200
+
+    await until(accepted, "yesterday's spending not to count today")
+    await gw.store.put_report(COSTS_REPORT, "current", msgspec.json.encode(TeamCosts(
+        day_start=day, month_start=month, day={"ml": 3.0}, month={"ml": 3.0})))
+
+    async def refused() -> bool:
+        r = await gw.chat("m", key=key)
+        return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+    await until(refused, "the cost budget to be enforced")
+    r = await gw.chat("m", key=key)
+    assert "team 'ml' has spent 3.00 of its 2.50 per day (UTC)" in r.json()["error"]["message"]
+
+
+async def test_a_nearly_spent_budget_quickens_the_ledger(tmp_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'b.db'}")
+    await store.open()
+    try:
+        ledger = Ledger(store, interval=1, capacity=100, retention=86400)
+        budgets = Budgets(store, ledger)
+        ledger.record(UsageRecord(
+            id="a", at=time.time(), key="k", team="ml", model="m", replica="r",
+            gpu_class="", prompt_tokens=70, cached_tokens=0, completion_tokens=0, status=200,
+            latency=0.1, ttft=None))
+        budgets.check("ml", "k", Limits(tokens_per_day=100), None)      # 70%: no hurry
+        assert not ledger.hurried
+        budgets.check("ml", "k", Limits(tokens_per_day=85), None)       # 82%
+        assert ledger.hurried
+    finally:
+        await store.close()

@@ -1,0 +1,151 @@
+"""Teams, runtime keys and the usage ledger, run unchanged against SQLite and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+
+from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
+
+from .conftest import AnyStore, Database, StoreFactory
+
+HOUR = 1_773_500_400          # a UTC hour boundary (divisible by 3600)
+DAY = HOUR - HOUR % 86400
+
+
+def team(name: str, settings: bytes = b"{}") -> StoredTeam:
+    return StoredTeam(name=name, settings=settings, created_by="alice", created_at=1.5)
+
+
+def key(name: str, team_name: str, sha: str | None = None) -> StoredKey:
+    return StoredKey(name=name, team=team_name, sha256=sha or f"{name:0>64}"[-64:],
+                     settings=b"{}", created_by="alice", created_at=2.5)
+
+
+def record(id_: str, at: float, *, team_name: str = "ml", key_name: str = "k1",
+           model: str = "m", prompt: int = 10, cached: int = 2,
+           completion: int = 5) -> UsageRecord:
+    return UsageRecord(id=id_, at=at, key=key_name, team=team_name, model=model,
+                       replica="http://10.0.0.5:8000", gpu_class="l40s", prompt_tokens=prompt,
+                       cached_tokens=cached, completion_tokens=completion, status=200,
+                       latency=0.25, ttft=0.05)
+
+
+async def test_team_and_key_changes_bump_the_version_seen_by_another_instance(
+        store: AnyStore, make_store: StoreFactory) -> None:
+    other = await make_store()
+    v0 = await other.tenants_version()
+    assert await store.put_team(team("ml"), create=True)
+    assert await other.tenants_version() > v0
+    assert not await store.put_team(team("ml"), create=True)       # name taken
+    assert await store.put_key(key("k1", "ml"))
+    assert not await store.put_key(key("k1", "ml", "f" * 64))       # name taken
+    assert not await store.put_key(key("k2", "nobody"))             # no such team
+    teams, keys = await other.tenants()
+    assert [t.name for t in teams] == ["ml"]
+    assert keys == [key("k1", "ml")]
+    v1 = await other.tenants_version()
+    assert await store.put_team(team("ml", b'{"tokens_per_day": 5}'), create=False)
+    assert not await store.put_team(team("absent"), create=False)
+    teams, _ = await other.tenants()
+    assert teams[0].settings == b'{"tokens_per_day": 5}'
+    assert await other.tenants_version() > v1
+
+
+async def test_deleting_a_team_deletes_its_keys(store: AnyStore) -> None:
+    await store.put_team(team("ml"), create=True)
+    await store.put_team(team("web"), create=True)
+    await store.put_key(key("k1", "ml"))
+    await store.put_key(key("k2", "web"))
+    assert await store.delete_team("ml")
+    assert not await store.delete_team("ml")
+    teams, keys = await store.tenants()
+    assert [t.name for t in teams] == ["web"]
+    assert [k.name for k in keys] == ["k2"]
+    assert await store.delete_key("k2")
+    assert not await store.delete_key("k2")
+
+
+async def test_usage_records_roll_up_per_hour_and_count_once_when_retried(
+        store: AnyStore, database: Database) -> None:
+    batch = [record("a", HOUR + 10), record("b", HOUR + 20, team_name="web", key_name="k2"),
+             record("c", HOUR + 3600 + 5, model="n", prompt=100)]
+    assert await store.record_usage(batch) == 3
+    # The same batch again (its acknowledgement was lost), with one new record.
+    assert await store.record_usage([*batch, record("d", HOUR + 30)]) == 1
+    rows = await store.usage("team", HOUR, HOUR + 7200, day=False)
+    assert [(r.bucket, r.group, r.requests, r.prompt_tokens, r.cached_tokens,
+             r.completion_tokens) for r in rows] == [
+        (HOUR, "ml", 2, 20, 4, 10), (HOUR, "web", 1, 10, 2, 5),
+        (HOUR + 3600, "ml", 1, 100, 2, 5)]
+    by_model = await store.usage("model", DAY, DAY + 86400, day=True)
+    assert [(r.bucket, r.group, r.requests) for r in by_model] == [(DAY, "m", 3), (DAY, "n", 1)]
+    # until is exclusive, since inclusive, by the hour's start
+    assert [r.group for r in await store.usage("key", HOUR + 3600, HOUR + 7200, day=False)] \
+        == ["k1"]
+    raw = await database.fetch("SELECT count(*) FROM usage")
+    assert raw[0][0] == 4
+
+
+async def test_token_totals_from_roll_ups_and_recent_records(store: AnyStore) -> None:
+    await store.record_usage([record("a", HOUR + 10), record("b", HOUR + 3700),
+                              record("c", HOUR + 3800, key_name="k2")])
+    totals = {(t.team, t.key): t.tokens for t in await store.token_totals(HOUR + 3600)}
+    assert totals == {("ml", "k1"): 15, ("ml", "k2"): 15}
+    recent = {(t.team, t.key): t.tokens for t in await store.recent_tokens(HOUR + 3750)}
+    assert recent == {("ml", "k2"): 15}
+
+
+async def test_purging_raw_records_keeps_the_roll_ups(store: AnyStore) -> None:
+    await store.record_usage([record("a", HOUR + 10), record("b", HOUR + 5000)])
+    assert await store.purge_usage(HOUR + 4000) == 1
+    assert [t.tokens for t in await store.recent_tokens(0)] == [15]
+    rows = await store.usage("team", HOUR, HOUR + 7200, day=False)
+    assert sum(r.requests for r in rows) == 2
+
+
+async def test_concurrent_batches_from_two_instances_add_up(
+        store: AnyStore, make_store: StoreFactory) -> None:
+    other = await make_store()
+    first = [record(f"x{i}", HOUR + i) for i in range(200)]
+    second = [record(f"y{i}", HOUR + i) for i in range(200)]
+    added = await asyncio.gather(store.record_usage(first), other.record_usage(second),
+                                 store.record_usage(first[:50]))
+    assert sum(added) == 400
+    [row] = await store.usage("team", HOUR, HOUR + 3600, day=False)
+    assert row.requests == 400
+    assert row.prompt_tokens == 4000
+
+
+async def test_request_logs_are_kept_read_newest_first_and_purged(store: AnyStore) -> None:
+    import time
+
+    from llmgw.store.base import RequestLog
+
+    now = time.time()
+    logs = [RequestLog(id=f"l{i}", at=now - 10 + i, expires_at=now + 100 * (i + 1), team="ml",
+                       key="k", record=b'{"n": %d}' % i,
+                       request=b"prompt" if i == 1 else None, response=None)
+            for i in range(3)]
+    await store.put_request_logs(logs)
+    await store.put_request_logs(logs[:1])          # a retry keeps one
+    got = await store.request_logs("ml", now + 1, 10)
+    assert [g.id for g in got] == ["l2", "l1", "l0"]
+    assert got[1].request == b"prompt"
+    assert got[1].record == b'{"n": 1}'
+    assert [g.id for g in await store.request_logs("ml", now - 9.5, 10)] == ["l0"]
+    assert await store.request_logs("web", now + 1, 10) == []
+    assert await store.purge_request_logs(now + 150) == 1
+    assert [g.id for g in await store.request_logs("ml", now + 1, 10)] == ["l2", "l1"]
+
+
+async def test_replica_time_adds_up_per_hour_and_model(store: AnyStore) -> None:
+    from llmgw.store.base import ReplicaTime
+
+    row = ReplicaTime(hour=HOUR, model="m", gpu_class="h100", gpu_seconds=60, core_seconds=0)
+    await store.add_replica_time([row, ReplicaTime(hour=HOUR, model="n", gpu_class="",
+                                                   gpu_seconds=0, core_seconds=240)])
+    await store.add_replica_time([row])
+    got = await store.replica_time(HOUR, HOUR + 3600)
+    assert [(r.model, r.gpu_seconds, r.core_seconds) for r in got] == [
+        ("m", 120.0, 0.0), ("n", 0.0, 240.0)]
+    assert await store.replica_time(HOUR + 3600, HOUR + 7200) == []
