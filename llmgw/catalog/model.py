@@ -113,6 +113,10 @@ class RoutingSpec(_Spec, frozen=True):
     ``engine_metrics``: scrape each replica's ``/metrics`` (queue and cache
     state); on by default for scheduled models, off for external ones (set it
     for an external vLLM).
+
+    ``resume_streams``: how many times one streaming request that breaks
+    after it started is continued on another replica (``llmgw.gateway.resume``
+    says which requests can be); 0 turns resumption off for the model.
     """
 
     policy: RoutingPolicy = "prefix-affinity"
@@ -123,6 +127,7 @@ class RoutingSpec(_Spec, frozen=True):
     queue_size: int = 100
     queue_wait: Duration = Duration(60, "1m")
     engine_metrics: bool | None = None
+    resume_streams: int = 2
 
 
 class Timeouts(_Spec, frozen=True):
