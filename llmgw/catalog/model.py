@@ -137,11 +137,17 @@ class Timeouts(_Spec, frozen=True):
     token: a long prompt on a busy engine can take minutes to produce one.
     ``first_byte`` bounds that wait and is generous by default; ``idle``
     bounds the gap between two chunks once streaming has begun.
+
+    ``drain``: how long a replica leaving on purpose (scale-down, rollout,
+    idle scale-to-zero, removal, a Nomad node drain) keeps serving the
+    requests it has after it stops receiving new ones, before its engine is
+    stopped.
     """
 
     connect: Duration = Duration(10, "10s")
     first_byte: Duration = Duration(600, "10m")
     idle: Duration = Duration(300, "5m")
+    drain: Duration = Duration(30, "30s")
 
 
 class Model(_Spec, frozen=True):

@@ -177,6 +177,11 @@ class Balancer:
         since = state.outstanding - state.outstanding_at_sample
         return max(state.outstanding, sample.running + sample.waiting + since)
 
+    def in_flight(self, url: str) -> int:
+        """Requests this gateway has on the replica now."""
+        state = self._state.get(url)
+        return state.outstanding if state is not None else 0
+
     def pending(self, url: str, now: float) -> int:
         """Requests on the replica that have not had their first token: its prefill queue.
 

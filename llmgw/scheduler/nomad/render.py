@@ -128,7 +128,9 @@ ENGINE_START = 600.0             # seconds
 _ENGINE_PORT = {"vllm": 8000, "llama.cpp": 8080}
 # The same for every job, so built once (frozen structs with no mutable fields).
 _CHECK_INTERVAL, _CHECK_TIMEOUT = ns(10), ns(5)
-_MIN_HEALTHY, _STAGGER, _SHUTDOWN_DELAY = ns(MIN_HEALTHY_TIME), ns(30), ns(10)
+_MIN_HEALTHY, _STAGGER = ns(MIN_HEALTHY_TIME), ns(30)
+# The least shutdown_delay: time for every gateway to see a registration go.
+_MIN_SHUTDOWN_DELAY = 10
 _RESTART = js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail")
 _RESCHEDULE = js.ReschedulePolicy(Unlimited=True, Delay=ns(60), DelayFunction="exponential",
                                   MaxDelay=ns(3600))
@@ -480,8 +482,12 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                    MinHealthyTime=_MIN_HEALTHY, HealthyDeadline=healthy),
         RestartPolicy=_RESTART,
         ReschedulePolicy=_RESCHEDULE,
-        # Time for the gateway to see the registration go before the engine dies.
-        ShutdownDelay=_SHUTDOWN_DELAY,
+        # A stopping allocation's service is deregistered first, then Nomad waits
+        # shutdown_delay before it signals the engine: the gateways stop sending it
+        # requests and those in flight have the model's drain timeout to finish.
+        # kill_timeout stays the engine's exit grace: vLLM cancels its server on
+        # SIGTERM, so time after the signal serves no request.
+        ShutdownDelay=ns(max(_MIN_SHUTDOWN_DELAY, float(model.timeouts.drain))),
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}
