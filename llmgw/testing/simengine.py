@@ -501,6 +501,11 @@ def _text(start: int, end: int) -> str:
     return "".join(f"t{i % 97} " for i in range(start, end))
 
 
+def answer_text(tokens: int) -> str:
+    """The whole answer of ``tokens`` tokens to any fresh prompt."""
+    return _text(0, tokens)
+
+
 def _usage(seq: _Seq) -> dict[str, Any]:
     return {"prompt_tokens": seq.prompt_tokens, "completion_tokens": seq.generated,
             "total_tokens": seq.prompt_tokens + seq.generated,
