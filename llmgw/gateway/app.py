@@ -584,8 +584,10 @@ class Gateway:
         state = _Watch()
         watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
         mm.in_flight.inc()
+        # Chat and completion streams only: a Responses stream is shaped by its
+        # exchange from the replica's head, which a held stream no longer passes on.
         held = HeldStream(send, model.name, self.keepalive) \
-            if req.stream and self.keepalive > 0 else None
+            if req.stream and req.variant is None and self.keepalive > 0 else None
         try:
             if is_on_demand(model) and not self.backend.endpoints(model.name):
                 # Held for a cold start: in flight for the model asked for. Once

@@ -125,3 +125,33 @@ async def test_requests_that_are_not_streams_or_not_held_get_no_comment(
     plain = await gw.chat("m")
     assert plain.headers["content-type"].startswith("application/json")
     assert isinstance(plain.json(), dict)
+
+
+async def test_a_held_responses_stream_keeps_its_responses_events(
+        make_gateway: GatewayFactory) -> None:
+    """A Responses API stream held for a cold start is translated as ever (no comment is
+    put in front of it, which would hide the replica's head from the translation)."""
+    backend = FakeBackend()
+    started: list[FakeEngine] = []
+    loaded = asyncio.Event()
+    backend.on_demand = scheduler_for(backend, started, loaded)  # type: ignore[assignment]
+    gw = await make_gateway([chat_model("m", scaling={"min": 0, "wait": "30s"})],
+                            backend=backend, keepalive_interval="50ms")
+    try:
+        async def ask() -> str:
+            r = await gw.client.post("/v1/responses", json={
+                "model": "m", "input": "hi", "stream": True})
+            assert r.status_code == 200
+            return r.text
+
+        task = asyncio.create_task(ask())
+        raw = Reader(gw, stream=True)      # held beside it: comments flow meanwhile
+        await wait_for(lambda: raw.comments() >= 2, what="comments to flow")
+        loaded.set()
+        text = await task
+        await raw.task
+        assert "response.created" in text
+        assert COMMENT not in text
+    finally:
+        for engine in started:
+            await engine.stop()
