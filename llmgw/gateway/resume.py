@@ -144,15 +144,24 @@ _NULL = b"null"
 
 
 def _split(data: bytes) -> tuple[list[bytes], bytes]:
-    """Complete SSE events (each with its blank-line terminator) and the rest."""
+    """Complete SSE events (each with its blank-line terminator) and the rest.
+
+    Lines end in LF (vLLM, llama.cpp's servers) or CRLF (the default of
+    sse-starlette, which OpenAI-compatible servers in Python often use).
+    """
     events: list[bytes] = []
     start = 0
     while True:
-        end = data.find(b"\n\n", start)
-        if end < 0:
+        lf = data.find(b"\n\n", start)
+        crlf = data.find(b"\r\n\r\n", start)
+        if crlf >= 0 and (lf < 0 or crlf < lf):
+            end = crlf + 4
+        elif lf >= 0:
+            end = lf + 2
+        else:
             return events, data[start:]
-        events.append(data[start:end + 2])
-        start = end + 2
+        events.append(data[start:end])
+        start = end
 
 
 def _data(event: bytes) -> bytes | None:

@@ -267,3 +267,15 @@ def test_the_splice_passes_only_whole_events_and_stops_at_a_tool_call() -> None:
             b'[{"index":0}]}}]}\n\n')
     assert splice.feed(call) == call
     assert not splice.resumable
+
+
+def test_the_splice_reads_events_separated_by_crlf() -> None:
+    """A server framing events with CRLF (sse-starlette's default) is read event by event
+    too, and its [DONE] ends the stream."""
+    splice = Splice("completions", 2)
+    first = b'data: {"id":"c","choices":[{"index":0,"text":"t0 "}]}\r\n\r\n'
+    done = b"data: [DONE]\r\n\r\n"
+    assert splice.feed(first[:-1]) == b""
+    assert splice.feed(first[-1:] + done) == first + done
+    assert splice.text == ["t0 "]
+    assert splice.done
