@@ -112,3 +112,21 @@ async def test_scaling_3_to_1_drains_without_a_broken_stream(fleet: SimFleet) ->
     assert len(fleet.runners) == 1
     assert resumed(gw) == 0
     assert gw.metrics.upstream_errors.labels("m", "stream_broken")._value.get() == 0
+
+
+async def test_a_rollout_replaces_every_replica_without_a_broken_stream(
+        fleet: SimFleet) -> None:
+    """Each replica is replaced by a new one, healthy before the old drains: no error and
+    nothing to resume."""
+    async with gateway(sim_model(), fleet) as (url, gw):
+        old = {r.id for r in fleet.runners}
+
+        async def rollout() -> None:
+            await streams_on(gw, fleet.runners[0].address)
+            await fleet.rollout(drain=60)
+
+        load = await run(fleet, url, rollout)
+    assert [o.error for o in load.outcomes if o.error] == []
+    assert not old & {r.id for r in fleet.runners}
+    assert len(fleet.runners) == 3
+    assert resumed(gw) == 0
