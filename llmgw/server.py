@@ -127,7 +127,7 @@ class Server:
 
             if isinstance(self.backend, LocalBackend):
                 # A replica leaving drains until this gateway has nothing on it.
-                self.backend.in_flight = self.gateway.balancer.in_flight
+                self.backend.in_flight = self.gateway.balancer.outstanding
         self._watch_interval = watch_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False

@@ -177,11 +177,6 @@ class Balancer:
         since = state.outstanding - state.outstanding_at_sample
         return max(state.outstanding, sample.running + sample.waiting + since)
 
-    def in_flight(self, url: str) -> int:
-        """Requests this gateway has on the replica now."""
-        state = self._state.get(url)
-        return state.outstanding if state is not None else 0
-
     def pending(self, url: str, now: float) -> int:
         """Requests on the replica that have not had their first token: its prefill queue.
 
@@ -292,6 +287,11 @@ class Balancer:
         period = min(self.eject_for * 2 ** min(state.failures - 1, 30), self.eject_max)
         state.ejected_until = max(state.ejected_until, now + period)
         return state.ejected_until
+
+    def answering(self, url: str) -> int:
+        """Requests on the replica whose answer has begun to arrive (streams under way)."""
+        state = self._state.get(url)
+        return state.outstanding - state.awaiting if state is not None else 0
 
     def succeeded(self, url: str) -> None:
         """The first byte of a request's answer arrived from ``url``: healthy, and past its

@@ -179,7 +179,7 @@ async def gateway(model: Model, fleet: SimFleet, **settings: object
         config = ServerConfig(listen="127.0.0.1:8080",
                               gateway=msgspec.convert(settings, GatewayConfig))
         gw = Gateway(config, _Catalog([model]), fleet, store)
-        fleet.in_flight = gw.balancer.in_flight
+        fleet.in_flight = gw.balancer.outstanding
         await gw.start()
         server = uvicorn.Server(uvicorn.Config(gw, host="127.0.0.1", port=0, lifespan="off",
                                                log_level="warning", access_log=False))
