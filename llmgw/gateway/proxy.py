@@ -124,7 +124,13 @@ def _found(found: _WithUsage) -> _Usage | None:
     return found.response.usage if found.response is not None else None
 
 
+class _TokenCount(msgspec.Struct):
+    count: int
+
+
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
+_count_decoder = msgspec.json.Decoder(_TokenCount)
+_TOKENIZE_WAIT = 5.0
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
 
@@ -419,6 +425,7 @@ class Forwarder:
         assert splice is not None
         tried = {broken_url}
         routing = model.routing
+        counted = 0      # pieces of text whose tokens the engine counted
         while True:
             self.metrics.upstream_errors.labels(model.name, broken.reason).inc()
             log.info("stream of a request for %r broke (%s); resuming it", req.model,
@@ -444,6 +451,11 @@ class Forwarder:
                     break
                 tried.add(url)
                 attempts += 1
+                if model.engine == "vllm" and splice.text and counted != len(splice.text):
+                    counted = len(splice.text)
+                    tokens = await self._token_count(url, model, "".join(splice.text))
+                    if tokens is not None:
+                        splice.counted(tokens)
                 activity = self.activity
                 if activity is not None:
                     activity.begin(model)
@@ -466,6 +478,28 @@ class Forwarder:
                 continue
             await self._broken(send, model, req, broken.message, None, why="no_replica")
             return 200
+
+    async def _token_count(self, url: str, model: Model, text: str) -> int | None:
+        """The tokens of ``text`` by vLLM's ``/tokenize`` on ``url``; None if it cannot say.
+
+        Bounded by the model's connect timeout plus a few seconds: tokenizing
+        is quick, and without the count the resumption still goes on.
+        """
+        body = _encode({"model": model.engine_model_name, "prompt": text,
+                        "add_special_tokens": False})
+        try:
+            async with asyncio.timeout(float(model.timeouts.connect) + _TOKENIZE_WAIT):
+                resp = await self._client().post(
+                    target_url(url, "/tokenize"), data=body,
+                    headers={"content-type": "application/json"})
+                async with resp:
+                    if resp.status != 200:
+                        return None
+                    data = await resp.read()
+            return _count_decoder.decode(data).count
+        except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError,
+                msgspec.ValidationError):
+            return None
 
     async def _attempt(self, url: str, model: Model, req: ForwardRequest,
                        send: Send) -> int | _Failure | _Broken:

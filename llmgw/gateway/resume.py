@@ -35,13 +35,14 @@ and from every event delivered, with no I/O:
 * a stream whose events carry tool calls, reasoning, logprobs or a second
   choice stops being resumable from that event on.
 
-Tokens delivered are counted as the engine reports them in the stream
-(``stream_options.continuous_usage_stats``) when it does, else as one per
-event that carries text: vLLM sends one event per decoding step. An engine
-that merges several tokens into one event makes the count low, and the
-continuation may then run past ``max_tokens`` by the difference; the text
-itself is never duplicated or lost, since the continuation starts from the
-exact text the client has.
+Tokens delivered are counted as one per event that carries text (vLLM
+sends one event per decoding step), or as the engine reports them in the
+stream (``stream_options.continuous_usage_stats``); before a vLLM replica
+continues, its ``/tokenize`` counts the delivered text, which catches events
+that carried several tokens (a lagging consumer gets them merged). Only if
+that count is unavailable and events were merged can the continuation run
+past ``max_tokens``, by the difference; the text itself is never duplicated
+or lost, since the continuation starts from the exact text the client has.
 """
 
 from __future__ import annotations
@@ -210,6 +211,14 @@ class Splice:
         if not self.exact:
             return "not_resumable"
         return "limit"
+
+    def counted(self, tokens: int) -> None:
+        """The engine's count of the tokens delivered (vLLM's ``/tokenize`` of the text): an
+        event may have carried several."""
+        if tokens > self.tokens:
+            self.tokens = tokens
+            if self.continuing:
+                self._base = tokens
 
     def begin_continuation(self) -> None:
         """A new replica is asked to continue: what it sends is rewritten from now on."""

@@ -40,7 +40,7 @@ It answers like vLLM: ``/v1/chat/completions`` and ``/v1/completions``
 is set), usage with ``prompt_tokens_details.cached_tokens``; ``/metrics``
 under vLLM's metric names; ``/v1/chat/completions/render`` and
 ``/v1/completions/render`` (a prompt's token ids, what a cache-aware router
-asks a worker for); ``/health`` and ``/v1/models``.
+asks a worker for); ``/tokenize`` (a text's token count); ``/health`` and ``/v1/models``.
 
 This lives in ``llmgw.testing`` beside the fake Nomad, not in ``bench/``:
 the tests and the benchmarks drive the same engine (a benchmark on one model
@@ -129,6 +129,7 @@ def render_chat(messages: Any, *, continue_final: bool = False) -> bytes:
 
 
 _TOKEN = re.compile(rb"t(\d+) $")
+_PIECE = re.compile(rb"t\d+ ")
 
 
 def answered_in(prompt: bytes) -> int:
@@ -199,6 +200,7 @@ class SimEngine:
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_post("/v1/completions/render", self._render_completion)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -456,6 +458,17 @@ class SimEngine:
         return web.json_response({"request_id": f"chatcmpl-{next(self._ids)}",
                                   "model": body.get("model", self.name),
                                   "token_ids": self._token_ids(render_chat(body.get("messages")))})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize`` (``count`` and ``tokens``): text of the answer counts one
+        token per ``tK `` piece, as the engine generated it; other text by its bytes."""
+        self.paths.append(request.path)
+        body = await self._json(request)
+        text = str(body.get("prompt", "")).encode()
+        pieces = _PIECE.findall(text)
+        count = len(pieces) if b"".join(pieces) == text else self.tokens_of(text)
+        return web.json_response({"count": count, "tokens": list(range(count)),
+                                  "max_model_len": 1 << 20})
 
     async def _render_completion(self, request: web.Request) -> web.Response:
         self.paths.append(request.path)

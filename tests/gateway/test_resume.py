@@ -23,8 +23,9 @@ PROMPT = [{"role": "user", "content": "Tell a long story."}]
 async def sims() -> AsyncIterator[SimFactory]:
     started: list[SimEngine] = []
 
-    async def start() -> SimEngine:
-        engine = SimEngine(SimSpec(step_time=0.001, prefill_per_token=0.00001), name="served")
+    async def start(chunk_tokens: int = 1) -> SimEngine:
+        engine = SimEngine(SimSpec(step_time=0.001, prefill_per_token=0.00001,
+                                   chunk_tokens=chunk_tokens), name="served")
         await engine.start()
         started.append(engine)
         return engine
@@ -35,7 +36,8 @@ async def sims() -> AsyncIterator[SimFactory]:
 
 
 class Recorder:
-    """Keeps the bodies a simulated engine received (its own record is only the paths)."""
+    """Keeps the inference bodies a simulated engine received (its own record is only the
+    paths)."""
 
     def __init__(self, engine: SimEngine) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -43,7 +45,8 @@ class Recorder:
 
         async def recording(request: Any) -> dict[str, Any]:
             body = await original(request)
-            self.bodies.append(body)
+            if request.path.startswith("/v1/"):
+                self.bodies.append(body)
             return body
 
         engine._json = recording  # type: ignore[method-assign]
@@ -138,6 +141,23 @@ async def test_a_broken_completion_stream_continues_from_its_prompt_and_usage_ad
     assert seen.bodies[0]["max_tokens"] == 6
     usage = [e["usage"] for e in evs if e.get("usage")]
     assert usage[-1]["completion_tokens"] == 9
+
+
+async def test_events_carrying_several_tokens_are_counted_by_the_engine_before_resuming(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """Events of three tokens each (a lagging reader's merged output): the continuation's
+    budget comes from vLLM's /tokenize of the delivered text, so the answer still stops at
+    max_tokens."""
+    other, breaking = await sims(3), await sims(3)
+    seen = Recorder(other)
+    gw = await gateway(make_gateway, [model()], {"m": [other, breaking]})
+    breaking.break_streams(2)
+    evs = events(await stream(gw, "/v1/chat/completions", messages=PROMPT, max_tokens=12))
+    assert content(evs) == "".join(f"t{i} " for i in range(12))
+    assert "/tokenize" in other.paths
+    delivered = seen.bodies[0]["messages"][-1]["content"].count(" ")
+    assert delivered > 2, "two events should have carried more than two tokens"
+    assert seen.bodies[0]["max_tokens"] == 12 - delivered
 
 
 async def test_a_stream_that_goes_silent_is_continued_after_the_idle_timeout(
