@@ -1,7 +1,8 @@
 """Chaos under load: what clients see when replicas die, freeze, leave or are replaced.
 
     .venv/bin/python bench/chaos.py [--duration 30] [--fault-at 10] [--clients 20]
-                                     [--scenarios baseline,kill,rollout,scale,freeze]
+                                     [--scenarios baseline,kill,rollout,scale,freeze,
+                                                  restart,crash]
 
 Each scenario starts a fresh model of three replicas — simulated engines
 (``llmgw.testing.simengine``, default timing: about 65 tokens/s per stream)
@@ -18,7 +19,19 @@ JSON ones. Every answer is checked against the deterministic engine's text
 * ``rollout``: every replica replaced in turn, the new one healthy before the
   old one drains;
 * ``scale``: 3 → 1, the two leaving drained;
-* ``freeze``: SIGSTOP of one replica's engine for 10 s, then SIGCONT.
+* ``freeze``: SIGSTOP of one replica's engine for 10 s, then SIGCONT;
+* ``restart``: two gateway processes on one SQLite store in front of the
+  three replicas (``llmgw.testing.chaos.GatewayProcess``), the clients spread
+  over both and a refused connection sent to the other instance, as a load
+  balancer does; one instance gets SIGTERM (it answers what it has in flight,
+  then exits) and is started again on its port;
+* ``crash``: the same with SIGKILL instead of SIGTERM.
+
+For ``restart`` and ``crash`` the gateway's own counters live in the
+processes, so broken/resumed/retries read ``-``; what is printed instead is
+how many requests were in flight on the stopped instance (started before it
+ended, finished after the signal) and how many of them, and of all the
+others, failed.
 
 Printed per scenario: requests, client-visible errors (streaming and not),
 broken streams and how many were resumed, and the median, p95 and maximum
@@ -30,21 +43,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import signal
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
-from llmgw.testing.chaos import Load, SimFleet, drive, gateway
+from llmgw.testing.chaos import GatewayProcess, Load, Outcome, SimFleet, drive, gateway
 from llmgw.testing.simengine import SimSpec
 
-SCENARIOS = ("baseline", "kill", "rollout", "scale", "freeze")
+SCENARIOS = ("baseline", "kill", "rollout", "scale", "freeze", "restart", "crash")
+INSTANCE = {"restart": signal.SIGTERM, "crash": signal.SIGKILL}
+
+ENTRY: dict[str, object] = {
+    "name": "sim", "source": "/models/sim", "engine": "vllm",
+    "profiles": [{"name": "sim", "cpu_cores": 1, "memory": "1GiB"}],
+    "timeouts": {"idle": "2s", "drain": "60s"}}
 
 
 def model() -> Model:
-    return convert({"name": "sim", "source": "/models/sim", "engine": "vllm",
-                    "profiles": [{"name": "sim", "cpu_cores": 1, "memory": "1GiB"}],
-                    "timeouts": {"idle": "2s", "drain": "60s"}}, Model)
+    return convert(ENTRY, Model)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -74,25 +95,76 @@ def fault_of(name: str, fleet: SimFleet) -> Callable[[], Awaitable[None]]:
             "freeze": freeze}[name]
 
 
+async def two_instances(name: str, fleet: SimFleet, args: argparse.Namespace
+                        ) -> tuple[Load, dict[str, Any]]:
+    """Two gateway processes; instance 0 stopped with the scenario's signal at
+    ``--fault-at`` and started again once it has ended."""
+    loop = asyncio.get_running_loop()
+    replicas = [r.address for r in fleet.runners if r.address]
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = (GatewayProcess(ENTRY, replicas, Path(tmp) / "store.db")
+                         for _ in range(2))
+        try:
+            await first.start()
+            await second.start()
+            load = Load()
+            driving = asyncio.create_task(drive([first.url, second.url], "sim", load,
+                                                clients=args.clients))
+            await asyncio.sleep(args.fault_at)
+            signalled = loop.time()
+            await first.stop(INSTANCE[name])
+            ended = loop.time()
+            await first.start()
+            await asyncio.sleep(max(0.0, args.duration - (loop.time() - signalled)
+                                    - args.fault_at))
+            load.stop.set()
+            await driving
+        finally:
+            await first.stop()
+            await second.stop()
+
+    def on_it(o: Outcome) -> bool:
+        return o.via == 0 and o.started < ended and o.started + o.latency > signalled
+
+    in_flight = [o for o in load.outcomes if on_it(o)]
+    return load, {
+        "in_flight": len(in_flight), "in_flight_failed": sum(1 for o in in_flight if o.error),
+        "others_failed": sum(1 for o in load.outcomes if o.error and not on_it(o)),
+        "away_s": ended - signalled}
+
+
+async def one_instance(name: str, fleet: SimFleet, args: argparse.Namespace
+                       ) -> tuple[Load, int, int, int]:
+    """The gateway in this process; the scenario's fault at ``--fault-at``. The load and
+    the gateway's counts of broken streams, resumptions and retries."""
+    async with gateway(model(), fleet) as (url, gw):
+        load = Load()
+        driving = asyncio.create_task(drive(url, "sim", load, clients=args.clients))
+        await asyncio.sleep(args.fault_at)
+        fault = asyncio.create_task(fault_of(name, fleet)())
+        await asyncio.sleep(args.duration - args.fault_at)
+        load.stop.set()
+        await driving
+        await fault
+        m = gw.metrics
+        broken = sum(m.upstream_errors.labels("sim", reason)._value.get()
+                     for reason in ("stream_broken", "idle_timeout"))
+        resumed = m.resumed.labels("sim")._value.get()
+        retries = m.retries.labels("sim")._value.get()
+    return load, int(broken), int(resumed), int(retries)
+
+
 async def scenario(name: str, args: argparse.Namespace) -> dict[str, object]:
     low = random.randrange(40000, 48000, 50)
     fleet = SimFleet("sim", SimSpec(), (low, low + 49))
+    extra: dict[str, Any] = {}
+    broken = resumed = retries = None
     try:
         await fleet.scale(3, drain=0)
-        async with gateway(model(), fleet) as (url, gw):
-            load = Load()
-            driving = asyncio.create_task(drive(url, "sim", load, clients=args.clients))
-            await asyncio.sleep(args.fault_at)
-            fault = asyncio.create_task(fault_of(name, fleet)())
-            await asyncio.sleep(args.duration - args.fault_at)
-            load.stop.set()
-            await driving
-            await fault
-            m = gw.metrics
-            broken = sum(m.upstream_errors.labels("sim", reason)._value.get()
-                         for reason in ("stream_broken", "idle_timeout"))
-            resumed = m.resumed.labels("sim")._value.get()
-            retries = m.retries.labels("sim")._value.get()
+        if name in INSTANCE:
+            load, extra = await two_instances(name, fleet, args)
+        else:
+            load, broken, resumed, retries = await one_instance(name, fleet, args)
     finally:
         await fleet.close()
     streams = [o.latency for o in load.outcomes if o.stream]
@@ -104,11 +176,11 @@ async def scenario(name: str, args: argparse.Namespace) -> dict[str, object]:
         "scenario": name, "requests": len(load.outcomes),
         "errors_stream": len(load.errors(stream=True)),
         "errors_json": len(load.errors(stream=False)),
-        "broken": int(broken), "resumed": int(resumed), "retries": int(retries),
+        "broken": broken, "resumed": resumed, "retries": retries,
         "stream_p50": pct(streams, 0.5), "stream_p95": pct(streams, 0.95),
         "stream_max": max(streams, default=float("nan")),
         "json_p50": pct(plain, 0.5), "json_p95": pct(plain, 0.95),
-        "json_max": max(plain, default=float("nan")),
+        "json_max": max(plain, default=float("nan")), **extra,
     }
 
 
@@ -134,9 +206,18 @@ async def main() -> None:
     print("|" + "---|" * len(head))
     for r in rows:
         print(f"| {r['scenario']} | {r['requests']} | {r['errors_stream']}/{r['errors_json']} "
-              f"| {r['broken']} | {r['resumed']} | {r['retries']} "
+              f"| {dash(r['broken'])} | {dash(r['resumed'])} | {dash(r['retries'])} "
               f"| {r['stream_p50']:.2f}/{r['stream_p95']:.2f}/{r['stream_max']:.2f} "
               f"| {r['json_p50']:.2f}/{r['json_p95']:.2f}/{r['json_max']:.2f} |")
+    for r in rows:
+        if "in_flight" in r:
+            print(f"{r['scenario']}: instance stopped for {r['away_s']:.2f} s; "
+                  f"{r['in_flight']} requests in flight on it, {r['in_flight_failed']} of "
+                  f"them failed; {r['others_failed']} other requests failed")
+
+
+def dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 if __name__ == "__main__":

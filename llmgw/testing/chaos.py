@@ -12,6 +12,11 @@ replicas to the gateway as a scheduler does. ``drive`` is the load: clients
 on loopback, half of them streaming long answers, each answer checked
 against the deterministic engine's text.
 
+``GatewayProcess`` runs a gateway as a process of its own in front of fixed
+replicas (``python -m llmgw.testing.chaos``), so that one of two instances
+can be stopped and started again under load; ``drive`` with several URLs
+spreads its clients over the instances as a load balancer would.
+
 ``tests/gateway/test_chaos.py`` runs short scenarios with it and
 ``bench/chaos.py`` the long ones with a table; both bounded in clients and
 time, traffic on loopback only.
@@ -19,11 +24,13 @@ time, traffic on loopback only.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -35,6 +42,7 @@ import msgspec
 import uvicorn
 
 from llmgw.catalog.build import Catalog, build_catalog
+from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway.app import Gateway
@@ -199,6 +207,101 @@ async def gateway(model: Model, fleet: SimFleet, **settings: object
             await store.close()
 
 
+class Fixed:
+    """A Routing over replicas that stay where they are (a gateway process's view of them)."""
+
+    def __init__(self, model: str, replicas: Sequence[str]) -> None:
+        self.model = model
+        self.replicas = list(replicas)
+
+    def endpoints(self, model: str) -> list[str]:
+        return list(self.replicas) if model == self.model else []
+
+    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
+        await asyncio.sleep(timeout)
+
+    async def set_demand(self, model: str, replicas: int) -> None:
+        return None
+
+    def status(self, model: str) -> ModelStatus:
+        n = len(self.endpoints(model))
+        return ModelStatus(desired=n, ready=n)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    """A gateway in a process of its own on a fixed loopback port, in front of fixed
+    replicas, with its store in a SQLite file that other instances share."""
+
+    def __init__(self, model: dict[str, object], replicas: Sequence[str], store: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._argv = [sys.executable, "-m", "llmgw.testing.chaos", "--port", str(self.port),
+                      "--store", str(store), "--model", json.dumps(model),
+                      *(f"--replica={r}" for r in replicas)]
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        """Start the process; return once it listens."""
+        proc = await asyncio.create_subprocess_exec(*self._argv, stdout=asyncio.subprocess.PIPE)
+        self._proc = proc
+        assert proc.stdout is not None
+        try:
+            async with asyncio.timeout(_START):
+                line = await proc.stdout.readline()
+        except TimeoutError:
+            line = b""
+        if line.decode().strip() != self.url:
+            await self.stop(signal.SIGKILL)
+            raise AssertionError(f"the gateway process did not listen on {self.url}")
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the process and wait for it to end (SIGTERM: uvicorn's graceful stop)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            async with asyncio.timeout(_START):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def _serve_process(args: argparse.Namespace) -> None:
+    model = convert(json.loads(args.model), Model)
+    store = SqliteStore(f"sqlite:///{args.store}")
+    await store.open()
+    gw = Gateway(ServerConfig(listen=f"127.0.0.1:{args.port}"), _Catalog([model]),
+                 Fixed(model.name, args.replica), store)
+    await gw.start()
+    server = uvicorn.Server(uvicorn.Config(gw, host="127.0.0.1", port=args.port,
+                                           lifespan="off", log_level="warning",
+                                           access_log=False))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            done, _ = await asyncio.wait([task], timeout=0.02)
+            if done:
+                task.result()
+                return
+        print(f"http://127.0.0.1:{args.port}", flush=True)
+        # SIGTERM ends serve() once the requests in flight are answered; a process
+        # its parent forgot ends by itself.
+        await asyncio.wait_for(task, 900)
+    finally:
+        await gw.close()
+        await store.close()
+
+
 @dataclass
 class Outcome:
     """One client request: what it was, how long it took, what went wrong."""
@@ -207,6 +310,7 @@ class Outcome:
     started: float
     latency: float
     error: str = ""          # empty: the exact answer, whole
+    via: int = 0             # the gateway instance that answered (an index into the URLs)
 
 
 @dataclass
@@ -254,28 +358,56 @@ async def _one(client: httpx.AsyncClient, model: str, stream: bool, tokens: int,
     return ""
 
 
-async def drive(url: str, model: str, load: Load, *, clients: int = 20,
+async def drive(url: str | Sequence[str], model: str, load: Load, *, clients: int = 20,
                 streaming: float = 0.5, stream_tokens: int = 300,
                 plain_tokens: int = 40) -> None:
     """``clients`` concurrent clients until ``load.stop``; a share ``streaming`` of them
-    stream long answers, the others ask for short JSON ones."""
+    stream long answers, the others ask for short JSON ones.
+
+    With several URLs (gateway instances) client ``i`` sends to instance ``i mod n``
+    and, as a load balancer does for a backend that is down, sends a request whose
+    connection was refused to the next instance instead."""
     loop = asyncio.get_running_loop()
+    urls = [url] if isinstance(url, str) else list(url)
     streamers = round(clients * streaming)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
-    async def client_loop(i: int, client: httpx.AsyncClient) -> None:
+    async def client_loop(i: int, pool: list[httpx.AsyncClient]) -> None:
         stream = i < streamers
         n = 0
         while not load.stop.is_set():
             n += 1
             started = loop.time()
-            try:
-                error = await _one(client, model, stream,
-                                   stream_tokens if stream else plain_tokens, i * 100000 + n)
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            load.outcomes.append(Outcome(stream, started, loop.time() - started, error))
+            via = i % len(pool)
+            for attempt in range(len(pool)):
+                via = (i + attempt) % len(pool)
+                try:
+                    error = await _one(pool[via], model, stream,
+                                       stream_tokens if stream else plain_tokens,
+                                       i * 100000 + n)
+                except httpx.ConnectError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    continue
+                except httpx.HTTPError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                break
+            load.outcomes.append(Outcome(stream, started, loop.time() - started, error, via))
 
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0),
-                                 limits=limits) as client:
-        await asyncio.gather(*(client_loop(i, client) for i in range(clients)))
+    async with contextlib.AsyncExitStack() as stack:
+        pool = [await stack.enter_async_context(httpx.AsyncClient(
+            base_url=u, timeout=httpx.Timeout(120.0), limits=limits)) for u in urls]
+        await asyncio.gather(*(client_loop(i, pool) for i in range(clients)))
+
+
+def main() -> None:
+    """``python -m llmgw.testing.chaos``: one gateway process (``GatewayProcess``)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--model", required=True, help="the model's catalog entry, as JSON")
+    parser.add_argument("--replica", action="append", default=[], help="a replica's base URL")
+    asyncio.run(_serve_process(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

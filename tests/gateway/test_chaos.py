@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.gateway.app import Gateway
-from llmgw.testing.chaos import Load, SimFleet, drive, gateway
+from llmgw.testing.chaos import GatewayProcess, Load, SimFleet, drive, gateway
 from llmgw.testing.simengine import SimSpec
 from tests.gateway.conftest import wait_for
 
@@ -26,10 +28,14 @@ SPEC = SimSpec(step_time=0.004, prefill_per_token=0.00001)
 CLIENTS = 6
 
 
+def sim_entry(**kw: object) -> dict[str, object]:
+    return {"name": "m", "source": "/models/x", "engine": "vllm",
+            "profiles": [{"name": "sim", "cpu_cores": 1, "memory": "1GiB"}],
+            "routing": {"policy": "least-outstanding"}, **kw}
+
+
 def sim_model(**kw: object) -> Model:
-    return convert({"name": "m", "source": "/models/x", "engine": "vllm",
-                    "profiles": [{"name": "sim", "cpu_cores": 1, "memory": "1GiB"}],
-                    "routing": {"policy": "least-outstanding"}, **kw}, Model)
+    return convert(sim_entry(**kw), Model)
 
 
 @pytest.fixture
@@ -131,3 +137,58 @@ async def test_a_rollout_replaces_every_replica_without_a_broken_stream(
     assert not old & {r.id for r in fleet.runners}
     assert len(fleet.runners) == 3
     assert resumed(gw) == 0
+
+
+async def restart_one_of_two(fleet: SimFleet, tmp_path: Path, sig: int
+                             ) -> tuple[Load, float, float]:
+    """Two gateway processes on one store before the fleet, clients spread over both;
+    instance 0 is stopped with ``sig`` under load and started again. The load, and
+    when the signal was sent and the process had ended (the load's clock)."""
+    replicas = [r.address for r in fleet.runners if r.address]
+    first, second = (GatewayProcess(sim_entry(), replicas, tmp_path / "store.db")
+                     for _ in range(2))
+    loop = asyncio.get_running_loop()
+    load = Load()
+    try:
+        await first.start()
+        await second.start()
+        driving = asyncio.create_task(drive([first.url, second.url], "m", load,
+                                            clients=CLIENTS, stream_tokens=150,
+                                            plain_tokens=20))
+        try:
+            await wait_for(lambda: len(load.outcomes) >= 2 * CLIENTS or driving.done(),
+                           timeout=120, what="load to be under way on both instances")
+            signalled = loop.time()
+            await first.stop(sig)
+            ended = loop.time()
+            await first.start()
+            await wait_for(lambda: driving.done() or any(
+                o.via == 0 and o.started > ended and not o.error for o in load.outcomes),
+                timeout=120, what="the restarted instance to answer again")
+        finally:
+            load.stop.set()
+            await driving
+    finally:
+        await first.stop()
+        await second.stop()
+    return load, signalled, ended
+
+
+async def test_restarting_one_gateway_of_two_costs_no_client_anything(
+        fleet: SimFleet, tmp_path: Path) -> None:
+    """SIGTERM to one of two gateways: it answers what it has in flight before it exits,
+    and while it is away the clients' connections are refused and go to the other."""
+    load, _, ended = await restart_one_of_two(fleet, tmp_path, signal.SIGTERM)
+    assert [o.error for o in load.outcomes if o.error] == []
+    assert any(o.via == 0 and o.started > ended for o in load.outcomes)
+
+
+async def test_a_gateway_crash_costs_only_the_requests_it_had_in_flight(
+        fleet: SimFleet, tmp_path: Path) -> None:
+    """SIGKILL to one of two gateways: the requests it was answering fail, no other."""
+    load, signalled, ended = await restart_one_of_two(fleet, tmp_path, signal.SIGKILL)
+    in_flight = [o for o in load.outcomes
+                 if o.via == 0 and o.started < ended and o.started + o.latency > signalled]
+    assert in_flight
+    assert [o for o in load.outcomes if o.error and o not in in_flight] == []
+    assert any(o.via == 0 and o.started > ended and not o.error for o in load.outcomes)
