@@ -343,6 +343,15 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,
                                      ReadOnly=src.fetch_url is not None)],
         KillTimeout=ns(30),
+        # A stopping task's own services are deregistered first, then Nomad waits the
+        # task's shutdown_delay before it signals the engine (client/allocrunner/
+        # taskrunner: service_hook.go PreKilling, then task_runner.go handleKill): the
+        # gateways stop sending it requests and those in flight have the model's drain
+        # timeout to finish. On the group it would not do: the group's delay runs first
+        # (group_service_hook.go preKillLocked), while this task-level service is still
+        # registered. kill_timeout stays the engine's exit grace: vLLM cancels its
+        # server on SIGTERM, so time after the signal serves no request.
+        ShutdownDelay=ns(max(_MIN_SHUTDOWN_DELAY, float(model.timeouts.drain))),
     )
 
 
@@ -482,12 +491,6 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                    MinHealthyTime=_MIN_HEALTHY, HealthyDeadline=healthy),
         RestartPolicy=_RESTART,
         ReschedulePolicy=_RESCHEDULE,
-        # A stopping allocation's service is deregistered first, then Nomad waits
-        # shutdown_delay before it signals the engine: the gateways stop sending it
-        # requests and those in flight have the model's drain timeout to finish.
-        # kill_timeout stays the engine's exit grace: vLLM cancels its server on
-        # SIGTERM, so time after the signal serves no request.
-        ShutdownDelay=ns(max(_MIN_SHUTDOWN_DELAY, float(model.timeouts.drain))),
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}
