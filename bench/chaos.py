@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/chaos.py [--duration 30] [--fault-at 10] [--clients 20]
                                      [--scenarios baseline,kill,rollout,scale,freeze,
-                                                  restart,crash]
+                                                  drain,restart,crash]
 
 Each scenario starts a fresh model of three replicas — simulated engines
 (``llmgw.testing.simengine``, default timing: about 65 tokens/s per stream)
@@ -20,6 +20,12 @@ JSON ones. Every answer is checked against the deterministic engine's text
   old one drains;
 * ``scale``: 3 → 1, the two leaving drained;
 * ``freeze``: SIGSTOP of one replica's engine for 10 s, then SIGCONT;
+* ``drain``: on Nomad instead — the real Nomad backend against the fake Nomad
+  (``llmgw.testing.chaos_nomad``), four CPU nodes, three allocations each a
+  simulated engine process, the model's ``timeouts.drain`` at 10 s (the engine
+  task's ``shutdown_delay``); the node of a replica serving a stream is
+  drained: its service is deregistered, its tasks killed 10 s later, and its
+  replacement placed on another node;
 * ``restart``: two gateway processes on one SQLite store in front of the
   three replicas (``llmgw.testing.chaos.GatewayProcess``), the clients spread
   over both and a refused connection sent to the other instance, as a load
@@ -53,9 +59,10 @@ from typing import Any
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.testing.chaos import GatewayProcess, Load, Outcome, SimFleet, drive, gateway
+from llmgw.testing.chaos_nomad import MIRROR, NomadChaos
 from llmgw.testing.simengine import SimSpec
 
-SCENARIOS = ("baseline", "kill", "rollout", "scale", "freeze", "restart", "crash")
+SCENARIOS = ("baseline", "kill", "rollout", "scale", "freeze", "drain", "restart", "crash")
 INSTANCE = {"restart": signal.SIGTERM, "crash": signal.SIGKILL}
 
 ENTRY: dict[str, object] = {
@@ -154,19 +161,54 @@ async def one_instance(name: str, fleet: SimFleet, args: argparse.Namespace
     return load, int(broken), int(resumed), int(retries)
 
 
+async def on_nomad(args: argparse.Namespace) -> tuple[Load, int, int, int, str]:
+    """The gateway before the Nomad backend and the fake Nomad; at ``--fault-at`` the node
+    of a replica serving a stream is drained."""
+    entry = {**ENTRY, "source": f"{MIRROR}/sim/q8_0/sim.gguf", "engine": "llama.cpp",
+             "profiles": [{"name": "cpu", "cpu_cores": 8, "memory": "4GiB"}],
+             "scaling": {"min": 3}, "timeouts": {"idle": "2s", "drain": "10s"}}
+    sim = convert(entry, Model)
+    chaos = NomadChaos(sim, SimSpec())
+    async with chaos.running(3) as backend, gateway(sim, backend) as (url, gw):
+        load = Load()
+        driving = asyncio.create_task(drive(url, "sim", load, clients=args.clients))
+        await asyncio.sleep(args.fault_at)
+        while not any(gw.balancer.answering(u) for u in backend.endpoints("sim")):
+            await asyncio.sleep(0.01)
+        victim = next(u for u in backend.endpoints("sim") if gw.balancer.answering(u))
+        node = chaos.node_of(victim)
+        chaos.nomad.set_node(node, drain=True)
+        await asyncio.sleep(args.duration - args.fault_at)
+        load.stop.set()
+        await driving
+        m = gw.metrics
+        broken = sum(m.upstream_errors.labels("sim", reason)._value.get()
+                     for reason in ("stream_broken", "idle_timeout"))
+        resumed = m.resumed.labels("sim")._value.get()
+        retries = m.retries.labels("sim")._value.get()
+        nodes = {n.id: n.name for n in chaos.nomad.nodes}
+        now_on = sorted(nodes[a.node_id] for a in chaos.nomad.allocations(chaos.job))
+        moved = (f"drained {node}: {len(chaos.workloads.stopped)} engine(s) stopped, "
+                 f"replicas now on {', '.join(now_on)}")
+    return load, int(broken), int(resumed), int(retries), moved
+
+
 async def scenario(name: str, args: argparse.Namespace) -> dict[str, object]:
-    low = random.randrange(40000, 48000, 50)
-    fleet = SimFleet("sim", SimSpec(), (low, low + 49))
     extra: dict[str, Any] = {}
     broken = resumed = retries = None
-    try:
-        await fleet.scale(3, drain=0)
-        if name in INSTANCE:
-            load, extra = await two_instances(name, fleet, args)
-        else:
-            load, broken, resumed, retries = await one_instance(name, fleet, args)
-    finally:
-        await fleet.close()
+    if name == "drain":
+        load, broken, resumed, retries, extra["moved"] = await on_nomad(args)
+    else:
+        low = random.randrange(40000, 48000, 50)
+        fleet = SimFleet("sim", SimSpec(), (low, low + 49))
+        try:
+            await fleet.scale(3, drain=0)
+            if name in INSTANCE:
+                load, extra = await two_instances(name, fleet, args)
+            else:
+                load, broken, resumed, retries = await one_instance(name, fleet, args)
+        finally:
+            await fleet.close()
     streams = [o.latency for o in load.outcomes if o.stream]
     plain = [o.latency for o in load.outcomes if not o.stream]
     for outcome in load.errors()[:3]:
@@ -210,6 +252,8 @@ async def main() -> None:
               f"| {r['stream_p50']:.2f}/{r['stream_p95']:.2f}/{r['stream_max']:.2f} "
               f"| {r['json_p50']:.2f}/{r['json_p95']:.2f}/{r['json_max']:.2f} |")
     for r in rows:
+        if "moved" in r:
+            print(f"{r['scenario']}: {r['moved']}")
         if "in_flight" in r:
             print(f"{r['scenario']}: instance stopped for {r['away_s']:.2f} s; "
                   f"{r['in_flight']} requests in flight on it, {r['in_flight_failed']} of "

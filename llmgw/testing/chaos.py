@@ -46,7 +46,7 @@ from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway.app import Gateway
-from llmgw.scheduler.base import ModelStatus
+from llmgw.scheduler.base import ModelStatus, Routing
 from llmgw.scheduler.local.engines import EngineLaunch
 from llmgw.scheduler.local.supervisor import InFlight, PortPool, ReplicaRunner, Timing
 from llmgw.store.sqlite import SqliteStore
@@ -178,16 +178,18 @@ class _Catalog:
 
 
 @contextlib.asynccontextmanager
-async def gateway(model: Model, fleet: SimFleet, **settings: object
+async def gateway(model: Model, fleet: SimFleet | Routing, **settings: object
                   ) -> AsyncIterator[tuple[str, Gateway]]:
-    """The gateway for ``model`` on the fleet, served on a free loopback port."""
+    """The gateway for ``model`` on the fleet (or any scheduler's routing), served on a
+    free loopback port."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(f"sqlite:///{Path(tmp) / 'store.db'}")
         await store.open()
         config = ServerConfig(listen="127.0.0.1:8080",
                               gateway=msgspec.convert(settings, GatewayConfig))
         gw = Gateway(config, _Catalog([model]), fleet, store)
-        fleet.in_flight = gw.balancer.outstanding
+        if isinstance(fleet, SimFleet):
+            fleet.in_flight = gw.balancer.outstanding
         await gw.start()
         server = uvicorn.Server(uvicorn.Config(gw, host="127.0.0.1", port=0, lifespan="off",
                                                log_level="warning", access_log=False))

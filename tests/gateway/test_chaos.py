@@ -19,6 +19,7 @@ from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.gateway.app import Gateway
 from llmgw.testing.chaos import GatewayProcess, Load, SimFleet, drive, gateway
+from llmgw.testing.chaos_nomad import MIRROR, NomadChaos
 from llmgw.testing.simengine import SimSpec
 from tests.gateway.conftest import wait_for
 
@@ -49,7 +50,7 @@ async def fleet() -> AsyncIterator[SimFleet]:
         await fleet.close()
 
 
-async def run(fleet: SimFleet, gw_url: str, fault: object) -> Load:
+async def run(fleet: SimFleet | NomadChaos, gw_url: str, fault: object) -> Load:
     """Load until ``fault`` has run and as many requests again have finished after it."""
     load = Load()
     driving = asyncio.create_task(drive(gw_url, "m", load, clients=CLIENTS,
@@ -119,6 +120,41 @@ async def test_scaling_3_to_1_drains_without_a_broken_stream(fleet: SimFleet) ->
     assert len(fleet.runners) == 1
     assert resumed(gw) == 0
     assert gw.metrics.upstream_errors.labels("m", "stream_broken")._value.get() == 0
+
+
+async def test_draining_a_nomad_node_costs_no_client_anything() -> None:
+    """A node drained in (the fake) Nomad under load: its allocation's service goes first,
+    so the gateway sends it nothing new, its streams finish during shutdown_delay, then
+    it is killed; the replacement runs on another node. No error, nothing to resume."""
+    model = sim_model(source=f"{MIRROR}/m/q8_0/m.gguf", engine="llama.cpp",
+                      profiles=[{"name": "cpu", "cpu_cores": 8, "memory": "4GiB"}],
+                      scaling={"min": 3}, timeouts={"drain": "10s"})
+    chaos = NomadChaos(model, SPEC)
+    async with chaos.running(3) as backend, gateway(model, backend) as (url, gw):
+        drained: dict[str, str] = {}
+
+        async def drain() -> None:
+            await wait_for(lambda: any(gw.balancer.answering(u) >= 1
+                                       for u in backend.endpoints("m")),
+                           timeout=60, what="a stream under way")
+            victim = next(u for u in backend.endpoints("m") if gw.balancer.answering(u))
+            [alloc] = [a for a, u in chaos.workloads.urls().items() if u == victim]
+            drained.update(node=chaos.node_of(victim), alloc=alloc)
+            chaos.nomad.set_node(drained["node"], drain=True)
+            await wait_for(lambda: alloc in chaos.workloads.stopped, timeout=120,
+                           what="the drained allocation to be killed after its delay")
+            await wait_for(lambda: len(backend.endpoints("m")) == 3, timeout=120,
+                           what="three replicas again")
+
+        load = await run(chaos, url, drain)
+        live = chaos.nomad.allocations(chaos.job)
+        nodes = {n.id: n.name for n in chaos.nomad.nodes}
+    assert [o.error for o in load.outcomes if o.error] == []
+    assert resumed(gw) == 0
+    assert gw.metrics.upstream_errors.labels("m", "stream_broken")._value.get() == 0
+    assert len(live) == 3
+    assert drained["alloc"] not in {a.id for a in live}
+    assert drained["node"] not in {nodes[a.node_id] for a in live}
 
 
 async def test_a_rollout_replaces_every_replica_without_a_broken_stream(
