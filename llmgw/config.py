@@ -145,6 +145,9 @@ class GatewayConfig(_Conf, frozen=True):
     signal_timeout: Duration = Duration(0.5, "500ms")
     # How often the scaler publishes this gateway's load and (holding its lease) decides.
     scale_interval: Duration = Duration(2, "2s")
+    # A streaming request held for a replica (admission queue, on-demand start) gets an
+    # SSE comment this often, so proxies and clients do not time it out; 0: never.
+    keepalive_interval: Duration = Duration(5, "5s")
     # The usage ledger: one record per request, written to the store in batches.
     ledger: bool = True
     # How often the ledger's buffer is written (also the lag of token budgets).

@@ -126,6 +126,12 @@ class Server:
         if control_only:
             self.relay = RoutingRelay(self.backend, lambda: [
                 m.name for m in self.models.catalog if not m.external])
+        else:
+            from llmgw.scheduler.local.backend import LocalBackend
+
+            if isinstance(self.backend, LocalBackend):
+                # A replica leaving drains until this gateway has nothing on it.
+                self.backend.in_flight = self.gateway.balancer.outstanding
         self._watch_interval = watch_interval
         self.cost_meter = CostMeter(
             self.store, self.backend.replicas, lambda: self.models.catalog,

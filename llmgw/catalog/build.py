@@ -330,6 +330,10 @@ def _check_routing(m: Model) -> None:
     if r.queue_wait <= 0:
         raise DefinitionError("routing.queue_wait: must be more than 0",
                               field="routing.queue_wait")
+    if r.resume_streams < 0:
+        raise DefinitionError(
+            "routing.resume_streams: must not be negative (0: never resume a broken stream)",
+            field="routing.resume_streams")
 
 
 def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],

@@ -113,6 +113,10 @@ class RoutingSpec(_Spec, frozen=True):
     ``engine_metrics``: scrape each replica's ``/metrics`` (queue and cache
     state); on by default for scheduled models, off for external ones (set it
     for an external vLLM).
+
+    ``resume_streams``: how many times one streaming request that breaks
+    after it started is continued on another replica (``llmgw.gateway.resume``
+    says which requests can be); 0 turns resumption off for the model.
     """
 
     policy: RoutingPolicy = "prefix-affinity"
@@ -123,6 +127,7 @@ class RoutingSpec(_Spec, frozen=True):
     queue_size: int = 100
     queue_wait: Duration = Duration(60, "1m")
     engine_metrics: bool | None = None
+    resume_streams: int = 2
 
 
 class Timeouts(_Spec, frozen=True):
@@ -132,11 +137,17 @@ class Timeouts(_Spec, frozen=True):
     token: a long prompt on a busy engine can take minutes to produce one.
     ``first_byte`` bounds that wait and is generous by default; ``idle``
     bounds the gap between two chunks once streaming has begun.
+
+    ``drain``: how long a replica leaving on purpose (scale-down, rollout,
+    idle scale-to-zero, removal, a Nomad node drain) keeps serving the
+    requests it has after it stops receiving new ones, before its engine is
+    stopped.
     """
 
     connect: Duration = Duration(10, "10s")
     first_byte: Duration = Duration(600, "10m")
     idle: Duration = Duration(300, "5m")
+    drain: Duration = Duration(30, "30s")
 
 
 class HealthCheck(_Spec, frozen=True):

@@ -85,6 +85,7 @@ from llmgw.gateway.errors import (
 )
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
+from llmgw.gateway.keepalive import HeldStream
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.ledger import Ledger
 from llmgw.gateway.metrics import CONTENT_TYPE, UNKNOWN_MODEL, GatewayMetrics, ModelMetrics
@@ -152,6 +153,7 @@ class Gateway:
         self.backend = backend
         self.store = store
         self.max_body = int(gw.max_body_size)
+        self.keepalive = float(gw.keepalive_interval)
         self._loop_time = _clock
         # A scrape stays good for three intervals: one missed scrape is noise.
         self.balancer = Balancer(gw.eject_for, gw.eject_max,
@@ -697,26 +699,37 @@ class Gateway:
         state = _Watch()
         watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
         mm.in_flight.inc()
+        # Chat and completion streams only: a Responses stream is shaped by its
+        # exchange from the replica's head, which a held stream no longer passes on.
+        held = HeldStream(send, model.name, self.keepalive) \
+            if req.stream and req.variant is None and self.keepalive > 0 else None
         try:
             if is_on_demand(model) and not self.backend.endpoints(model.name):
                 # Held for a cold start: in flight for the model asked for. Once
                 # forwarding, the forwarder marks each model it tries.
                 self.ondemand.begin(model)
                 try:
-                    up = await self.ondemand.wait_for_replica(model)
+                    async with _holding(held):
+                        up = await self.ondemand.wait_for_replica(model)
                 finally:
                     self.ondemand.end(model)
                 if not up:
-                    return await self._forward_after_cold_wait(req, chain, send)
+                    return await self._forward_after_cold_wait(req, chain, _to(send, held))
             ticket = self._enter(model, req)
             if ticket is not None:
                 try:
-                    await self._wait_in_queue(ticket, model, mm)
+                    async with _holding(held):
+                        await self._wait_in_queue(ticket, model, mm)
                 finally:
                     # Admitted: the forwarder takes its replica with no await
                     # in between, so the transit ends here.
                     ticket.close()
-            return await self.forwarder.forward(req, chain, send)
+            return await self.forwarder.forward(req, chain, _to(send, held))
+        except LlmgwError as err:
+            if held is None or not held.started:
+                raise
+            await held.fail(err)
+            return err.status
         except asyncio.CancelledError:
             if not state.gone:
                 raise
@@ -757,6 +770,15 @@ class _LogEntry(msgspec.Struct):
 _encode_log = msgspec.json.Encoder().encode
 # Streams that report usage only when asked (stream_options.include_usage).
 _USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _holding(held: HeldStream | None) -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext() if held is None else held.waiting()
+
+
+def _to(send: Send, held: HeldStream | None) -> Send:
+    """Where the answer goes: through the held stream once its head went out."""
+    return held.send if held is not None and held.started else send
 _INTERNAL_HEADERS = [(b"content-type", b"application/json")]
 
 

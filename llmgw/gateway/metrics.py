@@ -174,7 +174,16 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             "llmgw_gateway_upstream_errors", "Failed attempts at a replica, by the model "
             "tried and the reason (connect, timeout, status_5xx, broken, stream_broken, "
-            "idle_timeout).", ["model", "reason"], registry=r)
+            "idle_timeout, resume_refused).", ["model", "reason"], registry=r)
+        self.resumed = Counter(
+            "llmgw_gateway_streams_resumed", "Broken streams continued by another replica of "
+            "the same model (or ended cleanly when only their end was lost), by model.",
+            ["model"], registry=r)
+        self.unrecoverable = Counter(
+            "llmgw_gateway_streams_unrecoverable", "Broken streams ended with an error event, "
+            "by model and why they were not resumed (not_resumable: the request, engine or "
+            "model does not allow it; limit: routing.resume_streams reached; no_replica: no "
+            "other replica could continue).", ["model", "reason"], registry=r)
         self.tokens = Counter(
             "llmgw_gateway_tokens", "Tokens reported in the engines' usage fields (also in "
             "streams when the engine sends usage), by answering model and kind (prompt, "

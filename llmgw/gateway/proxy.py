@@ -74,6 +74,7 @@ from llmgw.gateway.errors import (
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
+from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
 from llmgw.tenancy import Priority
 
@@ -138,7 +139,13 @@ def _found(found: _WithUsage) -> _Usage | None:
     return found.response.usage if found.response is not None else None
 
 
+class _TokenCount(msgspec.Struct):
+    count: int
+
+
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
+_count_decoder = msgspec.json.Decoder(_TokenCount)
+_TOKENIZE_WAIT = 5.0
 
 
 class Usage(NamedTuple):
@@ -147,6 +154,8 @@ class Usage(NamedTuple):
     prompt: int
     cached: int
     completion: int
+
+
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
 
@@ -311,6 +320,7 @@ class ForwardRequest:
     strip_usage: bool = False
     # The answer as sent to the client, for a team that logs bodies (None: not kept).
     capture: list[bytes] | None = None
+    splice: Splice | None = None    # a resumable stream under way (``llmgw.gateway.resume``)
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
@@ -325,6 +335,14 @@ class ForwardRequest:
 class _Failure:
     reason: str          # metric label: connect, timeout, status_5xx, broken
     detail: str
+
+
+@dataclass(slots=True)
+class _Broken:
+    """A resumable stream broke after it started: the caller asks another replica to continue."""
+
+    reason: str          # metric label: stream_broken, idle_timeout
+    message: str
 
 
 def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -486,20 +504,116 @@ class Forwarder:
                 activity.end(model)
         if isinstance(outcome, int):
             return outcome
+        if isinstance(outcome, _Broken):
+            return await self._resume(url, model, req, send, outcome)
         self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
         failures.append(f"{model.name} at {url}: {outcome.detail}")
         reasons.append(outcome.reason)
         return None
 
+    async def _resume(self, broken_url: str, model: Model, req: ForwardRequest, send: Send,
+                      broken: _Broken) -> int:
+        """Continue a broken stream on other replicas of ``model``, never another model.
+
+        Each break is resumed up to the model's ``routing.resume_streams``
+        times; each resumption tries up to ``max_attempts`` replicas, not
+        the one that broke. What cannot be continued ends with the error
+        event a broken stream always ended with.
+        """
+        splice = req.splice
+        assert splice is not None
+        tried = {broken_url}
+        routing = model.routing
+        counted = 0      # pieces of text whose tokens the engine counted
+        while True:
+            self.metrics.upstream_errors.labels(model.name, broken.reason).inc()
+            log.info("stream of a request for %r broke (%s); resuming it", req.model,
+                     broken.message)
+            if splice.done or splice.finish is not None or \
+                    splice.budget_spent(self.body_for(req, model)):
+                # Nothing was left to generate: only the stream's end was lost.
+                await self._sender(send)({"type": "http.response.body",
+                                          "body": splice.ending(), "more_body": True})
+                await self._sender(send)({"type": "http.response.body", "body": b""})
+                self.metrics.resumed.labels(model.name).inc()
+                return 200
+            splice.begin_continuation()
+            outcome: int | _Failure | _Broken | None = None
+            attempts = 0
+            while attempts < self.max_attempts:
+                urls = self.replicas(model)
+                key = (req.prefix_key(routing.prefix_bytes)
+                       if routing.policy == "prefix-affinity" and len(urls) > 1 else None)
+                url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
+                                         key=key, load_factor=routing.load_factor)
+                if url is None:
+                    break
+                tried.add(url)
+                attempts += 1
+                if model.engine == "vllm" and splice.text and counted != len(splice.text):
+                    counted = len(splice.text)
+                    tokens = await self._token_count(url, model, "".join(splice.text))
+                    if tokens is not None:
+                        splice.counted(tokens)
+                activity = self.activity
+                if activity is not None:
+                    activity.begin(model)
+                try:
+                    outcome = await self._attempt(url, model, req, send)
+                finally:
+                    if activity is not None:
+                        activity.end(model)
+                if isinstance(outcome, _Failure):
+                    self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
+                    broken = _Broken(broken.reason, f"{broken.message}; resuming on {url} "
+                                     f"failed: {outcome.detail}")
+                    continue
+                self.metrics.resumed.labels(model.name).inc()
+                break
+            if isinstance(outcome, int):
+                return outcome
+            if isinstance(outcome, _Broken):
+                broken = outcome
+                continue
+            await self._broken(send, model, req, broken.message, None, why="no_replica")
+            return 200
+
+    async def _token_count(self, url: str, model: Model, text: str) -> int | None:
+        """The tokens of ``text`` by vLLM's ``/tokenize`` on ``url``; None if it cannot say.
+
+        Bounded by the model's connect timeout plus a few seconds: tokenizing
+        is quick, and without the count the resumption still goes on.
+        """
+        body = _encode({"model": model.engine_model_name, "prompt": text,
+                        "add_special_tokens": False})
+        try:
+            async with asyncio.timeout(float(model.timeouts.connect) + _TOKENIZE_WAIT):
+                resp = await self._client().post(
+                    target_url(url, "/tokenize"), data=body,
+                    headers={"content-type": "application/json"})
+                async with resp:
+                    if resp.status != 200:
+                        return None
+                    data = await resp.read()
+            return _count_decoder.decode(data).count
+        except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError,
+                msgspec.ValidationError):
+            return None
+
     async def _attempt(self, url: str, model: Model, req: ForwardRequest,
-                       send: Send) -> int | _Failure:
+                       send: Send) -> int | _Failure | _Broken:
         t = model.timeouts
         connect, first_byte, idle = t.connect, t.first_byte, t.idle
         loop = asyncio.get_running_loop()
         session = self._client()
         body: Body
+        splice = req.splice
+        continuing = splice is not None and splice.continuing
         if req.variant is None:
             path, body = req.path, self.body_for(req, model)
+            if continuing:
+                assert splice is not None
+                body = splice.continuation(body)
         else:
             path, body = req.variant(model)
         sent = False
@@ -526,16 +640,26 @@ class Forwarder:
                     req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
                     to_client = self._sender(send)
+                    events = ctype.startswith("text/event-stream")
+                    if continuing and (status != 200 or not events):
+                        # The client has its answer's start: only a stream can follow it.
+                        snippet = await resp.content.read(_ERROR_SNIPPET)
+                        text = snippet.decode("utf-8", "replace").strip()
+                        return _Failure("resume_refused",
+                                        f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
                     if ctype.startswith(_STREAMED):
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
                         deadline.reschedule(None)   # the client's pace is not the replica's
-                        await to_client({"type": "http.response.start", "status": status,
-                                         "headers": headers})
+                        if not continuing:
+                            await to_client({"type": "http.response.start", "status": status,
+                                             "headers": headers})
+                            if status == 200 and events:
+                                splice = req.splice = self._splice_for(req, model)
                         sent = req.responded = True
                         await self._stream(req, model, resp, chunk, to_client, deadline, idle,
-                                           loop, ctype.startswith("text/event-stream"))
+                                           loop, events, splice)
                     else:
                         deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
@@ -556,8 +680,10 @@ class Forwarder:
                     self.balancer.failed(url, self.clock())
                     if sent:
                         deadline.reschedule(None)   # telling the client is not the replica's wait
-                        await self._broken(send, model, req, f"the replica's stream broke: "
-                                           f"{_describe(exc)}", "stream_broken")
+                        message = f"the replica's stream broke: {_describe(exc)}"
+                        if splice is not None and splice.resumable:
+                            return _Broken("stream_broken", message)
+                        await self._broken(send, model, req, message, "stream_broken")
                         return status
                     reason = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else \
                         "broken"
@@ -567,8 +693,11 @@ class Forwarder:
         except TimeoutError:
             self.balancer.failed(url, self.clock())
             if sent:
-                await self._broken(send, model, req, f"the replica sent nothing for {idle:g} s "
-                                   f"(timeouts.idle of model {model.name!r})", "idle_timeout")
+                message = (f"the replica sent nothing for {idle:g} s "
+                           f"(timeouts.idle of model {model.name!r})")
+                if splice is not None and splice.resumable:
+                    return _Broken("idle_timeout", message)
+                await self._broken(send, model, req, message, "idle_timeout")
                 return status
             return _Failure("timeout", f"no response within {first_byte:g} s "
                             f"(timeouts.first_byte of model {model.name!r})")
@@ -577,17 +706,32 @@ class Forwarder:
             if resp is not None:
                 resp.close()
 
+    def _splice_for(self, req: ForwardRequest, model: Model) -> Splice | None:
+        """A splice for a stream that could be resumed if it broke, else None."""
+        limit = model.routing.resume_streams
+        if not req.stream or limit <= 0 or req.variant is not None:
+            return None
+        kind = resume_kind(req.path, req.body, model.engine)
+        return None if kind is None else Splice(kind, limit)
+
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
                       chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
-                      loop: asyncio.AbstractEventLoop, events: bool) -> None:
-        """Pass the stream on; ``deadline`` is armed only while reading from the replica."""
+                      loop: asyncio.AbstractEventLoop, events: bool,
+                      splice: Splice | None = None) -> None:
+        """Pass the stream on; ``deadline`` is armed only while reading from the replica.
+
+        A resumable stream (``splice``) is passed on whole events at a time,
+        and one that ends before its last event counts as broken.
+        """
         usage = StreamUsage() if events else None
         strip = UsageChunkFilter() if events and req.strip_usage else None
         content = resp.content
-        if chunk:
+        if chunk and (splice is None or not splice.continuing):
             req.ttft = loop.time() - req.started
             req.metrics.ttft.observe(req.ttft)
         while chunk:
+            if splice is not None:
+                chunk = splice.feed(chunk)
             if usage is not None:
                 usage.feed(chunk)
             if strip is not None:
@@ -600,15 +744,26 @@ class Forwarder:
             deadline.reschedule(loop.time() + idle)
             chunk = await content.readany()
             deadline.reschedule(None)
+        if splice is not None and not splice.done:
+            raise aiohttp.ClientPayloadError("the stream ended before its last event")
         await to_client({"type": "http.response.body",
                          "body": strip.tail if strip is not None else b""})
         if usage is not None and usage.usage is not None:
             self._add_tokens(model, usage.usage, req)
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
-                      reason: str) -> None:
-        """End a stream that broke after it started: an error event, then the end."""
-        self.metrics.upstream_errors.labels(model.name, reason).inc()
+                      reason: str | None, why: str | None = None) -> None:
+        """End a stream that broke after it started: an error event, then the end.
+
+        ``reason``: the upstream error to count (None: counted already);
+        ``why``: why it was not resumed, if the stream was resumable at all.
+        """
+        if reason is not None:
+            self.metrics.upstream_errors.labels(model.name, reason).inc()
+        splice = req.splice
+        if why is None:
+            why = "not_resumable" if splice is None else splice.why_not
+        self.metrics.unrecoverable.labels(model.name, why).inc()
         log.warning("stream of a request for %r broke: %s", req.model, message)
         event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
         to_client = self._sender(send)

@@ -288,6 +288,11 @@ class Balancer:
         state.ejected_until = max(state.ejected_until, now + period)
         return state.ejected_until
 
+    def answering(self, url: str) -> int:
+        """Requests on the replica whose answer has begun to arrive (streams under way)."""
+        state = self._state.get(url)
+        return state.outstanding - state.awaiting if state is not None else 0
+
     def succeeded(self, url: str) -> None:
         """The first byte of a request's answer arrived from ``url``: healthy, and past its
         prefill."""

@@ -21,12 +21,26 @@ trace (``bench/routing_replay.py``) and tested for behaviour (``tests/``):
   template renders it: deterministic and cheap, and close enough in count
   to a real tokenizer for the times to mean something.
 
+* **Text** is a function of the context: token ``i`` of an answer is
+  ``t{i % 97} ``, and a prompt that already ends with the first ``k`` tokens
+  of that sequence (a chat whose final assistant message holds them, sent
+  with vLLM's ``continue_final_message: true``, or a completion prompt with
+  them appended) is answered from token ``k`` on. So a continuation of a
+  broken stream produces exactly the rest of the uninterrupted answer, and
+  one token goes in each streamed event, as vLLM sends one per decoding
+  step.
+
+It can be made to fail the way replicas do: ``break_streams`` cuts the
+connection of the next streams after some events, ``freeze`` stops every
+sequence where it is (an engine under SIGSTOP) until ``thaw``, and ``stop``
+ends it with its streams open (a killed process).
+
 It answers like vLLM: ``/v1/chat/completions`` and ``/v1/completions``
 (JSON, or SSE with a final usage chunk when ``stream_options.include_usage``
 is set), usage with ``prompt_tokens_details.cached_tokens``; ``/metrics``
 under vLLM's metric names; ``/v1/chat/completions/render`` and
 ``/v1/completions/render`` (a prompt's token ids, what a cache-aware router
-asks a worker for); ``/health`` and ``/v1/models``.
+asks a worker for); ``/tokenize`` (a text's token count); ``/health`` and ``/v1/models``.
 
 This lives in ``llmgw.testing`` beside the fake Nomad, not in ``bench/``:
 the tests and the benchmarks drive the same engine (a benchmark on one model
@@ -46,6 +60,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +90,7 @@ class _Seq:
     prompt_tokens: int
     blocks: list[int]
     max_tokens: int
+    offset: int = 0                # tokens of the answer already in the prompt
     cached: int = 0
     left: int = 0                  # prompt tokens still to prefill
     generated: int = 0
@@ -83,10 +99,16 @@ class _Seq:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def render_chat(messages: Any) -> bytes:
-    """The prompt a chat template makes of ``messages`` (any JSON; odd shapes render as text)."""
+def render_chat(messages: Any, *, continue_final: bool = False) -> bytes:
+    """The prompt a chat template makes of ``messages`` (any JSON; odd shapes render as text).
+
+    ``continue_final``: the last message is an assistant turn left open, as
+    vLLM's ``continue_final_message`` renders it (no end of turn, no new
+    generation prompt).
+    """
     parts: list[str] = []
-    for m in messages if isinstance(messages, list) else [messages]:
+    items = messages if isinstance(messages, list) else [messages]
+    for index, m in enumerate(items):
         if isinstance(m, dict):
             role, content = m.get("role", ""), m.get("content")
         else:
@@ -98,9 +120,42 @@ def render_chat(messages: Any) -> bytes:
             content = ""
         elif not isinstance(content, str):
             content = json.dumps(content)
+        if continue_final and index == len(items) - 1 and role == "assistant":
+            parts.append(f"<|{role}|>\n{content}")
+            return "".join(parts).encode()
         parts.append(f"<|{role}|>\n{content}\n")
     parts.append("<|assistant|>\n")
     return "".join(parts).encode()
+
+
+_TOKEN = re.compile(rb"t(\d+) $")
+_PIECE = re.compile(rb"t\d+ ")
+
+
+def answered_in(prompt: bytes) -> int:
+    """How many tokens of the answer ``prompt`` already ends with (0: a fresh answer).
+
+    The answer is ``t0 t1 … t96 t0 …``: the longest run of consecutive
+    tokens at the prompt's end that starts at ``t0`` is the part given.
+    """
+    values: list[int] = []
+    end = len(prompt)
+    while True:
+        found = _TOKEN.search(prompt, max(0, end - 8), end)
+        if found is None or found.end() != end:
+            break
+        value = int(found.group(1))
+        if value >= 97 or (values and (value + 1) % 97 != values[-1]):
+            break
+        values.append(value)
+        end = found.start()
+    if not values:
+        return 0
+    # values runs backwards from the last token; the answer's token k-1 is values[0].
+    k = values[0] + 1
+    while k + 97 <= len(values):
+        k += 97
+    return k if k <= len(values) else 0
 
 
 def render_prompt(prompt: Any) -> bytes:
@@ -131,6 +186,11 @@ class SimEngine:
         self.prompt_total = 0
         self.generated_total = 0
         self.finished = 0
+        self._breaks = 0                 # streams still to cut
+        self._break_after = 0            # ... after this many events
+        self._stall = False              # ... by going silent rather than cutting
+        self._thawed = asyncio.Event()
+        self._thawed.set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -140,6 +200,7 @@ class SimEngine:
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_post("/v1/completions/render", self._render_completion)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -162,6 +223,21 @@ class SimEngine:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    # ------------------------------------------------------------ failures on cue
+
+    def break_streams(self, after_events: int, streams: int = 1, *, stall: bool = False
+                      ) -> None:
+        """Cut the connection of the next ``streams`` streams after ``after_events`` events,
+        or with ``stall``, send nothing more on them (a hung engine) until they are closed."""
+        self._break_after, self._breaks, self._stall = after_events, streams, stall
+
+    def freeze(self) -> None:
+        """Stop generating (every sequence stays where it is), as SIGSTOP would."""
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
 
     # ------------------------------------------------------------ the model
 
@@ -193,7 +269,8 @@ class SimEngine:
 
     def _submit(self, prompt: bytes, max_tokens: int) -> _Seq:
         seq = _Seq(prompt=prompt, prompt_tokens=self.tokens_of(prompt),
-                   blocks=self.block_hashes(prompt), max_tokens=max(1, max_tokens))
+                   blocks=self.block_hashes(prompt), max_tokens=max(1, max_tokens),
+                   offset=answered_in(prompt))
         self._waiting.append(seq)
         self._wake.set()
         return seq
@@ -226,6 +303,8 @@ class SimEngine:
     async def _schedule(self) -> None:
         spec = self.spec
         while True:
+            if not self._thawed.is_set():
+                await self._thawed.wait()
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
@@ -275,7 +354,10 @@ class SimEngine:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.paths.append(request.path)
         body = await self._json(request)
-        return await self._generate(request, body, render_chat(body.get("messages")), chat=True)
+        continued = bool(body.get("continue_final_message")) and \
+            body.get("add_generation_prompt") is False
+        prompt = render_chat(body.get("messages"), continue_final=continued)
+        return await self._generate(request, body, prompt, chat=True)
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         self.paths.append(request.path)
@@ -300,7 +382,7 @@ class SimEngine:
             while not seq.done:
                 seq.wake.clear()
                 await seq.wake.wait()
-            text = _text(0, seq.generated)
+            text = _text(seq.offset, seq.offset + seq.generated)
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": text},
                  "finish_reason": "length"} if chat else
@@ -322,19 +404,29 @@ class SimEngine:
                                            "cache-control": "no-cache"})
         await resp.prepare(request)
         sent = 0
+        events = 0
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
+        cut = self._breaks > 0
+        if cut:
+            self._breaks -= 1
         while True:
             if seq.generated == sent and not seq.done:
                 seq.wake.clear()
                 await seq.wake.wait()
                 continue
-            have = seq.generated
+            have = min(seq.generated, sent + self.spec.chunk_tokens)
             if sent > 0 and not seq.done and have - sent < self.spec.chunk_tokens:
                 seq.wake.clear()
                 await seq.wake.wait()
                 continue
-            text = _text(sent, have)
+            if cut and events >= self._break_after:
+                if self._stall:
+                    await asyncio.Event().wait()      # until the client goes away
+                assert request.transport is not None
+                request.transport.abort()     # as a killed engine's socket: no end of stream
+                return resp
+            text = _text(seq.offset + sent, seq.offset + have)
             delta: dict[str, Any] = {"content": text}
             if chat and sent == 0:
                 delta["role"] = "assistant"
@@ -344,6 +436,7 @@ class SimEngine:
             chunk = {"id": rid, "object": kind, "created": created, "model": model,
                      "choices": [choice]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            events += 1
             sent = have
             if seq.done and sent >= seq.generated:
                 break
@@ -365,6 +458,17 @@ class SimEngine:
         return web.json_response({"request_id": f"chatcmpl-{next(self._ids)}",
                                   "model": body.get("model", self.name),
                                   "token_ids": self._token_ids(render_chat(body.get("messages")))})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize`` (``count`` and ``tokens``): text of the answer counts one
+        token per ``tK `` piece, as the engine generated it; other text by its bytes."""
+        self.paths.append(request.path)
+        body = await self._json(request)
+        text = str(body.get("prompt", "")).encode()
+        pieces = _PIECE.findall(text)
+        count = len(pieces) if b"".join(pieces) == text else self.tokens_of(text)
+        return web.json_response({"count": count, "tokens": list(range(count)),
+                                  "max_model_len": 1 << 20})
 
     async def _render_completion(self, request: web.Request) -> web.Response:
         self.paths.append(request.path)
@@ -408,6 +512,11 @@ class SimEngine:
 
 def _text(start: int, end: int) -> str:
     return "".join(f"t{i % 97} " for i in range(start, end))
+
+
+def answer_text(tokens: int) -> str:
+    """The whole answer of ``tokens`` tokens to any fresh prompt."""
+    return _text(0, tokens)
 
 
 def _usage(seq: _Seq) -> dict[str, Any]:

@@ -115,3 +115,20 @@ async def test_what_the_embedded_engine_cannot_do_is_refused_before_it(
     with pytest.raises(openai.BadRequestError, match="does not serve /v1/rerank"):
         await client.post("/rerank", cast_to=dict[str, Any],  # type: ignore[arg-type]
                           body={"model": "gemma", "query": "q", "documents": ["d"]})
+
+
+async def test_a_completion_stream_of_the_real_engine_is_passed_on_whole(
+        client: openai.AsyncOpenAI) -> None:
+    """A streamed completion of the real engine, resumable and so passed on event by event,
+    arrives whole: its text, one finish_reason, no error event."""
+    stream = await client.completions.create(model="gemma", prompt="Once upon a time",
+                                             max_tokens=12, temperature=0, stream=True)
+    texts: list[str] = []
+    finishes: list[str] = []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts.append(choice.text)
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert "".join(texts).strip()
+    assert len(finishes) == 1

@@ -379,3 +379,68 @@ async def test_stop_passes_on_a_cancellation_of_its_caller(tmp_path: Path) -> No
     finally:
         await r.stop()
     assert not alive(pid)
+
+
+def drained_runner(tmp_path: Path, counts: dict[str, int],
+                   asked: list[str]) -> ReplicaRunner:
+    """A runner whose requests in flight are ``counts[address]`` (1 until told otherwise)."""
+    def in_flight(address: str) -> int:
+        asked.append(address)
+        return counts.get(address, 1)
+
+    low, high = port_range()
+    return ReplicaRunner(
+        id="m-1", model="m", profile="cpu", fingerprint="sha256:0", seq=1, node="box",
+        cpus=(), reserved_memory=None, prepare=http_engine(tmp_path),
+        ports=PortPool(low, high), timing=TIMING, on_change=lambda r, kind, msg: None,
+        in_flight=in_flight)
+
+
+async def test_a_draining_replica_leaves_routing_at_once_and_stops_after_its_requests(
+        tmp_path: Path) -> None:
+    """A stop with a drain takes the replica out of the endpoints (not healthy) at once,
+    keeps its engine serving while requests are in flight on it, and stops it when none is."""
+    counts: dict[str, int] = {}
+    asked: list[str] = []
+    r = drained_runner(tmp_path, counts, asked)
+    r.start()
+    await until(lambda: r.healthy, "the replica to become healthy", 60)
+    pid, address = r.pid, r.address
+    assert pid is not None
+    assert address is not None
+    stopping = asyncio.create_task(r.stop(drain=600))
+    await until(lambda: len(asked) >= 3, "the drain to count requests a few times", 30)
+    assert not r.healthy
+    assert r.state == "stopping"
+    assert alive(pid)
+    assert set(asked) == {address}
+    counts[address] = 0
+    await stopping
+    assert not alive(pid)
+    assert r.state == "stopped"
+
+
+async def test_a_drain_ends_at_its_timeout(tmp_path: Path) -> None:
+    """Requests that never finish hold the engine only for the drain timeout."""
+    asked: list[str] = []
+    r = drained_runner(tmp_path, {}, asked)
+    r.start()
+    await until(lambda: r.healthy, "the replica to become healthy", 60)
+    pid = r.pid
+    await r.stop(drain=0.3)
+    assert asked, "the drain should have counted the requests in flight"
+    assert pid is not None
+    assert not alive(pid)
+
+
+async def test_a_stop_without_drain_cuts_a_drain_short(tmp_path: Path) -> None:
+    """llmgw shutting down (a stop with no drain) does not wait for a drain under way."""
+    asked: list[str] = []
+    r = drained_runner(tmp_path, {}, asked)
+    r.start()
+    await until(lambda: r.healthy, "the replica to become healthy", 60)
+    draining = asyncio.create_task(r.stop(drain=600))
+    await until(lambda: bool(asked), "the drain to begin", 30)
+    r.request_stop()
+    await draining
+    assert r.state == "stopped"

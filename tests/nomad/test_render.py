@@ -13,7 +13,7 @@ from llmgw.catalog.build import Runtime, build_catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model, Profile, Scaling
 from llmgw.catalog.source import Source
-from llmgw.catalog.units import Size
+from llmgw.catalog.units import Duration, Size
 from llmgw.config import NomadConfig, load_config
 from llmgw.errors import ConfigError, DefinitionError
 from llmgw.scheduler.nomad import jobspec as js
@@ -352,3 +352,23 @@ def test_a_cpu_replicas_service_has_no_gpu_class_tag():
     (service,) = _task(job, "engine")["Services"]
     assert [t for t in service["Tags"] if t.startswith("gpu_class=")] == []
     assert service["Tags"][:3] == ["llmgw", "model=nomic-embed-text", "profile=cpu-8"]
+
+
+def test_shutdown_delay_is_the_models_drain_timeout_in_nanoseconds():
+    """Nomad deregisters a stopping task's service, then waits its shutdown_delay before
+    signalling the engine: that wait is the model's timeouts.drain (at least 10 s, for the
+    gateways to see the registration go), on the engine task that owns the service (a
+    group's delay would run while the task's service is still registered); kill_timeout
+    stays the engine's exit grace."""
+    drained = msgspec.structs.replace(
+        LLAMA, timeouts=msgspec.structs.replace(LLAMA.timeouts, drain=Duration.parse("2m")))
+    job = _json(render_job(drained, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    assert _task(job, "engine")["ShutdownDelay"] == 120 * 10**9
+    assert "ShutdownDelay" not in job["TaskGroups"][0]
+    assert _task(job, "engine")["KillTimeout"] == 30 * 10**9
+    default = _json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR))
+    assert _task(default, "engine")["ShutdownDelay"] == 30 * 10**9
+    short = msgspec.structs.replace(
+        LLAMA, timeouts=msgspec.structs.replace(LLAMA.timeouts, drain=Duration.parse("1s")))
+    assert _task(_json(render_job(short, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)),
+                 "engine")["ShutdownDelay"] == 10 * 10**9

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from llmgw.testing import FakeNomad
-from tests.testing.jobspec import cpu_job, gpu_job, register
+from tests.testing.jobspec import S, cpu_job, gpu_job, register, task
 
 
 def test_services_register_before_checks_pass(http: httpx.Client, nomad: FakeNomad) -> None:
@@ -198,6 +198,62 @@ def test_drain_migrates_allocations(http: httpx.Client, nomad: FakeNomad) -> Non
     node = http.get(f"/v1/node/{nomad.node(alloc.node_name).id}").json()
     assert node["Drain"] is True
     assert node["DrainStrategy"] is not None
+
+
+def _task_service_job(*, task_delay: int = 0, group_delay: int = 0) -> dict[str, object]:
+    """The replica's service on its engine task, with shutdown delays where asked."""
+    job = gpu_job(fabric=None)
+    group = job["TaskGroups"][0]
+    task(job)["Services"] = group.pop("Services")
+    if task_delay:
+        task(job)["ShutdownDelay"] = task_delay
+    if group_delay:
+        group["ShutdownDelay"] = group_delay
+    return job
+
+
+def _drain_one(http: httpx.Client, nomad: FakeNomad, job: dict[str, object]) -> str:
+    register(http, job)
+    nomad.settle()
+    [alloc] = nomad.allocations("llmgw-qwen")
+    assert [s.alloc_id for s in nomad.services("llmgw-qwen")] == [alloc.id]
+    nomad.set_node(alloc.node_name, drain=True)
+    nomad.settle()
+    [moved] = nomad.allocations("llmgw-qwen")
+    assert moved.node_name != alloc.node_name
+    return alloc.id
+
+
+def test_a_stopping_task_leaves_the_catalog_then_waits_its_shutdown_delay(
+        http: httpx.Client, nomad: FakeNomad) -> None:
+    """The task's services are deregistered first, then it waits shutdown_delay (its state
+    pending, "Waiting for shutdown delay"), then it is killed and the alloc completes
+    (taskrunner/service_hook.go PreKilling, task_runner.go handleKill)."""
+    old = _drain_one(http, nomad, _task_service_job(task_delay=30 * S))
+    assert old not in {s.alloc_id for s in nomad.services("llmgw-qwen")}
+    stopping = http.get(f"/v1/allocation/{old}").json()
+    assert (stopping["DesiredStatus"], stopping["ClientStatus"]) == ("stop", "running")
+    engine = stopping["TaskStates"]["engine"]
+    assert engine["State"] == "pending"
+    assert engine["Events"][-1]["Type"] == "Waiting for shutdown delay"
+    nomad.advance(29)
+    assert http.get(f"/v1/allocation/{old}").json()["ClientStatus"] == "running"
+    nomad.advance(1)
+    done = http.get(f"/v1/allocation/{old}").json()
+    assert done["ClientStatus"] == "complete"
+    assert done["TaskStates"]["engine"]["Events"][-1]["Type"] == "Killed"
+
+
+def test_a_group_shutdown_delay_runs_while_a_task_service_is_still_registered(
+        http: httpx.Client, nomad: FakeNomad) -> None:
+    """A group's shutdown_delay deregisters only group services before it waits
+    (group_service_hook.go preKillLocked); a task's service goes when the task is killed
+    after it."""
+    old = _drain_one(http, nomad, _task_service_job(group_delay=30 * S))
+    assert old in {s.alloc_id for s in nomad.services("llmgw-qwen")}
+    nomad.advance(30)
+    assert old not in {s.alloc_id for s in nomad.services("llmgw-qwen")}
+    assert http.get(f"/v1/allocation/{old}").json()["ClientStatus"] == "complete"
 
 
 def test_rolling_update_waits_for_health(http: httpx.Client, nomad: FakeNomad) -> None:

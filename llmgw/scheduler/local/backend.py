@@ -38,7 +38,7 @@ import msgspec
 
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint, is_stale
-from llmgw.catalog.model import Model, Profile
+from llmgw.catalog.model import Model, Profile, Timeouts
 from llmgw.catalog.source import PathSource, PkgSource
 from llmgw.config import ServerConfig
 from llmgw.errors import NotFoundError, PlacementError, RefusedError
@@ -164,6 +164,10 @@ class LocalBackend:
         # model → its state and what it said.
         self._prefetches: dict[str, PrefetchNode] = {}
         self._prefetch_tasks: dict[str, asyncio.Task[None]] = {}
+        # Requests in flight at a replica's address, from the gateway routing to it in
+        # this process; None (gateway workers in other processes): a drain runs its
+        # whole timeout.
+        self.in_flight: Callable[[str], int | None] | None = None
 
     # -- events ------------------------------------------------------------
 
@@ -498,14 +502,22 @@ class LocalBackend:
             reserved_memory=demand.memory or None,
             prepare=functools.partial(self._prepare, m, profile, grant),
             ports=self._ports, timing=self._timing, on_change=self._on_runner,
+            in_flight=self._count_in_flight,
         )
         self._runners[rid] = runner
         runner.start()
 
+    def _count_in_flight(self, address: str) -> int | None:
+        return self.in_flight(address) if self.in_flight is not None else None
+
     def _stop_runner(self, r: ReplicaRunner) -> None:
-        r.request_stop()
+        """Stop a replica leaving on purpose: out of the endpoints now, its engine after its
+        requests (or the model's ``timeouts.drain``)."""
+        m = self._catalog.get(r.model) if self._catalog else None
+        drain = float(m.timeouts.drain if m is not None else Timeouts().drain)
+        r.request_stop(drain)
         self._notify_changed()
-        task = asyncio.get_running_loop().create_task(r.stop(), name=f"stop-{r.id}")
+        task = asyncio.get_running_loop().create_task(r.stop(drain), name=f"stop-{r.id}")
         self._stoppers.add(task)
         task.add_done_callback(self._stoppers.discard)
 

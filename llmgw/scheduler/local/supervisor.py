@@ -300,13 +300,33 @@ Prepare = Callable[[int], Awaitable[EngineLaunch]]
 OnChange = Callable[["ReplicaRunner", str, str], None]
 
 
+# How many requests are in flight on a replica's address (None: nobody knows).
+InFlight = Callable[[str], int | None]
+
+
+def _unknown(address: str) -> int | None:
+    return None
+
+
+_DRAIN_POLL = 0.05   # how often a draining replica's requests are counted
+
+
 class ReplicaRunner:
-    """Keeps one replica's engine running until ``stop()``."""
+    """Keeps one replica's engine running until ``stop()``.
+
+    A stop with a ``drain`` withdraws the replica from routing at once (it is
+    no longer healthy, so it leaves the endpoints), then leaves the engine
+    running until ``in_flight`` says its requests are done, or ``drain``
+    seconds have passed, or another stop asks for no drain (llmgw itself
+    shutting down); only then is it signalled. Without a count of its requests
+    it serves out the whole drain.
+    """
 
     def __init__(
         self, *, id: str, model: str, profile: str, fingerprint: str, seq: int,
         node: str, cpus: tuple[int, ...], reserved_memory: int | None,
         prepare: Prepare, ports: PortPool, timing: Timing, on_change: OnChange,
+        in_flight: InFlight = _unknown,
     ) -> None:
         self.id, self.model, self.profile, self.fingerprint = id, model, profile, fingerprint
         self.seq, self.node, self.cpus, self.reserved_memory = seq, node, cpus, reserved_memory
@@ -324,6 +344,9 @@ class ReplicaRunner:
         self.lines: deque[str] = deque(maxlen=timing.output_lines)
         self._proc: EngineProcess | None = None
         self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()   # end a drain now
+        self._drain = 0.0
+        self._in_flight = in_flight
         self._task: asyncio.Task[None] | None = None
 
     # -- what others read -------------------------------------------------
@@ -360,16 +383,23 @@ class ReplicaRunner:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"replica-{self.id}")
 
-    def request_stop(self) -> None:
-        """Mark the replica stopping now (it takes no traffic); ``stop()`` waits for the exit."""
+    def request_stop(self, drain: float = 0.0) -> None:
+        """Mark the replica stopping now (it takes no traffic); ``stop()`` waits for the exit.
+
+        ``drain``: seconds its requests in flight may still take (a second
+        request without one ends a drain under way).
+        """
+        if drain <= 0:
+            self._hurry.set()
         if not self._stop.is_set():
+            self._drain = drain if self.healthy else 0.0
             self._stop.set()
             if self.state != "stopped":
                 self._set("stopping", healthy=False)
 
-    async def stop(self) -> None:
+    async def stop(self, drain: float = 0.0) -> None:
         """Stop the engine gracefully and return when it has exited."""
-        self.request_stop()
+        self.request_stop(drain)
         if self._task is not None:
             try:
                 await asyncio.shield(self._task)
@@ -457,6 +487,7 @@ class ReplicaRunner:
         if why is None:
             why = await self._watch(proc, launch)
         if self._stop.is_set():
+            await self._drain_out(proc, launch.port)
             await proc.stop(self._timing.stop_grace)
             return
         if not proc.exited.is_set():     # hung or never became healthy: end it first
@@ -507,6 +538,19 @@ class ReplicaRunner:
                         f"within {self._timing.start_timeout:.0f}s of starting; it was stopped")
             await _wait_any([self._stop, proc.exited], self._timing.probe_starting)
         return ""
+
+    async def _drain_out(self, proc: EngineProcess, port: int) -> None:
+        """Leave the engine to finish its requests: until none is in flight, or the drain's end."""
+        if self._drain <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._drain
+        address = f"http://127.0.0.1:{port}"
+        while not self._hurry.is_set() and not proc.exited.is_set():
+            left = deadline - loop.time()
+            if left <= 0 or self._in_flight(address) == 0:
+                return
+            await _wait_any([self._hurry, proc.exited], min(left, _DRAIN_POLL))
 
     async def _watch(self, proc: EngineProcess, launch: EngineLaunch) -> str:
         """Probe a running engine until it exits, hangs or is stopped; why it ended."""

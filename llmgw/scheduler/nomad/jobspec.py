@@ -187,6 +187,7 @@ class Task(_Wire, frozen=True):
     Lifecycle: TaskLifecycle | None = None
     VolumeMounts: list[VolumeMount] = []
     KillTimeout: int | None = None
+    ShutdownDelay: int | None = None
 
 
 class TaskGroup(_Wire, frozen=True):
@@ -203,7 +204,6 @@ class TaskGroup(_Wire, frozen=True):
     Migrate: MigrateStrategy | None = None
     RestartPolicy: RestartPolicy | None = None
     ReschedulePolicy: ReschedulePolicy | None = None
-    ShutdownDelay: int | None = None
 
 
 class JobUILink(_Wire, frozen=True):

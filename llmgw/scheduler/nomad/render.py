@@ -128,7 +128,9 @@ ENGINE_START = 600.0             # seconds
 _ENGINE_PORT = {"vllm": 8000, "llama.cpp": 8080}
 # The same for every job, so built once (frozen structs with no mutable fields).
 _CHECK_INTERVAL, _CHECK_TIMEOUT = ns(10), ns(5)
-_MIN_HEALTHY, _STAGGER, _SHUTDOWN_DELAY = ns(MIN_HEALTHY_TIME), ns(30), ns(10)
+_MIN_HEALTHY, _STAGGER = ns(MIN_HEALTHY_TIME), ns(30)
+# The least shutdown_delay: time for every gateway to see a registration go.
+_MIN_SHUTDOWN_DELAY = 10
 _RESTART = js.RestartPolicy(Attempts=2, Interval=ns(3600), Delay=ns(30), Mode="fail")
 _RESCHEDULE = js.ReschedulePolicy(Unlimited=True, Delay=ns(60), DelayFunction="exponential",
                                   MaxDelay=ns(3600))
@@ -341,6 +343,15 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
         VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,
                                      ReadOnly=src.fetch_url is not None)],
         KillTimeout=ns(30),
+        # A stopping task's own services are deregistered first, then Nomad waits the
+        # task's shutdown_delay before it signals the engine (client/allocrunner/
+        # taskrunner: service_hook.go PreKilling, then task_runner.go handleKill): the
+        # gateways stop sending it requests and those in flight have the model's drain
+        # timeout to finish. On the group it would not do: the group's delay runs first
+        # (group_service_hook.go preKillLocked), while this task-level service is still
+        # registered. kill_timeout stays the engine's exit grace: vLLM cancels its
+        # server on SIGTERM, so time after the signal serves no request.
+        ShutdownDelay=ns(max(_MIN_SHUTDOWN_DELAY, float(model.timeouts.drain))),
     )
 
 
@@ -480,8 +491,6 @@ def render_job(model: Model, profile: Profile, cfg: NomadConfig,
                                    MinHealthyTime=_MIN_HEALTHY, HealthyDeadline=healthy),
         RestartPolicy=_RESTART,
         ReschedulePolicy=_RESCHEDULE,
-        # Time for the gateway to see the registration go before the engine dies.
-        ShutdownDelay=_SHUTDOWN_DELAY,
     )
     meta = {META_MANAGED: "true", META_MODEL: model.name, META_PROFILE: profile.name,
             META_FINGERPRINT: fp}

@@ -25,7 +25,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -67,10 +67,24 @@ def write_response(eval_id: str, eval_index: int, job_index: int, index: int,
             "NextToken": ""}
 
 
+class Workloads(Protocol):
+    """What runs a task for real, where a test wants more than the fake's bookkeeping:
+    ``start`` when a main task with services starts, returning the loopback address it
+    listens on (its services are registered with it); ``stop`` when the allocation's
+    tasks are killed or die. Both are called with the fake's lock held: be quick."""
+
+    def start(self, alloc_id: str, task: str) -> tuple[str, int]: ...
+
+    def stop(self, alloc_id: str) -> None: ...
+
+
 class Cluster:
-    def __init__(self, nodes: list[Node], *, namespaces: set[str], auto_run: bool) -> None:
+    def __init__(self, nodes: list[Node], *, namespaces: set[str], auto_run: bool,
+                 workloads: Workloads | None = None) -> None:
         self.store = Store(nodes, namespaces)
         self.auto_run = auto_run
+        self.workloads = workloads
+        self.timers: list[threading.Timer] = []   # shutdown delays running (shutdown.py)
         self.committer = Committer(self)
         self.errors: list[str] = []
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -109,8 +123,25 @@ class Cluster:
             raise RuntimeError("the fake Nomad's scheduler worker failed:\n" + self.errors[0])
 
     def close(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
         self._queue.put(None)
         self._worker.join(timeout=10)
+        if self.workloads is not None:
+            with self.store.cond:
+                live = {alloc_id for alloc_id, _ in self.store.listening}
+                self.store.listening.clear()
+            for alloc_id in sorted(live):
+                self.workloads.stop(alloc_id)
+
+    def exited(self, alloc_id: str) -> None:
+        """The allocation's tasks are dead: what ran them for real stops too."""
+        listening = self.store.listening
+        ran = [key for key in listening if key[0] == alloc_id]
+        for key in ran:
+            del listening[key]
+        if ran and self.workloads is not None:
+            self.workloads.stop(alloc_id)
 
     # -- evaluations --------------------------------------------------------------
     def new_eval(self, namespace: str, job_id: str, priority: int, trigger: str, *,

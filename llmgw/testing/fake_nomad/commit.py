@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmgw.testing.fake_nomad import checkwatch, deployments
+from llmgw.testing.fake_nomad import checkwatch, deployments, shutdown
 from llmgw.testing.fake_nomad.gotext import quote
 from llmgw.testing.fake_nomad.reconcile import Plan
 from llmgw.testing.fake_nomad.records import (
@@ -173,11 +173,13 @@ class Committer:
             port = next((p.value for p in a.ports if p.label == label),
                         int(label) if label.isdigit() else 0)
             owner = task if task else f"group-{a.task_group}"
+            address, port = self.store.listening.get(
+                (a.id, task or ""), (svc.get("Address") or node.address, port))
             reg = ServiceReg(id=f"_nomad-task-{a.id}-{owner}-{svc['Name']}-{label}",
                              service_name=svc["Name"], namespace=a.namespace, node_id=node.id,
                              datacenter=node.datacenter, job_id=a.job_id, alloc_id=a.id,
                              tags=list(svc.get("Tags") or []),
-                             address=svc.get("Address") or node.address, port=port,
+                             address=address, port=port,
                              create_index=idx, modify_index=idx)
             self.store.services[reg.id] = reg
 
@@ -235,21 +237,15 @@ class Committer:
                     updated: list[str] | None = None) -> None:
         store, freed = self.store, False
         with store.cond:
-            done = [store.allocs[i] for i in stopped if not store.allocs[i].client_terminal]
+            done = [store.allocs[i] for i in stopped if not store.allocs[i].client_terminal
+                    and i not in store.stopping]
             if done:
                 idx = store.write("allocs", "service_registrations", "job_summary")
                 now = store.now()
                 for a in done:
-                    a.client_status = "complete"
-                    a.client_description = "All tasks have completed"
-                    for state in a.task_states.values():
-                        if state.state != "dead":
-                            state.state, state.finished_at = "dead", rfc3339(now)
-                            state.events = [*state.events, event("Killed", "Task successfully "
-                                                                           "killed", at=now)]
-                    a.modify_index, a.modify_time = idx, now
-                    self.remove_services(a.id)
-                freed = True
+                    if shutdown.begin(self.cluster, a, idx, now):
+                        shutdown.kill(self.cluster, a, idx, now)
+                        freed = True
         if freed:
             self.cluster.unblock()
         if updated:
@@ -319,6 +315,9 @@ class Committer:
         tg = next(g for g in a.job["TaskGroups"] if g["Name"] == a.task_group)
         for task in tg.get("Tasks", []):
             if a.tasks.get(task["Name"]) and a.tasks[task["Name"]].stage in ("main", "poststart"):
+                if self.cluster.workloads is not None and task.get("Services"):
+                    self.store.listening[(a.id, task["Name"])] = \
+                        self.cluster.workloads.start(a.id, task["Name"])
                 self.register_services(a, task.get("Services", []), task["Name"], idx)
                 checkwatch.watch(self.store, a, task.get("Services", []), task["Name"], now)
 

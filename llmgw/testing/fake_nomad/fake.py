@@ -24,6 +24,12 @@ What the fake does on its own, and what is left to the test:
   ``finish_deployment``, or until its progress deadline passes on the fake's clock
   (``advance``) with too few healthy — then it fails, and Nomad places nothing more of
   that job version; while it runs, ``POST /v1/job/:id/scale`` is refused;
+* a stopped allocation's services leave first, then it waits its group's and its
+  tasks' ``shutdown_delay`` (in real time, or when ``advance`` passes it) before its
+  tasks are killed and it turns ``complete`` (``shutdown``);
+* with ``workloads`` something real runs each main task that has services (a
+  simulated engine, say): started when the task starts, its loopback address is what
+  the task's services register, and stopped when the allocation's tasks die;
 * ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events;
 * ``inject`` answers matching requests with any status and body (errors, garbage);
   ``requests`` records every request received.
@@ -44,9 +50,10 @@ from llmgw.testing.fake_nomad import (
     lifecycle,
     routes_cluster,
     routes_jobs,
+    shutdown,
     variables,
 )
-from llmgw.testing.fake_nomad.cluster import Cluster
+from llmgw.testing.fake_nomad.cluster import Cluster, Workloads
 from llmgw.testing.fake_nomad.fixtures import default_fleet
 from llmgw.testing.fake_nomad.records import Alloc, Deployment, Eval, Node, ServiceReg
 from llmgw.testing.fake_nomad.server import Api, HttpApp, Injection, RecordedRequest
@@ -56,9 +63,11 @@ class FakeNomad:
     def __init__(self, nodes: Sequence[Node] | None = None, *, acl_token: str | None = None,
                  acls: bool = False, strict: bool = True, auto_run: bool = True,
                  namespaces: Iterable[str] = ("default",), region: str = "global",
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0,
+                 workloads: Workloads | None = None) -> None:
         fleet = list(nodes) if nodes is not None else default_fleet()
-        self._cluster = Cluster(fleet, namespaces=set(namespaces), auto_run=auto_run)
+        self._cluster = Cluster(fleet, namespaces=set(namespaces), auto_run=auto_run,
+                                workloads=workloads)
         self._acls = acl.Registry(management={acl_token} if acl_token else set()) \
             if acl_token is not None or acls else None
         self._api = Api(self._cluster, strict=strict, region=region, acls=self._acls)
@@ -117,6 +126,7 @@ class FakeNomad:
             self._cluster.store.skipped_ns += round(seconds * 1e9)
         checkwatch.tick(self._cluster)
         deployments.expire(self._cluster)
+        shutdown.fire(self._cluster)
         self._cluster.settle()
 
     # -- what was asked, and faults to answer with -------------------------------------

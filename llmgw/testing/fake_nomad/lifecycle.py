@@ -119,6 +119,8 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
                                 event("Not Restarting", "Exceeded allowed attempts 2 in interval "
                                                         "30m0s and mode is \"fail\"", at=now)]
         cluster.committer.remove_services(a.id)
+        store.stopping.pop(a.id, None)
+        cluster.exited(a.id)
         d = store.deployments.get(a.deployment_id) if a.deployment_id else None
         if d is not None and d.active and a.healthy is None:
             a.healthy, a.health_time = False, rfc3339(now)
@@ -148,6 +150,8 @@ def complete_alloc(cluster: Cluster, alloc_id: str) -> None:
                 state.events = [*state.events, event("Terminated", "Exit Code: 0", at=now,
                                                      exit_code="0")]
         cluster.committer.remove_services(a.id)
+        store.stopping.pop(a.id, None)
+        cluster.exited(a.id)
     cluster.unblock()
 
 
@@ -196,6 +200,8 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
                 a.client_status, a.client_description = "lost", ALLOC_LOST
                 a.modify_index, a.modify_time = idx, now
                 cluster.committer.remove_services(a.id)
+                store.stopping.pop(a.id, None)
+                cluster.exited(a.id)
                 jobs.add((a.namespace, a.job_id))
             trigger = "node-update"
         elif drain and on_node:

@@ -31,6 +31,7 @@ from llmgw.testing.fake_nomad.records import (
     Node,
     ServiceReg,
 )
+from llmgw.testing.fake_nomad.shutdown import Stopping
 
 TABLES = ("nodes", "jobs", "job_summary", "job_version", "evals", "allocs", "deployment",
           "service_registrations", "scaling_event")
@@ -54,6 +55,10 @@ class Store:
         # JobSummary.Queued: the queued counts of the job's latest processed evaluation
         self.queued: dict[tuple[str, str], dict[str, int]] = {}
         self.skipped_ns = 0
+        # alloc ID → where its kill sequence is (shutdown.py)
+        self.stopping: dict[str, Stopping] = {}
+        # (alloc ID, task) → the loopback address a workload of that task listens on
+        self.listening: dict[tuple[str, str], tuple[str, int]] = {}
         for node in nodes:
             idx = self.write("nodes")
             node.create_index = node.modify_index = idx
