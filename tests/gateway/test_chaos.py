@@ -1,8 +1,11 @@
-"""Chaos, short: replicas killed, frozen and scaled away under load, with no client error.
+"""Chaos, short: replicas killed, frozen, scaled away and drained under load, with no
+client error; one of two gateway processes restarted, costing at most its requests in
+flight.
 
 Simulated engines run as real processes under the embedded scheduler's
-supervisor (``llmgw.testing.chaos``); each scenario waits on conditions
-(requests done before and after the fault), never on the clock.
+supervisor (``llmgw.testing.chaos``) or as the fake Nomad's allocations
+(``llmgw.testing.chaos_nomad``); each scenario waits on conditions (requests
+done before and after the fault), never on the clock.
 """
 
 from __future__ import annotations

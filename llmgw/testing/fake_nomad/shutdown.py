@@ -103,13 +103,14 @@ def fire(cluster: Cluster) -> None:
     store = cluster.store
     with store.cond:
         now = store.now()
-        due = [(store.allocs[i], s) for i, s in store.stopping.items() if s.due <= now]
+        due = [(i, s) for i, s in store.stopping.items() if s.due <= now]
         if not due:
             return
         idx = store.write("allocs", "service_registrations", "job_summary")
-        for a, s in due:
-            del store.stopping[a.id]
-            if a.client_terminal:
+        for alloc_id, s in due:
+            del store.stopping[alloc_id]
+            a = store.allocs.get(alloc_id)          # gone: garbage-collected meanwhile
+            if a is None or a.client_terminal:
                 continue
             if s.phase == "group" and not _tasks(cluster, a, idx, now):
                 continue
