@@ -56,10 +56,14 @@ _WHY = {
     401: "No admin token, or not a valid one",
     404: "No model (or other named thing) by that name",
     409: "A valid change that is not allowed here (a declared model, a fallback in use, "
-         "an external model for a scheduler action)",
+         "a name already taken, an external model for a scheduler action)",
     413: "The request body is larger than 1 MiB",
     503: "The store or the scheduler cannot be reached; retry later",
 }
+
+
+# Creating what exists is refused; a key names a team that may not exist.
+_CREATES = {"/api/v1/teams": [409], "/api/v1/keys": [404, 409]}
 
 
 def _answers(path: str, method: str, has_body: bool) -> list[int]:
@@ -72,17 +76,21 @@ def _answers(path: str, method: str, has_body: bool) -> list[int]:
         out.append(404)
     if named and (method != "get" or path.endswith("/prefetch")):
         out.append(409)
+    if method == "post":
+        out.extend(_CREATES.get(path, []))
     if has_body:
         out.append(413)
-    return sorted(out)
+    return sorted(set(out))
 
 
 def _strict_structs() -> dict[str, type[msgspec.Struct]]:
     """Request structs that refuse unknown fields, by the name the document gives them."""
+    from llmgw import tenancy
     from llmgw.api import models, plan, sourcecheck
+    from llmgw.control import tenants
 
     found: dict[str, type[msgspec.Struct]] = {}
-    for module in (catalog_model, models, actions, plan, sourcecheck):
+    for module in (catalog_model, models, actions, plan, sourcecheck, tenancy, tenants):
         for value in vars(module).values():
             if (isinstance(value, type) and issubclass(value, msgspec.Struct)
                     and value.__struct_config__.forbid_unknown_fields):

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from litestar import get
 from litestar.params import FromQuery
 
+from llmgw.api.instant import Instant, instant
 from llmgw.control.context import Ctx
 from llmgw.control.usage import By, Granularity, UsageReport, usage_report
 
 
 @get("/usage", summary="Requests and tokens by team, key or model, per hour or day")
-async def usage(ctx: Ctx, by: FromQuery[By] = "team", since: FromQuery[datetime | None] = None,
-                until: FromQuery[datetime | None] = None,
+async def usage(ctx: Ctx, by: FromQuery[By] = "team", since: Instant = None,
+                until: Instant = None,
                 granularity: FromQuery[Granularity] = "hour") -> UsageReport:
-    return await usage_report(ctx, by, since, until, granularity)
+    return await usage_report(ctx, by, instant(since, "since"), instant(until, "until"),
+                              granularity)
 
 
 route_handlers = [usage]

@@ -151,14 +151,27 @@ async def test_usage_by_team_per_hour_and_by_model_per_day(
 @pytest.mark.parametrize(("params", "field"), [
     ({"by": "colour"}, "by"),
     ({"granularity": "week"}, "granularity"),
-    ({"since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"}, "until"),
-    ({"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
 ])
-async def test_bad_usage_queries_are_refused(client: AsyncTestClient, params: dict[str, str],
-                                             field: str) -> None:
+async def test_bad_usage_groupings_are_refused(client: AsyncTestClient, params: dict[str, str],
+                                               field: str) -> None:
     r = await client.get("/api/v1/usage", headers=ADMIN, params=params)
     assert r.status_code == 400, r.text
-    assert field in r.text
+    assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"}, "until"),
+    ({"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+    # The document says date-time; a number of seconds is not one.
+    ({"until": "0.5"}, "until"),
+    ({"since": "yesterday"}, "since"),
+])
+@pytest.mark.parametrize("path", ["/api/v1/usage", "/api/v1/costs"])
+async def test_bad_spans_are_refused(client: AsyncTestClient, params: dict[str, str],
+                                     field: str, path: str) -> None:
+    r = await client.get(path, headers=ADMIN, params=params)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
 
 
 async def test_a_teams_request_logs_are_listed_newest_first(
