@@ -44,6 +44,9 @@ from llmgw.config import GatewayConfig
 
 # How long a refused connection is still read (and what arrives dropped) before it closes.
 LINGER = 2.0
+# How long a connection idle when the server begins to stop waits for a request
+# its client may already have sent on it (answered, then closed).
+STOP_GRACE = 2.0
 
 
 class _HeaderTooLargeError(Exception):
@@ -81,6 +84,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
         self._discarding = False
+        self._stopping = False
 
     # -- connection
 
@@ -90,6 +94,30 @@ class GuardedProtocol(HttpToolsProtocol):
         # requests; uvicorn starts that clock only after a first response.
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def shutdown(self) -> None:
+        """The server is stopping: finish what this connection carries, then close it.
+
+        uvicorn closes a connection idle between requests at once; a request
+        its client sent at that moment (it cannot know) then fails with a
+        reset, though nothing of it was read. Here an idle connection gets
+        ``STOP_GRACE``: a request that arrives meanwhile is answered with
+        ``connection: close``, and the connection closes after it or when the
+        grace ends. A request under way is answered and the connection closed.
+        The listening socket is closed already, so new connections go elsewhere.
+        """
+        self._stopping = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+            return
+        self.loop.call_later(STOP_GRACE, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        cycle = self.cycle
+        if (self._head_fed is None and (cycle is None or cycle.response_complete)
+                and not self.transport.is_closing()):
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
@@ -157,6 +185,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_body = True
         self._body_seen = self.loop.time()
         super().on_headers_complete()
+        if self._stopping and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         self._in_body = False

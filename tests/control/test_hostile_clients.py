@@ -11,6 +11,8 @@ a generous deadline, never timed.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -262,3 +264,28 @@ def test_connections_beyond_the_cap_are_answered_503(tmp_path: Path) -> None:
         while httpx.get(f"{s.url}/v1/models", timeout=DEADLINE).status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ stopping
+
+
+def test_a_request_on_a_connection_idle_as_the_server_stops_is_answered(tmp_path: Path) -> None:
+    """SIGTERM closes the listening socket at once, but a keep-alive connection idle at
+    that moment stays open for a while: the request its client sends on it (the client
+    cannot know the server is stopping) is answered, with `connection: close`."""
+    with llmgw_serve(tmp_path, "{}") as served, httpx.Client(timeout=DEADLINE) as client:
+        body = {"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        assert client.post(f"{served.url}/v1/chat/completions", json=body).status_code == 200
+        os.kill(served.pid, signal.SIGTERM)
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", served.port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "the server kept accepting connections"
+            time.sleep(0.01)
+        # The pooled connection from the first request carries the second.
+        late = client.post(f"{served.url}/v1/chat/completions", json=body)
+        assert late.status_code == 200, late.text
+        assert late.headers["connection"] == "close"
