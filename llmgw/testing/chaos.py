@@ -45,6 +45,7 @@ from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
+from llmgw.connection import uvicorn_options
 from llmgw.gateway.app import Gateway
 from llmgw.scheduler.base import ModelStatus, Routing
 from llmgw.scheduler.local.engines import EngineLaunch
@@ -282,12 +283,13 @@ async def _serve_process(args: argparse.Namespace) -> None:
     model = convert(json.loads(args.model), Model)
     store = SqliteStore(f"sqlite:///{args.store}")
     await store.open()
-    gw = Gateway(ServerConfig(listen=f"127.0.0.1:{args.port}"), _Catalog([model]),
-                 Fixed(model.name, args.replica), store)
+    config = ServerConfig(listen=f"127.0.0.1:{args.port}")
+    gw = Gateway(config, _Catalog([model]), Fixed(model.name, args.replica), store)
     await gw.start()
+    # Served as `llmgw serve` serves the gateway: its connection handling is part of a stop.
     server = uvicorn.Server(uvicorn.Config(gw, host="127.0.0.1", port=args.port,
                                            lifespan="off", log_level="warning",
-                                           access_log=False))
+                                           access_log=False, **uvicorn_options(config.gateway)))
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
