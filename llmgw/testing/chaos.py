@@ -328,33 +328,49 @@ class Load:
         return [o for o in self.outcomes if o.error and (stream is None or o.stream == stream)]
 
 
+class UnansweredError(Exception):
+    """The connection closed or was reset before any of the answer arrived."""
+
+
 async def _one(client: httpx.AsyncClient, model: str, stream: bool, tokens: int, n: int
                ) -> str:
     """One request; the error a client would see, or ""."""
     body = {"model": model, "max_tokens": tokens, "stream": stream,
             "messages": [{"role": "user", "content": f"Tell story number {n}."}]}
     expected = answer_text(tokens)
+    request = client.build_request("POST", "/v1/chat/completions", json=body)
+    try:
+        r = await client.send(request, stream=True)
+    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+        raise UnansweredError(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return await _read(r, stream, expected)
+    finally:
+        await r.aclose()
+
+
+async def _read(r: httpx.Response, stream: bool, expected: str) -> str:
+    """The error a client would see in answer ``r``, or ""."""
     if not stream:
-        r = await client.post("/v1/chat/completions", json=body)
+        await r.aread()
         if r.status_code != 200:
             return f"HTTP {r.status_code}: {r.text[:200]}"
         text = r.json()["choices"][0]["message"]["content"]
         return "" if text == expected else "the answer differs from the engine's"
     parts: list[str] = []
     finishes: list[str] = []
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            return f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                return f"error event: {event['error'].get('message', '')[:200]}"
-            for choice in event.get("choices", []):
-                parts.append(choice["delta"].get("content") or "")
-                if choice.get("finish_reason"):
-                    finishes.append(choice["finish_reason"])
+    if r.status_code != 200:
+        return f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+    async for line in r.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            return f"error event: {event['error'].get('message', '')[:200]}"
+        for choice in event.get("choices", []):
+            parts.append(choice["delta"].get("content") or "")
+            if choice.get("finish_reason"):
+                finishes.append(choice["finish_reason"])
     if "".join(parts) != expected:
         return "the streamed text differs from an uninterrupted answer"
     if finishes != ["length"]:
@@ -369,8 +385,11 @@ async def drive(url: str | Sequence[str], model: str, load: Load, *, clients: in
     stream long answers, the others ask for short JSON ones.
 
     With several URLs (gateway instances) client ``i`` sends to instance ``i mod n``
-    and, as a load balancer does for a backend that is down, sends a request whose
-    connection was refused to the next instance instead."""
+    and sends a request to the next instance instead when its connection was refused,
+    or closed or reset before any of the answer arrived: what a load balancer does
+    for a backend that is down (HAProxy's ``retry-on conn-failure empty-response``
+    with ``option redispatch``). A stopping server resets connections still in its
+    accept queue when it closes its listening socket; nothing of their requests ran."""
     loop = asyncio.get_running_loop()
     urls = [url] if isinstance(url, str) else list(url)
     streamers = round(clients * streaming)
@@ -391,6 +410,9 @@ async def drive(url: str | Sequence[str], model: str, load: Load, *, clients: in
                                        i * 100000 + n)
                 except httpx.ConnectError as exc:
                     error = f"{type(exc).__name__}: {exc}"
+                    continue
+                except UnansweredError as exc:
+                    error = str(exc)
                     continue
                 except httpx.HTTPError as exc:
                     error = f"{type(exc).__name__}: {exc}"
