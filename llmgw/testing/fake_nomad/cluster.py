@@ -70,8 +70,11 @@ def write_response(eval_id: str, eval_index: int, job_index: int, index: int,
 class Workloads(Protocol):
     """What runs a task for real, where a test wants more than the fake's bookkeeping:
     ``start`` when a main task with services starts, returning the loopback address it
-    listens on (its services are registered with it); ``stop`` when the allocation's
-    tasks are killed or die. Both are called with the fake's lock held: be quick."""
+    listens on (its services are registered with it, as a Nomad client registers a
+    service with the host address and port of the label it names:
+    client/serviceregistration/address.go ``GetAddress``); ``stop`` when the
+    allocation's tasks are killed or die. Both are called with the fake's lock held:
+    be quick."""
 
     def start(self, alloc_id: str, task: str) -> tuple[str, int]: ...
 
