@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gateway_serve import NoScheduler, StaticCatalog  # type: ignore[import-not-found]
+from gateway_serve import (  # type: ignore[import-not-found]
+    NoScheduler,
+    StaticCatalog,
+    serving,
+)
 
 from llmgw.catalog.build import build_catalog
 from llmgw.catalog.decode import convert
@@ -32,23 +36,7 @@ def build() -> Any:
     config = ServerConfig(listen="127.0.0.1:0", gateway=convert(
         {"batch_concurrency": concurrency, "max_file_size": "1GiB"}, GatewayConfig))
     gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await store.open()
-                    await gateway.start()
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await gateway.close()
-                    await store.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        await gateway(scope, receive, send)
-
-    return app
+    return serving(gateway, store)
 
 
 app = build()

@@ -29,6 +29,7 @@ from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
 from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
 from llmgw.store import open_store
+from llmgw.store.base import Store
 
 
 class StaticCatalog:
@@ -64,22 +65,8 @@ class NoScheduler:
     async def wait_changed(self, timeout: float) -> None: ...
 
 
-def build() -> Any:
-    spec = os.environ.get("LLMGW_BENCH_MODELS", "bench=http://127.0.0.1:18081")
-    routing = json.loads(os.environ.get("LLMGW_BENCH_ROUTING", "{}"))
-    models = [convert({"name": name, "upstream": urls.split("|"), "routing": routing}, Model)
-              for name, _, urls in (item.partition("=") for item in spec.split(",") if item)]
-    catalog = build_catalog(models)
-    database = os.environ.get("LLMGW_BENCH_DATABASE")
-    if database is None:
-        state = tempfile.mkdtemp(prefix="llmgw-bench-")
-        database = f"sqlite:///{state}/store.db"
-    store = open_store(database)
-    ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
-    interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
-    config = ServerConfig(listen="127.0.0.1:0",
-                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval))
-    gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
+def serving(gateway: Gateway, store: Store) -> Any:
+    """``gateway`` as an ASGI app whose lifespan opens and closes it and ``store``."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -97,6 +84,25 @@ def build() -> Any:
         await gateway(scope, receive, send)
 
     return app
+
+
+def build() -> Any:
+    spec = os.environ.get("LLMGW_BENCH_MODELS", "bench=http://127.0.0.1:18081")
+    routing = json.loads(os.environ.get("LLMGW_BENCH_ROUTING", "{}"))
+    models = [convert({"name": name, "upstream": urls.split("|"), "routing": routing}, Model)
+              for name, _, urls in (item.partition("=") for item in spec.split(",") if item)]
+    catalog = build_catalog(models)
+    database = os.environ.get("LLMGW_BENCH_DATABASE")
+    if database is None:
+        state = tempfile.mkdtemp(prefix="llmgw-bench-")
+        database = f"sqlite:///{state}/store.db"
+    store = open_store(database)
+    ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
+    interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
+    config = ServerConfig(listen="127.0.0.1:0",
+                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval))
+    gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
+    return serving(gateway, store)
 
 
 app = build()
