@@ -187,7 +187,9 @@ async def test_edit_shows_stale_replicas_rollout_replaces_them_remove_deregister
         reps = (await c.get("/api/v1/replicas?model=embed", headers=ADMIN)).json()
         return bool(reps) and not any(x["stale"] for x in reps)
 
-    await eventually(fresh, what="replicas running the new profile")
+    # The replaced allocation stays listed (stale) until its shutdown_delay (the
+    # model's 30 s drain, in the fake's real time) has passed and it is killed.
+    await eventually(fresh, timeout=120, what="replicas running the new profile")
     assert (await c.delete("/api/v1/models/embed", headers=ADMIN)).status_code == 204
     await api.backend.reconciled()
     fake.settle()
