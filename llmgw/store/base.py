@@ -52,6 +52,7 @@ callers keep serving the catalog already in force.
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol
@@ -220,6 +221,72 @@ def usage_column(by: str) -> str:
     if by not in USAGE_GROUPS:
         raise ValueError(f"usage grouped by {by!r}: use one of {', '.join(USAGE_GROUPS)}")
     return by
+
+
+# The roll-up reads, written once for both dialects ("?" placeholders; the Postgres
+# adapter swaps them). Bounds are whole seconds (``rollup_bounds``): an integer column
+# compared with a float parameter would not use its index on Postgres.
+# By team or by model a bucket holds one row per name, nothing to add up (``team`` is
+# ''); by key, a key name that moved between teams has a row for each.
+USAGE_BY_HOUR = (
+    "SELECT bucket, name, requests, prompt_tokens, cached_tokens, completion_tokens"
+    " FROM usage_rollup WHERE grain = 3600 AND dim = ? AND bucket >= ? AND bucket < ?"
+    " ORDER BY bucket, name"
+)
+USAGE_BY_HOUR_KEY = (
+    "SELECT bucket, name, CAST(SUM(requests) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT),"
+    " CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT)"
+    " FROM usage_rollup WHERE grain = 3600 AND dim = ? AND bucket >= ? AND bucket < ?"
+    " GROUP BY bucket, name ORDER BY bucket, name"
+)
+# Whole days from the daily roll-up, the partial days at either end from the hourly.
+USAGE_BY_DAY = (
+    "SELECT b, name, CAST(SUM(requests) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT),"
+    " CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) FROM ("
+    " SELECT bucket AS b, name, requests, prompt_tokens, cached_tokens, completion_tokens"
+    " FROM usage_rollup WHERE grain = 86400 AND dim = ? AND bucket >= ? AND bucket < ?"
+    " UNION ALL"
+    " SELECT (bucket / 86400) * 86400, name, requests, prompt_tokens, cached_tokens,"
+    " completion_tokens FROM usage_rollup WHERE grain = 3600 AND dim = ?"
+    " AND ((bucket >= ? AND bucket < ?) OR (bucket >= ? AND bucket < ?))"
+    ") AS x GROUP BY b, name ORDER BY b, name"
+)
+# Since ``since``: its partial first day from the hourly roll-up, every day after from
+# the daily one (today's row holds today so far).
+KEY_USAGE_SINCE = (
+    "SELECT team, name, CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT)"
+    " FROM usage_rollup WHERE dim = 'key' AND ((grain = 86400 AND bucket >= ?)"
+    " OR (grain = 3600 AND bucket >= ? AND bucket < ?)) GROUP BY team, name"
+)
+
+
+def rollup_bounds(since: float, until: float) -> tuple[int, int, int, int]:
+    """[since, until) in whole seconds, and the UTC days wholly inside it as [lo, hi).
+
+    Buckets start on whole seconds, so rounding both ends up selects the same ones.
+    When no whole day fits, lo == hi == until and the hourly rows cover it all.
+    """
+    start, end = math.ceil(since), math.ceil(until)
+    lo = -(-start // 86400) * 86400
+    hi = end // 86400 * 86400
+    if hi <= lo:
+        lo = hi = max(start, end)
+    return start, end, lo, hi
+
+
+def usage_params(by: str, since: float, until: float, day: bool) -> tuple[str, tuple[object, ...]]:
+    """The query and parameters of ``Store.usage``; ``by`` is checked here."""
+    dim = usage_column(by)
+    start, end, lo, hi = rollup_bounds(since, until)
+    if not day:
+        return USAGE_BY_HOUR_KEY if dim == "key" else USAGE_BY_HOUR, (dim, start, end)
+    return USAGE_BY_DAY, (dim, lo, hi, dim, start, lo, hi, end)
+
+
+def token_totals_params(since: float) -> tuple[int, int, int]:
+    start = math.ceil(since)
+    lo = -(-start // 86400) * 86400
+    return lo, start, lo
 
 
 class CatalogChange(Protocol):

@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.redact import redact_url
 from llmgw.store.base import (
+    KEY_USAGE_SINCE,
     REPORT_RETENTION,
     BatchResult,
     BatchRow,
@@ -71,9 +72,15 @@ from llmgw.store.base import (
     TokenTotal,
     UsageRecord,
     UsageRow,
-    usage_column,
+    token_totals_params,
+    usage_params,
 )
-from llmgw.store.schema import POSTGRES_MIGRATIONS_TABLE, SchemaTooNewError, pending
+from llmgw.store.schema import (
+    POSTGRES_MIGRATIONS_TABLE,
+    ROLL_UP_BY,
+    SchemaTooNewError,
+    pending,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -739,25 +746,14 @@ class PostgresStore:
         return int(rows[0][0])
 
     async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
-        column = usage_column(by)
-        bucket = "(hour / 86400) * 86400" if day else "hour"
-        rows = await self._query(
-            f"read usage by {column}",
-            # column is one of USAGE_GROUPS (usage_column), bucket a constant
-            f"SELECT {bucket} AS b, {column}, SUM(requests)::bigint,"  # noqa: S608
-            " SUM(prompt_tokens)::bigint, SUM(cached_tokens)::bigint,"
-            " SUM(completion_tokens)::bigint FROM usage_hourly"
-            f" WHERE hour >= %s AND hour < %s GROUP BY b, {column} ORDER BY b, {column}",
-            (since, until))
+        query, params = usage_params(by, since, until, day)
+        rows = await self._query(f"read usage by {by}", query.replace("?", "%s"), params)
         return [UsageRow(bucket=int(r[0]), group=str(r[1]), requests=int(r[2]),
                          prompt_tokens=int(r[3]), cached_tokens=int(r[4]),
                          completion_tokens=int(r[5])) for r in rows]
 
     async def token_totals(self, since: float) -> list[TokenTotal]:
-        rows = await self._query(
-            "read token totals",
-            "SELECT team, key, SUM(prompt_tokens + completion_tokens)::bigint"
-            " FROM usage_hourly WHERE hour >= %s GROUP BY team, key", (since,))
+        rows = await self._query("read token totals", _KEY_USAGE_SINCE, token_totals_params(since))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
@@ -840,22 +836,28 @@ _encode_records = msgspec.json.Encoder().encode
 # New records only (ON CONFLICT skips an id already stored) feed the roll-ups,
 # in the same statement, so a retried batch adds nothing twice. Roll-up rows are
 # upserted in key order, so two instances' batches lock them in the same order.
+_KEY_USAGE_SINCE = KEY_USAGE_SINCE.replace("?", "%s")
 _RECORD_USAGE = (
-    "WITH added AS (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"
+    "WITH added AS"  # noqa: S608
+    " (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"
     " prompt_tokens, cached_tokens, completion_tokens, status, latency, ttft)"
     " SELECT r->>0, (r->>1)::float8, r->>2, r->>3, r->>4, r->>5, r->>6, (r->>7)::int8,"
     " (r->>8)::int8, (r->>9)::int8, (r->>10)::int2, (r->>11)::float8, (r->>12)::float8"
     " FROM json_array_elements(%s::json) AS r ON CONFLICT (id) DO NOTHING"
     " RETURNING at, team, key, model, prompt_tokens, cached_tokens, completion_tokens),"
+    " hourly AS (SELECT (floor(at / 3600) * 3600)::bigint AS hour, team, key, model,"
+    " count(*) AS requests, SUM(prompt_tokens)::bigint AS prompt_tokens,"
+    " SUM(cached_tokens)::bigint AS cached_tokens,"
+    " SUM(completion_tokens)::bigint AS completion_tokens"
+    " FROM added GROUP BY 1, 2, 3, 4),"
     " rolled AS (INSERT INTO usage_hourly (hour, team, key, model, requests, prompt_tokens,"
     " cached_tokens, completion_tokens)"
-    " SELECT (floor(at / 3600) * 3600)::bigint AS h, team, key, model, count(*),"
-    " SUM(prompt_tokens)::bigint, SUM(cached_tokens)::bigint, SUM(completion_tokens)::bigint"
-    " FROM added GROUP BY h, team, key, model ORDER BY h, team, key, model"
+    " SELECT * FROM hourly ORDER BY hour, team, key, model"
     " ON CONFLICT (hour, team, key, model) DO UPDATE SET"
     " requests = usage_hourly.requests + EXCLUDED.requests,"
     " prompt_tokens = usage_hourly.prompt_tokens + EXCLUDED.prompt_tokens,"
     " cached_tokens = usage_hourly.cached_tokens + EXCLUDED.cached_tokens,"
-    " completion_tokens = usage_hourly.completion_tokens + EXCLUDED.completion_tokens)"
+    " completion_tokens = usage_hourly.completion_tokens + EXCLUDED.completion_tokens),"
+    f" by_dim AS ({ROLL_UP_BY % 'hourly'})"
     " SELECT count(*) FROM added"
 )

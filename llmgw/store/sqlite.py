@@ -51,6 +51,7 @@ from msgspec.structs import astuple
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
+    KEY_USAGE_SINCE,
     REPORT_RETENTION,
     BatchResult,
     BatchRow,
@@ -67,9 +68,10 @@ from llmgw.store.base import (
     TokenTotal,
     UsageRecord,
     UsageRow,
+    token_totals_params,
+    usage_params,
 )
-from llmgw.store.base import usage_column as _usage_column
-from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
+from llmgw.store.schema import ROLL_UP_BY, SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
 
 logger = logging.getLogger(__name__)
 
@@ -832,6 +834,7 @@ class SqliteStore:
             if added:
                 db.execute("INSERT INTO usage SELECT * FROM temp.usage_batch")
                 db.execute(_ROLL_UP_BATCH)
+                db.execute(_ROLL_UP_BATCH_BY)
             return added
 
         if not records:
@@ -839,22 +842,17 @@ class SqliteStore:
         return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
 
     async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
-        column = _usage_column(by)
-        bucket = "(hour / 86400) * 86400" if day else "hour"
-        # column is one of USAGE_GROUPS (usage_column), bucket a constant
-        query = (f"SELECT {bucket} AS b, {column}, SUM(requests), SUM(prompt_tokens),"  # noqa: S608
-                 " SUM(cached_tokens), SUM(completion_tokens) FROM usage_hourly"
-                 f" WHERE hour >= ? AND hour < ? GROUP BY b, {column} ORDER BY b, {column}")
+        query, params = usage_params(by, since, until, day)
         rows = await self._conn(self._reads).run(
-            lambda db: db.execute(query, (since, until)).fetchall())
+            lambda db: db.execute(query, params).fetchall())
         return [UsageRow(bucket=int(r[0]), group=str(r[1]), requests=int(r[2]),
                          prompt_tokens=int(r[3]), cached_tokens=int(r[4]),
                          completion_tokens=int(r[5])) for r in rows]
 
     async def token_totals(self, since: float) -> list[TokenTotal]:
-        rows = await self._conn(self._reads).run(lambda db: db.execute(
-            "SELECT team, key, SUM(prompt_tokens + completion_tokens) FROM usage_hourly"
-            " WHERE hour >= ? GROUP BY team, key", (since,)).fetchall())
+        params = token_totals_params(since)
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(KEY_USAGE_SINCE, params).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
@@ -940,3 +938,8 @@ _ROLL_UP_BATCH = (
     " cached_tokens = usage_hourly.cached_tokens + excluded.cached_tokens,"
     " completion_tokens = usage_hourly.completion_tokens + excluded.completion_tokens"
 )
+_ROLL_UP_BATCH_BY = ROLL_UP_BY % (
+    "(SELECT CAST(at / 3600 AS INTEGER) * 3600 AS hour, team, key, model, count(*) AS requests,"
+    " SUM(prompt_tokens) AS prompt_tokens, SUM(cached_tokens) AS cached_tokens,"
+    " SUM(completion_tokens) AS completion_tokens FROM temp.usage_batch"
+    " GROUP BY 1, 2, 3, 4)")

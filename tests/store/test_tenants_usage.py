@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
+from llmgw.store.schema import MIGRATIONS
 
 from .conftest import AnyStore, Database, StoreFactory
 
@@ -93,6 +94,70 @@ async def test_token_totals_from_roll_ups_and_recent_records(store: AnyStore) ->
     assert totals == {("ml", "k1"): 15, ("ml", "k2"): 15}
     recent = {(t.team, t.key): t.tokens for t in await store.recent_tokens(HOUR + 3750)}
     assert recent == {("ml", "k2"): 15}
+
+
+def _brute_force(batch: list[UsageRecord], by: str, since: float, until: float,
+                 bucket: int) -> list[tuple[int, str, int, int]]:
+    """What a usage query must answer, added up from the records themselves."""
+    sums: dict[tuple[int, str], list[int]] = {}
+    for r in batch:
+        hour = int(r.at // 3600) * 3600
+        if since <= hour < until:
+            group = {"team": r.team, "key": r.key, "model": r.model}[by]
+            s = sums.setdefault((hour // bucket * bucket, group), [0, 0])
+            s[0] += 1
+            s[1] += r.prompt_tokens
+    return [(b, g, n, p) for (b, g), (n, p) in sorted(sums.items())]
+
+
+async def test_usage_by_day_and_by_hour_agree_with_the_records_on_any_window(
+        store: AnyStore) -> None:
+    # Four days of traffic, a record every 50 minutes, over two teams, keys and models.
+    batch = [record(f"r{i}", DAY - 86400 + i * 3000 + 7, team_name=("ml", "web")[i % 2],
+                    key_name=("k1", "k2", "k3")[i % 3], model=("m", "n")[i // 7 % 2],
+                    prompt=i + 1) for i in range(4 * 86400 // 3000)]
+    assert await store.record_usage(batch) == len(batch)
+    windows = [(DAY - 86400, DAY + 3 * 86400),                  # whole days
+               (DAY - 86400 + 5 * 3600, DAY + 2 * 86400 + 7 * 3600),  # partial at both ends
+               (DAY + 3600, DAY + 5 * 3600),                    # inside one day
+               (DAY + 3600 + 0.5, DAY + 3 * 3600 - 0.5)]        # not on hour boundaries
+    for since, until in windows:
+        for by in ("team", "key", "model"):
+            for day in (False, True):
+                rows = await store.usage(by, since, until, day=day)
+                got = [(r.bucket, r.group, r.requests, r.prompt_tokens) for r in rows]
+                assert got == _brute_force(batch, by, since, until, 86400 if day else 3600), \
+                    (since, until, by, day)
+
+
+async def test_token_totals_since_a_time_inside_a_day(store: AnyStore) -> None:
+    batch = [record("a", DAY - 3600 + 5), record("b", DAY + 7200 + 5),
+             record("c", DAY + 86400 + 5, key_name="k2"), record("d", DAY + 2 * 86400 + 5)]
+    await store.record_usage(batch)
+    for since, expected in ((DAY - 7200, {("ml", "k1"): 45, ("ml", "k2"): 15}),
+                            (DAY + 3600, {("ml", "k1"): 30, ("ml", "k2"): 15}),
+                            (DAY + 86400, {("ml", "k1"): 15, ("ml", "k2"): 15}),
+                            (DAY + 7200 + 1, {("ml", "k1"): 15, ("ml", "k2"): 15})):
+        totals = {(t.team, t.key): t.tokens for t in await store.token_totals(since)}
+        assert totals == expected, since
+
+
+async def test_the_roll_up_migration_fills_from_the_hourly_roll_ups(
+        store: AnyStore, database: Database) -> None:
+    batch = [record("a", HOUR + 10), record("b", HOUR + 20, team_name="web", key_name="k2"),
+             record("c", HOUR + 86400, model="n", prompt=100)]
+    await store.record_usage(batch)
+    before = [await store.usage(by, DAY, DAY + 2 * 86400, day=day)
+              for by in ("team", "key", "model") for day in (False, True)]
+    # An older database had only the hourly roll-ups: the migration derives the rest.
+    await database.execute("DELETE FROM usage_rollup")
+    [migration] = [m for m in MIGRATIONS if m.number == 7]
+    statements = migration.sqlite if database.kind == "sqlite" else migration.postgres
+    await database.execute(statements[-1])
+    after = [await store.usage(by, DAY, DAY + 2 * 86400, day=day)
+             for by in ("team", "key", "model") for day in (False, True)]
+    assert after == before
+    assert sum(r.requests for r in after[0]) == 3
 
 
 async def test_purging_raw_records_keeps_the_roll_ups(store: AnyStore) -> None:
