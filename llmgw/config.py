@@ -164,9 +164,10 @@ class CostsConfig(_Conf, frozen=True):
     # What one CPU core reserved by a CPU model costs per hour (GPU cards:
     # gpu_classes.<name>.price_per_hour).
     cpu_core_per_hour: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
-    # The account that carries replica time no request used.
+    # The account that carries GPU (and CPU) time no request used.
     overhead_account: str = "overhead"
-    # How often the replicas' allocated time is measured (one process, by lease).
+    # How often the scheduler's holdings (each replica's cards and cores, from
+    # reservation to release) are recorded (one process, by lease).
     meter_interval: Duration = Duration(60, "1m")
 
 

@@ -134,7 +134,7 @@ class Server:
                 self.backend.in_flight = self.gateway.balancer.outstanding
         self._watch_interval = watch_interval
         self.cost_meter = CostMeter(
-            self.store, self.backend.replicas, lambda: self.models.catalog,
+            self.store, self.backend.holdings,
             f"{socket.gethostname()}:{os.getpid()}:{id(self):x}",
             float(config.costs.meter_interval), gpu_classes=dict(config.gpu_classes),
             costs=config.costs)

@@ -1,20 +1,29 @@
-"""Cost from GPU time: the replicas' allocated time, priced, attributed to teams by tokens.
+"""Cost from GPU time: the scheduler's holdings, priced, attributed to teams by tokens.
 
 **Metering.** One process across all instances (the store lease
-``cost-meter``) asks the scheduler for its replicas every
-``costs.meter_interval`` (1m) and adds, per model and hour, the time each
-allocated replica (starting, running or stopping: it holds its cards
-whether or not it answers yet) held its profile's GPUs — card-seconds — and,
-for a CPU profile, its reserved cores. An interval that spans an hour's end
-is split between the two hours. The same code meters Nomad allocations and
-the local scheduler's processes, because both report replicas alike. A
-change of meter holder, or a restart, loses at most one interval: the new
-holder starts its clock at its first sample.
+``cost-meter``) asks the scheduler every ``costs.meter_interval`` (1m) for
+its holdings — each replica's cards and cores, from the time they were
+reserved until the time they were freed (``Holding``: Nomad's allocation
+history, the local scheduler's reservations) — and records them in the
+store as reported. A holding's time counts whether or not the replica
+answered yet: starting, loading, restarting and draining replicas hold
+their cards all the same.
 
-**Pricing.** A model-hour costs its card-seconds times its GPU class's
-``price_per_hour`` / 3600, plus its core-seconds times
-``costs.cpu_core_per_hour`` / 3600. A GPU class without a price is listed in
-``unpriced`` and costs nothing, rather than a guess.
+The record is the scheduler's history, not samples, so a change of meter
+holder or a restart loses nothing the scheduler still remembers: the next
+holder records the start and end times the scheduler kept. What it does
+not remember is bounded: a holding that was held at its last report and
+is missing from the next (Nomad garbage-collected a terminal allocation
+the meter never saw terminal, or llmgw's local scheduler restarted) ends
+when it was last seen, at most one interval early for a running meter.
+
+**Pricing.** Costs are computed when they are read: each holding's time in
+[since, until) is split at hour boundaries into card-seconds per model,
+GPU class and hour, and, for a replica without cards, core-seconds. A
+model-hour costs its card-seconds times its GPU class's ``price_per_hour``
+/ 3600, plus its core-seconds times ``costs.cpu_core_per_hour`` / 3600. A
+GPU class without a price is listed in ``unpriced`` and costs nothing,
+rather than a guess. A holding still open counts up to the time of the read.
 
 **Attribution.** Each model-hour's cost is shared among the teams whose
 requests that model answered in that hour, in proportion to their tokens
@@ -33,60 +42,46 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import GpuClass
 from llmgw.config import CostsConfig
 from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, LlmgwError, StoreUnavailableError
-from llmgw.scheduler.base import Replica
-from llmgw.store.base import ReplicaTime, Store, hour_of
+from llmgw.scheduler.base import Holding
+from llmgw.store.base import ReplicaTime, Store, StoredHolding, hour_of
 from llmgw.tenancy import COSTS_REPORT, TeamCosts
 
 log = logging.getLogger("llmgw.control.costs")
 
 LEASE = "cost-meter"
-# States in which a replica holds its allocation.
-ALLOCATED = frozenset({"starting", "running", "stopping"})
 MAX_SPAN = 367 * 86400
 
 
 class CostMeter:
-    """Adds the replicas' allocated time to the store; one holder across instances."""
+    """Records the scheduler's holdings in the store; one holder across instances."""
 
-    def __init__(self, store: Store, replicas: Callable[[], Awaitable[list[Replica]]],
-                 catalog: Callable[[], Catalog], holder: str, interval: float,
-                 clock: Callable[[], float] = time.time,
+    def __init__(self, store: Store, holdings: Callable[[], Awaitable[list[Holding]]],
+                 holder: str, interval: float, clock: Callable[[], float] = time.time,
                  gpu_classes: dict[str, GpuClass] | None = None,
                  costs: CostsConfig | None = None) -> None:
         self.store = store
         self.gpu_classes = gpu_classes or {}
         self.costs = costs or CostsConfig()
-        self._replicas = replicas
-        self._catalog = catalog
+        self._holdings = holdings
         self.holder = holder
         self.interval = interval
         self.clock = clock
-        self._last: float | None = None
 
-    async def tick(self) -> list[ReplicaTime]:
-        """Measure once; the rows added (none on the first sample, or without the lease)."""
+    async def tick(self) -> list[Holding]:
+        """Record once; the holdings recorded (none without the lease)."""
         if not self.store.is_open:
-            self._last = None
             return []
         if not await self.store.try_lease(LEASE, self.holder, 3 * self.interval):
-            self._last = None
             return []
-        replicas = await self._replicas()
+        held = await self._holdings()
         now = self.clock()
-        last, self._last = self._last, now
-        if last is None:
-            return []
-        start = max(last, now - 3 * self.interval)     # a stalled loop is not billed twice
-        rows = allocated_time(replicas, self._catalog(), start, now)
-        if rows:
-            await self.store.add_replica_time(rows)
+        await self.store.put_holdings([stored(h) for h in held], now)
         await self.publish(now)
-        return rows
+        return held
 
     async def publish(self, now: float) -> TeamCosts:
         """Each team's cost so far this UTC day and month, for the gateways' cost budgets."""
@@ -94,7 +89,7 @@ class CostMeter:
         day = t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         month = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
         end = hour_of(now) + 3600
-        times = await self.store.replica_time(month, end)
+        times = held_time(await self.store.holdings(month, end), month, end, now)
         tokens = [(x.hour, x.team, x.model, x.tokens)
                   for x in await self.store.team_model_tokens(month, end)]
         costs = TeamCosts(day_start=day, month_start=month)
@@ -111,36 +106,36 @@ class CostMeter:
             try:
                 await self.tick()
             except LlmgwError as exc:
-                log.warning("metering replica time failed: %s", exc.message)
+                log.warning("recording the scheduler's holdings failed: %s", exc.message)
             except Exception:
-                log.exception("metering replica time failed")
+                log.exception("recording the scheduler's holdings failed")
             await asyncio.sleep(self.interval)
 
 
-def allocated_time(replicas: list[Replica], catalog: Catalog, start: float,
-                   end: float) -> list[ReplicaTime]:
-    """Card- and core-seconds of each model in [start, end), split at hour boundaries."""
-    spans: list[tuple[int, float]] = []
-    t = start
-    while t < end:
-        hour = hour_of(t)
-        stop = min(end, hour + 3600)
-        spans.append((hour, stop - t))
-        t = stop
+def stored(h: Holding) -> StoredHolding:
+    return StoredHolding(id=h.id, model=h.model, gpu_class=h.gpu_class, gpus=float(h.gpus),
+                         cores=float(h.cores), started=h.start, ended=h.end, seen=0.0)
+
+
+def held_time(holdings: list[StoredHolding], start: float, end: float,
+              now: float) -> list[ReplicaTime]:
+    """Card- and core-seconds of each model in [start, end), split at hour boundaries.
+
+    A holding still open counts until ``now``. Cores count only for a holding
+    without cards: a GPU replica's cores come with its cards' price.
+    """
     sums: dict[tuple[int, str, str], list[float]] = {}
-    for r in replicas:
-        if r.state not in ALLOCATED:
-            continue
-        model = catalog.get(r.model)
-        if model is None or not model.profiles:
-            continue
-        profile = model.profile(r.profile) or model.profiles[0]
-        gpu_class = (profile.gpu_class or "") if profile.gpus else ""
-        cores = 0 if profile.gpus else (profile.cpu_cores or 0)
-        for hour, seconds in spans:
-            s = sums.setdefault((hour, r.model, gpu_class), [0.0, 0.0])
-            s[0] += profile.gpus * seconds
-            s[1] += cores * seconds
+    for h in holdings:
+        t = max(start, h.started)
+        stop = min(end, now if h.ended is None else h.ended)
+        cores = 0.0 if h.gpus else h.cores
+        while t < stop:
+            hour = hour_of(t)
+            upto = min(stop, hour + 3600)
+            s = sums.setdefault((hour, h.model, h.gpu_class if h.gpus else ""), [0.0, 0.0])
+            s[0] += h.gpus * (upto - t)
+            s[1] += cores * (upto - t)
+            t = upto
     return [ReplicaTime(hour=h, model=m, gpu_class=g, gpu_seconds=v[0], core_seconds=v[1])
             for (h, m, g), v in sorted(sums.items())]
 
@@ -238,7 +233,7 @@ async def cost_report(ctx: AppContext, since: datetime | None,
     if hi - lo > MAX_SPAN:
         raise DefinitionError(f"the span from since to until is over {MAX_SPAN // 86400} days; "
                               "ask for less", field="since")
-    times = await ctx.store.replica_time(lo, hi)
+    times = held_time(await ctx.store.holdings(lo, hi), lo, hi, time.time())
     tokens = [(t.hour, t.team, t.model, t.tokens)
               for t in await ctx.store.team_model_tokens(lo, hi)]
     teams, models, unpriced = attribute(times, tokens, dict(ctx.config.gpu_classes),

@@ -48,6 +48,24 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     phase: str = ""
 
 
+class Holding(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica's hold on cards and cores, from placement until the scheduler freed them.
+
+    What costs are computed from: a Nomad allocation from its ``CreateTime``
+    until its client reported it terminal, a local engine from its
+    reservation until its release; starting, loading, restarting and draining
+    included, since the cards are held all along.
+    """
+
+    id: str                   # unique across the scheduler's history (allocation ID)
+    model: str
+    gpu_class: str            # "" for a CPU replica, or a card no gpu class names
+    gpus: int
+    cores: float              # reserved cores; counted only for a replica without cards
+    start: float              # Unix seconds
+    end: float | None = None  # None: still held
+
+
 class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     """What the backend knows about one model, shown by the API and the CLI."""
 
@@ -210,6 +228,11 @@ class Control(Protocol):
         """
 
     async def replicas(self, model: str | None = None) -> list[Replica]: ...
+
+    async def holdings(self) -> list[Holding]:
+        """Every replica's hold on cards and cores that the scheduler still knows of:
+        those held now, and those freed recently (Nomad forgets a terminal
+        allocation at its garbage collection; the local scheduler after a day)."""
 
     def status(self, model: str) -> ModelStatus: ...
 

@@ -53,9 +53,10 @@ callers keep serving the catalog already in force.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -201,6 +202,23 @@ class ReplicaTime(msgspec.Struct, frozen=True, kw_only=True):
     core_seconds: float        # reserved CPU cores x seconds (CPU models)
 
 
+class StoredHolding(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica's hold on cards and cores, as the cost meter last saw it.
+
+    ``gpus`` and ``cores`` are counts, fractional only for rows carried over
+    from per-hour sums (an hour's card-seconds over 3600).
+    """
+
+    id: str
+    model: str
+    gpu_class: str
+    gpus: float
+    cores: float
+    started: float
+    ended: float | None        # None: held when last seen
+    seen: float                # when the scheduler last reported it
+
+
 class TeamModelTokens(msgspec.Struct, frozen=True, kw_only=True):
     hour: int
     team: str
@@ -258,6 +276,27 @@ KEY_USAGE_SINCE = (
     " FROM usage_rollup WHERE dim = 'key' AND ((grain = 86400 AND bucket >= ?)"
     " OR (grain = 3600 AND bucket >= ? AND bucket < ?)) GROUP BY team, name"
 )
+
+
+# Holdings, in both dialects ("?" placeholders). A reported holding is stored as
+# reported; one still open that this report left out ends when it was last seen.
+PUT_HOLDING = (
+    "INSERT INTO holdings (id, model, gpu_class, gpus, cores, started, ended, seen)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+    " gpus = excluded.gpus, cores = excluded.cores, started = excluded.started,"
+    " ended = excluded.ended, seen = excluded.seen"
+)
+CLOSE_UNSEEN = "UPDATE holdings SET ended = seen WHERE ended IS NULL AND seen < ?"
+HOLDINGS_BETWEEN = (
+    "SELECT id, model, gpu_class, gpus, cores, started, ended, seen FROM holdings"
+    " WHERE started < ? AND (ended IS NULL OR ended > ?) ORDER BY started, id"
+)
+
+
+def holding_row(r: Sequence[Any]) -> StoredHolding:
+    return StoredHolding(id=r[0], model=r[1], gpu_class=r[2], gpus=float(r[3]),
+                         cores=float(r[4]), started=float(r[5]),
+                         ended=None if r[6] is None else float(r[6]), seen=float(r[7]))
 
 
 def rollup_bounds(since: float, until: float) -> tuple[int, int, int, int]:
@@ -487,10 +526,17 @@ class Store(Protocol):
     async def purge_request_logs(self, now: float) -> int:
         """Delete logs whose ``expires_at`` has passed; the number deleted."""
 
-    # --- replica time, for costs ----------------------------------------------------
+    # --- holdings, for costs ----------------------------------------------------------
 
-    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
-        """Add to the replica time of each row's (hour, model, gpu_class)."""
+    async def put_holdings(self, holdings: list[StoredHolding], seen: float) -> None:
+        """Record what the scheduler reports now (``seen``), in one transaction.
 
-    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
-        """Replica time over the hours starting in [since, until), by hour and model."""
+        A reported holding is stored as reported, ended or not: the scheduler's
+        word is the truth, so a holding closed while it went unreported opens
+        again when it is reported held. One held at its last report and not
+        reported now (the scheduler forgot it) ends when it was last seen.
+        """
+
+    async def holdings(self, since: float, until: float) -> list[StoredHolding]:
+        """Holdings that overlap [since, until): started before ``until`` and not ended
+        by ``since``."""

@@ -55,15 +55,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.redact import redact_url
 from llmgw.store.base import (
+    HOLDINGS_BETWEEN,
     KEY_USAGE_SINCE,
     REPORT_RETENTION,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
-    ReplicaTime,
     Report,
     RequestLog,
+    StoredHolding,
     StoredKey,
     StoredModel,
     StoredResponse,
@@ -72,6 +73,7 @@ from llmgw.store.base import (
     TokenTotal,
     UsageRecord,
     UsageRow,
+    holding_row,
     token_totals_params,
     usage_params,
 )
@@ -779,26 +781,17 @@ class PostgresStore:
         return [TeamModelTokens(hour=int(r[0]), team=r[1], model=r[2], tokens=int(r[3]))
                 for r in rows]
 
-    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
-        if not rows:
-            return
+    async def put_holdings(self, holdings: list[StoredHolding], seen: float) -> None:
         await self._query(
-            "record replica time",
-            "INSERT INTO replica_time (hour, model, gpu_class, gpu_seconds, core_seconds)"
-            " SELECT * FROM unnest(%s::int8[], %s::text[], %s::text[], %s::float8[],"
-            " %s::float8[]) ON CONFLICT (hour, model, gpu_class) DO UPDATE SET"
-            " gpu_seconds = replica_time.gpu_seconds + EXCLUDED.gpu_seconds,"
-            " core_seconds = replica_time.core_seconds + EXCLUDED.core_seconds",
-            ([r.hour for r in rows], [r.model for r in rows], [r.gpu_class for r in rows],
-             [r.gpu_seconds for r in rows], [r.core_seconds for r in rows]))
+            f"record {len(holdings)} holding(s) of the scheduler", _PUT_HOLDINGS,
+            (seen, [h.id for h in holdings], [h.model for h in holdings],
+             [h.gpu_class for h in holdings], [h.gpus for h in holdings],
+             [h.cores for h in holdings], [h.started for h in holdings],
+             [h.ended for h in holdings], seen))
 
-    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
-        rows = await self._query(
-            "read replica time",
-            "SELECT hour, model, gpu_class, gpu_seconds, core_seconds FROM replica_time"
-            " WHERE hour >= %s AND hour < %s ORDER BY hour, model, gpu_class", (since, until))
-        return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
-                            gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
+    async def holdings(self, since: float, until: float) -> list[StoredHolding]:
+        rows = await self._query("read holdings", _HOLDINGS_BETWEEN, (until, since))
+        return [holding_row(r) for r in rows]
 
     async def put_request_logs(self, logs: list[RequestLog]) -> None:
         if not logs:
@@ -837,6 +830,18 @@ _encode_records = msgspec.json.Encoder().encode
 # in the same statement, so a retried batch adds nothing twice. Roll-up rows are
 # upserted in key order, so two instances' batches lock them in the same order.
 _KEY_USAGE_SINCE = KEY_USAGE_SINCE.replace("?", "%s")
+# One statement: the holdings as reported, and those open but unreported closed. The
+# update skips the rows the insert wrote (one statement may not change a row twice).
+_PUT_HOLDINGS = (
+    "WITH put AS (INSERT INTO holdings (id, model, gpu_class, gpus, cores, started, ended, seen)"
+    " SELECT i, m, g, n, c, s, e, %s FROM unnest(%s::text[], %s::text[], %s::text[],"
+    " %s::float8[], %s::float8[], %s::float8[], %s::float8[]) AS u(i, m, g, n, c, s, e)"
+    " ON CONFLICT (id) DO UPDATE SET gpus = excluded.gpus, cores = excluded.cores,"
+    " started = excluded.started, ended = excluded.ended, seen = excluded.seen RETURNING id)"
+    " UPDATE holdings SET ended = seen WHERE ended IS NULL AND seen < %s"
+    " AND id NOT IN (SELECT id FROM put)"
+)
+_HOLDINGS_BETWEEN = HOLDINGS_BETWEEN.replace("?", "%s")
 _RECORD_USAGE = (
     "WITH added AS"  # noqa: S608
     " (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"

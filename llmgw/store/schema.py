@@ -77,6 +77,15 @@ ROLL_UP_BY = (
     " completion_tokens = usage_rollup.completion_tokens + excluded.completion_tokens"
 )
 
+# Replica time metered per hour becomes, per (hour, model, gpu class), one holding of
+# that hour with its average cards and cores: every report adds up as before.
+CARRY_REPLICA_TIME = (
+    "INSERT INTO holdings (id, model, gpu_class, gpus, cores, started, ended, seen)"
+    " SELECT 'metered:' || hour || ':' || model || ':' || gpu_class, model, gpu_class,"
+    " gpu_seconds / 3600.0, core_seconds / 3600.0, hour, hour + 3600, hour + 3600"
+    " FROM replica_time"
+)
+
 
 class Migration(msgspec.Struct, frozen=True, kw_only=True):
     number: int
@@ -457,6 +466,40 @@ MIGRATIONS: tuple[Migration, ...] = (
                 PRIMARY KEY (grain, dim, bucket, name, team)
             )""",
             ROLL_UP_BY % "usage_hourly",
+        ),
+    ),
+    Migration(
+        number=8,
+        name="costs from the scheduler's holdings rather than sampled replica time",
+        sqlite=(
+            """CREATE TABLE holdings (
+                id        TEXT PRIMARY KEY,
+                model     TEXT NOT NULL,
+                gpu_class TEXT NOT NULL,
+                gpus      REAL NOT NULL,
+                cores     REAL NOT NULL,
+                started   REAL NOT NULL,
+                ended     REAL,
+                seen      REAL NOT NULL
+            )""",
+            "CREATE INDEX holdings_started ON holdings (started)",
+            CARRY_REPLICA_TIME,
+            "DROP TABLE replica_time",
+        ),
+        postgres=(
+            """CREATE TABLE holdings (
+                id        text PRIMARY KEY,
+                model     text NOT NULL,
+                gpu_class text NOT NULL,
+                gpus      double precision NOT NULL,
+                cores     double precision NOT NULL,
+                started   double precision NOT NULL,
+                ended     double precision,
+                seen      double precision NOT NULL
+            )""",
+            "CREATE INDEX holdings_started ON holdings (started)",
+            CARRY_REPLICA_TIME,
+            "DROP TABLE replica_time",
         ),
     ),
 )

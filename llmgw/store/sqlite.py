@@ -51,15 +51,18 @@ from msgspec.structs import astuple
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
+    CLOSE_UNSEEN,
+    HOLDINGS_BETWEEN,
     KEY_USAGE_SINCE,
+    PUT_HOLDING,
     REPORT_RETENTION,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
-    ReplicaTime,
     Report,
     RequestLog,
+    StoredHolding,
     StoredKey,
     StoredModel,
     StoredResponse,
@@ -68,6 +71,7 @@ from llmgw.store.base import (
     TokenTotal,
     UsageRecord,
     UsageRow,
+    holding_row,
     token_totals_params,
     usage_params,
 )
@@ -874,21 +878,20 @@ class SqliteStore:
         return [TeamModelTokens(hour=int(r[0]), team=r[1], model=r[2], tokens=int(r[3]))
                 for r in rows]
 
-    async def add_replica_time(self, rows: list[ReplicaTime]) -> None:
-        params = [(r.hour, r.model, r.gpu_class, r.gpu_seconds, r.core_seconds) for r in rows]
-        await self._conn(self._writes).run(lambda db: _in_transaction(db, lambda d: d.executemany(
-            "INSERT INTO replica_time (hour, model, gpu_class, gpu_seconds, core_seconds)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (hour, model, gpu_class) DO UPDATE SET"
-            " gpu_seconds = replica_time.gpu_seconds + excluded.gpu_seconds,"
-            " core_seconds = replica_time.core_seconds + excluded.core_seconds", params)))
+    async def put_holdings(self, holdings: list[StoredHolding], seen: float) -> None:
+        rows = [(h.id, h.model, h.gpu_class, h.gpus, h.cores, h.started, h.ended, seen)
+                for h in holdings]
 
-    async def replica_time(self, since: float, until: float) -> list[ReplicaTime]:
+        def run(db: sqlite3.Connection) -> None:
+            db.executemany(PUT_HOLDING, rows)
+            db.execute(CLOSE_UNSEEN, (seen,))
+
+        await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def holdings(self, since: float, until: float) -> list[StoredHolding]:
         rows = await self._conn(self._reads).run(lambda db: db.execute(
-            "SELECT hour, model, gpu_class, gpu_seconds, core_seconds FROM replica_time"
-            " WHERE hour >= ? AND hour < ? ORDER BY hour, model, gpu_class",
-            (since, until)).fetchall())
-        return [ReplicaTime(hour=int(r[0]), model=r[1], gpu_class=r[2],
-                            gpu_seconds=float(r[3]), core_seconds=float(r[4])) for r in rows]
+            HOLDINGS_BETWEEN, (until, since)).fetchall())
+        return [holding_row(r) for r in rows]
 
     async def put_request_logs(self, logs: list[RequestLog]) -> None:
         rows = [(g.id, g.at, g.expires_at, g.team, g.key, g.record, g.request, g.response)

@@ -30,6 +30,7 @@ from llmgw.modelsvc import ModelService
 from llmgw.scheduler.base import (
     BackendHealth,
     Fleet,
+    Holding,
     ModelStatus,
     NodeView,
     Pool,
@@ -157,6 +158,9 @@ class FleetBackend:
     async def replicas(self, model: str | None = None) -> list[Replica]:
         models = list(self.catalog or [])
         return [r for m in models if model in (None, m.name) for r in self._of(m)]
+
+    async def holdings(self) -> list[Holding]:
+        return []
 
     def status(self, model: str) -> ModelStatus:
         m = self.catalog.get(model) if self.catalog else None

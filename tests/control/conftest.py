@@ -19,6 +19,7 @@ from llmgw.errors import PlacementError
 from llmgw.scheduler.base import (
     BackendHealth,
     Fleet,
+    Holding,
     ModelStatus,
     Prefetch,
     PrefetchNode,
@@ -70,6 +71,9 @@ class RecordingBackend:
 
     async def replicas(self, model: str | None = None) -> list[Replica]:
         return [r for r in self.replica_list if model is None or r.model == model]
+
+    async def holdings(self) -> list[Holding]:
+        return []
 
     def status(self, model: str) -> ModelStatus:
         mine = [r for r in self.replica_list if r.model == model]

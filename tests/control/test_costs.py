@@ -5,20 +5,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
 from llmgw.api.app import create_app
-from llmgw.catalog.build import build_catalog
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.catalog.units import Size
 from llmgw.config import AdminToken, CostsConfig, ServerConfig
 from llmgw.control.context import AppContext
-from llmgw.control.costs import CostMeter, allocated_time, attribute
+from llmgw.control.costs import CostMeter, attribute, held_time
 from llmgw.modelsvc import ModelService
-from llmgw.scheduler.base import Replica
-from llmgw.store.base import ReplicaTime, Store, UsageRecord
+from llmgw.scheduler.base import Holding
+from llmgw.store.base import ReplicaTime, Store, StoredHolding, UsageRecord
 
 from .conftest import RecordingBackend
 
@@ -36,25 +36,28 @@ SMALL = convert({"name": "small", "source": "/m/small.gguf", "engine": "llama.cp
                  "profiles": [{"name": "cpu", "cpu_cores": 4, "memory": "8GiB"}]}, Model)
 
 
-def replica(model: str, profile: str, state: str = "running", n: int = 0) -> Replica:
-    return Replica(id=f"{model}-{n}", model=model, profile=profile, fingerprint="", node="n1",
-                   state=state, healthy=state == "running")  # type: ignore[arg-type]
+def held(id_: str, model: str, gpus: float, start: float, end: float | None = None, *,
+         gpu_class: str = "h100", cores: float = 0) -> StoredHolding:
+    return StoredHolding(id=id_, model=model, gpu_class=gpu_class, gpus=gpus, cores=cores,
+                         started=start, ended=end, seen=start)
 
 
-def test_allocated_time_counts_cards_and_cores_split_at_the_hour() -> None:
-    catalog = build_catalog([BIG, SMALL], GPUS)
-    replicas = [replica("big", "tp2"), replica("big", "tp2", "starting", 1),
-                replica("big", "tp2", "pending", 2), replica("small", "cpu")]
-    rows = allocated_time(replicas, catalog, HOUR - 60, HOUR + 30)
+def test_held_time_counts_cards_and_cores_split_at_the_hour() -> None:
+    holdings = [
+        held("a", "big", 2, HOUR - 60, cores=16),            # open: counts until now
+        held("b", "small", 0, HOUR - 7200, HOUR + 10, gpu_class="", cores=4),
+        held("c", "big", 2, HOUR - 9000, HOUR - 3700),       # ended before the window
+        held("d", "big", 0.5, HOUR, HOUR + 3600)]            # carried over: half a card
+    rows = held_time(holdings, HOUR - 60, HOUR + 3600, now=HOUR + 30)
     assert rows == [
-        ReplicaTime(hour=HOUR - 3600, model="big", gpu_class="h100", gpu_seconds=240.0,
+        ReplicaTime(hour=HOUR - 3600, model="big", gpu_class="h100", gpu_seconds=120.0,
                     core_seconds=0.0),
         ReplicaTime(hour=HOUR - 3600, model="small", gpu_class="", gpu_seconds=0.0,
                     core_seconds=240.0),
-        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=120.0,
+        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=60.0 + 1800.0,
                     core_seconds=0.0),
         ReplicaTime(hour=HOUR, model="small", gpu_class="", gpu_seconds=0.0,
-                    core_seconds=120.0)]
+                    core_seconds=40.0)]
 
 
 def test_cost_is_shared_by_tokens_and_idle_hours_go_to_the_overhead() -> None:
@@ -80,25 +83,43 @@ def test_cost_is_shared_by_tokens_and_idle_hours_go_to_the_overhead() -> None:
     assert unpriced == ["l4"]
 
 
-async def test_one_meter_holds_the_lease_and_its_first_sample_starts_the_clock(
+async def test_one_meter_records_the_schedulers_history_and_closes_what_it_forgot(
         store: Store) -> None:
-    catalog = build_catalog([BIG], GPUS)
     now = [float(HOUR)]
+    reported = [Holding(id="alloc-1", model="big", gpu_class="h100", gpus=2, cores=16,
+                        start=HOUR - 600.0),
+                Holding(id="alloc-2", model="big", gpu_class="h100", gpus=2, cores=16,
+                        start=HOUR - 300.0)]
 
-    async def replicas() -> list[Replica]:
-        return [replica("big", "tp2")]
+    async def holdings() -> list[Holding]:
+        return list(reported)
 
-    first = CostMeter(store, replicas, lambda: catalog, "a", 60, clock=lambda: now[0])
-    second = CostMeter(store, replicas, lambda: catalog, "b", 60, clock=lambda: now[0])
-    assert await first.tick() == []
+    first = CostMeter(store, holdings, "a", 60, clock=lambda: now[0])
+    second = CostMeter(store, holdings, "b", 60, clock=lambda: now[0])
+    assert len(await first.tick()) == 2
     assert await second.tick() == []            # no lease
+    # Times come from the scheduler, not from when the meter looked: the time before
+    # the first tick counts.
+    stored = {h.id: h for h in await store.holdings(HOUR - 3600, HOUR + 3600)}
+    assert stored["alloc-1"].started == HOUR - 600.0
+    assert stored["alloc-1"].ended is None
+    # alloc-1 ends (the scheduler says when); alloc-2 is forgotten while open.
+    reported[:] = [msgspec.structs.replace(reported[0], end=HOUR + 100.0)]
+    now[0] += 200
+    await first.tick()
+    stored = {h.id: h for h in await store.holdings(HOUR - 3600, HOUR + 3600)}
+    assert stored["alloc-1"].ended == HOUR + 100.0
+    assert stored["alloc-2"].ended == HOUR      # last seen at the first tick
+    times = held_time(list(stored.values()), HOUR - 3600, HOUR + 3600, now[0])
+    assert sum(r.gpu_seconds for r in times) == 2 * 700 + 2 * 300
+    # Reported held again (the scheduler's word wins): open again.
+    reported.append(Holding(id="alloc-2", model="big", gpu_class="h100", gpus=2, cores=16,
+                            start=HOUR - 300.0))
     now[0] += 60
-    assert [r.gpu_seconds for r in await first.tick()] == [120.0]
-    assert await second.tick() == []
-    now[0] += 3600                              # a stalled loop: at most 3 intervals
-    assert sum(r.gpu_seconds for r in await first.tick()) == 360.0
-    stored = await store.replica_time(HOUR, HOUR + 7200)
-    assert sum(r.gpu_seconds for r in stored) == 480.0
+    await first.tick()
+    [again] = [h for h in await store.holdings(HOUR, HOUR + 3600) if h.id == "alloc-2"]
+    assert again.ended is None
+    assert [h.id for h in await store.holdings(HOUR + 150, HOUR + 3600)] == ["alloc-2"]
 
 
 @pytest.fixture
@@ -115,8 +136,7 @@ async def client(store: Store, backend: RecordingBackend,
 
 async def test_the_costs_route_prices_time_and_attributes_it(
         client: AsyncTestClient, store: Store) -> None:
-    await store.add_replica_time([ReplicaTime(hour=HOUR, model="big", gpu_class="h100",
-                                              gpu_seconds=7200, core_seconds=0)])
+    await store.put_holdings([held("x", "big", 2, HOUR, HOUR + 3600)], HOUR + 3600)
     await store.record_usage([UsageRecord(
         id=f"r{i}", at=HOUR + i, key="k", team=team, model="big", replica="r",
         gpu_class="h100", prompt_tokens=n, cached_tokens=0, completion_tokens=0, status=200,
@@ -139,14 +159,12 @@ async def test_the_meter_publishes_each_teams_cost_this_day_and_month(store: Sto
 
     from llmgw.tenancy import COSTS_REPORT, TeamCosts
 
-    catalog = build_catalog([BIG], GPUS)
-    meter = CostMeter(store, replicas_none, lambda: catalog, "a", 60,
-                      clock=lambda: HOUR + 1800.0, gpu_classes=GPUS, costs=COSTS)
-    await store.add_replica_time([
-        ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=3600,
-                    core_seconds=0),                       # today: 2.0
-        ReplicaTime(hour=HOUR - 86400, model="big", gpu_class="h100", gpu_seconds=1800,
-                    core_seconds=0)])                      # yesterday, this month: 1.0
+    meter = CostMeter(store, no_holdings, "a", 60, clock=lambda: HOUR + 1800.0,
+                      gpu_classes=GPUS, costs=COSTS)
+    await store.put_holdings([
+        held("today", "big", 2, HOUR),                     # open: 2 cards x 30 min = 2.0
+        held("yesterday", "big", 1, HOUR - 86400, HOUR - 84600)],   # this month: 1.0
+        HOUR + 1800.0)
     await store.record_usage([
         UsageRecord(id="a", at=HOUR + 5, key="k", team="ml", model="big", replica="r",
                     gpu_class="h100", prompt_tokens=10, cached_tokens=0, completion_tokens=0,
@@ -161,7 +179,7 @@ async def test_the_meter_publishes_each_teams_cost_this_day_and_month(store: Sto
     assert msgspec.json.decode(report.payload, type=TeamCosts) == published
 
 
-async def replicas_none() -> list[Replica]:
+async def no_holdings() -> list[Holding]:
     return []
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.model import Model
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
+from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
 
 
 class CatalogHolder:
@@ -48,6 +48,9 @@ class _BackendBase:
         return None
 
     async def replicas(self, model: str | None = None) -> list[Replica]:
+        return []
+
+    async def holdings(self) -> list[Holding]:
         return []
 
     async def fleet(self) -> Fleet:

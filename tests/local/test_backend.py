@@ -220,6 +220,27 @@ async def test_scaling_up_and_down_changes_the_replica_count(
     assert (await backend.fleet()).nodes[0].cores_free == 3
 
 
+async def test_holdings_run_from_each_reservation_to_its_release(
+        backend: LocalBackend, tmp_path: Path) -> None:
+    """What costs are computed from: a replica's cores from the moment it reserved them
+    (failing to start and waiting to retry included) until it let them go."""
+    clock = itertools.count(1000.0, 10.0)
+    backend.clock = lambda: next(clock)
+    two = cpu_model("pair", missing(tmp_path), min_=2)
+    await backend.apply(build_catalog([two]))
+    held = await backend.holdings()
+    assert [(h.model, h.gpus, h.cores, h.end) for h in held] == [("pair", 0, 1, None)] * 2
+    assert len({h.id for h in held}) == 2
+    await backend.apply(build_catalog([msgspec.structs.replace(two, scaling=Scaling(min=1))]))
+
+    async def one_released() -> bool:
+        return sum(h.end is not None for h in await backend.holdings()) == 1
+    await until(one_released, "the surplus replica's release", 30)
+    [gone] = [h for h in await backend.holdings() if h.end is not None]
+    assert gone.end is not None
+    assert gone.end > gone.start
+
+
 async def test_health_reports_the_replica_count(backend: LocalBackend) -> None:
     """The scheduler is healthy and says how many replicas are ready."""
     await backend.apply(build_catalog([]))

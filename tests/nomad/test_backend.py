@@ -589,3 +589,33 @@ async def test_a_gpu_class_declaring_more_memory_than_cards_report_is_named_with
         assert next(n for n in fleet.nodes if n.name == "gpu-l40s-01").warning is None
     finally:
         await backend.close()
+
+
+async def test_holdings_are_each_allocations_cards_from_placement_until_its_client_freed_them(
+        fake, backend):
+    """Costs read what Nomad's scheduler counts as used: an allocation's devices and cores
+    from CreateTime until its client reports it terminal (FinishedAt of its last task)."""
+    await applied(backend, catalog(gpu_model("qwen", gpus=2), cpu_model("embed", cores=8)))
+    fake.settle()
+    [gpu] = fake.allocations("llmgw-qwen")
+    [cpu] = fake.allocations("llmgw-embed")
+    fake.advance(600)
+    held = {h.id: h for h in await backend.holdings()}
+    assert set(held) == {gpu.id, cpu.id}
+    assert (held[gpu.id].model, held[gpu.id].gpu_class, held[gpu.id].gpus) == \
+        ("qwen", "h100-80g", 2)
+    assert held[gpu.id].start == gpu.create_time / 1e9
+    assert held[gpu.id].end is None                  # running: held
+    assert (held[cpu.id].model, held[cpu.id].gpus, held[cpu.id].cores) == ("embed", 0, 8)
+    before = fake.now() / 1e9
+    fake.fail_alloc(gpu.id)
+    failed_at = fake.now() / 1e9
+    fake.settle()
+    held = {h.id: h for h in await backend.holdings()}
+    end = held[gpu.id].end
+    assert end is not None
+    assert before - 1e-3 <= end <= failed_at + 1e-3
+    # Its replacement is an allocation of its own, held from its own placement.
+    [replacement] = [a for a in fake.allocations("llmgw-qwen") if a.id != gpu.id]
+    assert held[replacement.id].start >= before
+    assert held[replacement.id].end is None

@@ -160,6 +160,47 @@ async def test_the_roll_up_migration_fills_from_the_hourly_roll_ups(
     assert sum(r.requests for r in after[0]) == 3
 
 
+async def test_holdings_are_stored_as_reported_and_closed_when_forgotten(
+        store: AnyStore) -> None:
+    from llmgw.store.base import StoredHolding
+
+    def held(id_: str, started: float, ended: float | None = None) -> StoredHolding:
+        return StoredHolding(id=id_, model="big", gpu_class="h100", gpus=2, cores=16,
+                             started=started, ended=ended, seen=0)
+
+    await store.put_holdings([held("a", HOUR), held("b", HOUR + 60)], HOUR + 100)
+    await store.put_holdings([held("a", HOUR, HOUR + 150)], HOUR + 200)   # b forgotten
+    got = {h.id: (h.ended, h.seen) for h in await store.holdings(0, HOUR + 7200)}
+    assert got == {"a": (HOUR + 150, HOUR + 200), "b": (HOUR + 100, HOUR + 100)}
+    await store.put_holdings([held("b", HOUR + 60)], HOUR + 300)          # b reported again
+    got = {h.id: (h.ended, h.seen) for h in await store.holdings(0, HOUR + 7200)}
+    assert got == {"a": (HOUR + 150, HOUR + 200), "b": (None, HOUR + 300)}
+    # Overlap with [since, until): a ended at HOUR + 150 is out of [HOUR + 150, …).
+    assert [h.id for h in await store.holdings(HOUR + 150, HOUR + 7200)] == ["b"]
+    assert [h.id for h in await store.holdings(0, HOUR + 60)] == ["a"]
+    await store.put_holdings([], HOUR + 400)
+    assert [h.ended for h in await store.holdings(0, HOUR + 7200)] == [HOUR + 150, HOUR + 300]
+
+
+async def test_metered_replica_time_is_carried_into_holdings(
+        store: AnyStore, database: Database) -> None:
+    """An older database metered replica time per hour; migration 8 keeps every hour's
+    card- and core-seconds as a holding of that hour."""
+    from llmgw.control.costs import held_time
+    from llmgw.store.schema import CARRY_REPLICA_TIME
+
+    await database.execute("CREATE TABLE replica_time (hour BIGINT NOT NULL, model TEXT NOT NULL,"
+                           " gpu_class TEXT NOT NULL, gpu_seconds DOUBLE PRECISION NOT NULL,"
+                           " core_seconds DOUBLE PRECISION NOT NULL)")
+    await database.execute(f"INSERT INTO replica_time VALUES ({HOUR}, 'big', 'h100', 5400, 0),"
+                           f" ({HOUR + 3600}, 'small', '', 0, 1800)")
+    await database.execute(CARRY_REPLICA_TIME)
+    await database.execute("DROP TABLE replica_time")
+    times = held_time(await store.holdings(HOUR, HOUR + 7200), HOUR, HOUR + 7200, HOUR + 9000)
+    assert [(t.hour, t.model, t.gpu_class, t.gpu_seconds, t.core_seconds) for t in times] == [
+        (HOUR, "big", "h100", 5400.0, 0.0), (HOUR + 3600, "small", "", 0.0, 1800.0)]
+
+
 async def test_purging_raw_records_keeps_the_roll_ups(store: AnyStore) -> None:
     await store.record_usage([record("a", HOUR + 10), record("b", HOUR + 5000)])
     assert await store.purge_usage(HOUR + 4000) == 1
@@ -201,16 +242,3 @@ async def test_request_logs_are_kept_read_newest_first_and_purged(store: AnyStor
     assert await store.request_logs("web", now + 1, 10) == []
     assert await store.purge_request_logs(now + 150) == 1
     assert [g.id for g in await store.request_logs("ml", now + 1, 10)] == ["l2", "l1"]
-
-
-async def test_replica_time_adds_up_per_hour_and_model(store: AnyStore) -> None:
-    from llmgw.store.base import ReplicaTime
-
-    row = ReplicaTime(hour=HOUR, model="m", gpu_class="h100", gpu_seconds=60, core_seconds=0)
-    await store.add_replica_time([row, ReplicaTime(hour=HOUR, model="n", gpu_class="",
-                                                   gpu_seconds=0, core_seconds=240)])
-    await store.add_replica_time([row])
-    got = await store.replica_time(HOUR, HOUR + 3600)
-    assert [(r.model, r.gpu_seconds, r.core_seconds) for r in got] == [
-        ("m", 120.0, 0.0), ("n", 0.0, 240.0)]
-    assert await store.replica_time(HOUR + 3600, HOUR + 7200) == []

@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from llmgw.errors import NotFoundError, PlacementError, RefusedError
 from llmgw.scheduler.base import (
     BackendHealth,
     Fleet,
+    Holding,
     ModelStatus,
     NodeView,
     Pool,
@@ -123,6 +125,10 @@ class _Wait(msgspec.Struct, frozen=True):
 class _Never(msgspec.Struct, frozen=True):
     reason: str
 
+# How long a released replica's holding is still reported: the cost meter reads
+# them every minute, so a day covers any outage of the meter worth covering.
+HOLDINGS_KEPT = 86400.0
+
 
 class LocalBackend:
     """Runs the catalog's models as child processes of this llmgw."""
@@ -153,6 +159,11 @@ class LocalBackend:
         self._placement_failure: dict[str, str] = {}
         self._blocked: set[str] = set()
         self._seq = 0
+        # Each replica's hold on cards and cores (costs); replica ids restart with
+        # llmgw, so a holding's id carries this backend's own prefix.
+        self._holdings: dict[str, Holding] = {}
+        self._run_id = os.urandom(4).hex()
+        self.clock: Callable[[], float] = time.time
         self._listeners: list[EventCallback] = [on_event] if on_event else []
         self._changed = asyncio.Event()
         self._stoppers: set[asyncio.Task[None]] = set()
@@ -331,6 +342,15 @@ class LocalBackend:
                          key=lambda r: (r.model, r.seq))
         return [r.replica(measured_memory=rss_of(r.pid)) for r in runners]
 
+    async def holdings(self) -> list[Holding]:
+        """From each reservation to its release, as Nomad holds an allocation's resources;
+        a released one is remembered for ``HOLDINGS_KEPT``."""
+        horizon = self.clock() - HOLDINGS_KEPT
+        for rid, h in list(self._holdings.items()):
+            if h.end is not None and h.end < horizon:
+                del self._holdings[rid]
+        return list(self._holdings.values())
+
     def status(self, model: str) -> ModelStatus:
         live = self._live(model)
         # A replica that failed and is not serving again: its message stays the
@@ -495,6 +515,12 @@ class LocalBackend:
         self._seq += 1
         rid = f"{m.name}-{self._seq}"
         grant = self._ledger.reserve(rid, demand)
+        gpu_class = next((name for name, gc in self.config.gpu_classes.items()
+                          if demand.gpu_device is not None and gc.device == demand.gpu_device),
+                         demand.gpu_device or "")
+        self._holdings[rid] = Holding(
+            id=f"local:{self._run_id}:{rid}", model=m.name, gpu_class=gpu_class,
+            gpus=len(grant.gpus), cores=len(grant.cores) or demand.cores, start=self.clock())
         runner = ReplicaRunner(
             id=rid, model=m.name, profile=profile.name, fingerprint=fingerprint(m, profile),
             seq=self._seq, node=self.machine.name,
@@ -524,6 +550,9 @@ class LocalBackend:
     def _on_runner(self, r: ReplicaRunner, kind: str, message: str) -> None:
         if kind == "stopped":
             self._ledger.release(r.id)
+            held = self._holdings.get(r.id)
+            if held is not None and held.end is None:
+                self._holdings[r.id] = msgspec.structs.replace(held, end=self.clock())
             self._runners.pop(r.id, None)
         self._notify_changed()
         if kind in ("loading", "ready", "unhealthy", "failed", "stopped"):

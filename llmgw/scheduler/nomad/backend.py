@@ -65,6 +65,7 @@ from llmgw.errors import (
 from llmgw.scheduler.base import (
     BackendHealth,
     Fleet,
+    Holding,
     ModelStatus,
     NodeView,
     Prefetch,
@@ -76,6 +77,7 @@ from llmgw.scheduler.nomad.caches import CacheKeeper
 from llmgw.scheduler.nomad.client import JobChangedError, NomadClient, ScaleBlockedError
 from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
 from llmgw.scheduler.nomad.fleet import build_fleet
+from llmgw.scheduler.nomad.holdings import holdings_of
 from llmgw.scheduler.nomad.offload import Offloader
 from llmgw.scheduler.nomad.placement import Verdict, classify, failed_metric, latest_failure
 from llmgw.scheduler.nomad.reconcile import (
@@ -741,6 +743,10 @@ class NomadBackend:
         return await self._replicas.read(ids, health, dict(self._discovery.unknown), addresses,
                                          every_job=model is None,
                                          progress=self._caches.progress)
+
+    async def holdings(self) -> list[Holding]:
+        allocs = await self._offload.run(self._client.holding_allocations)
+        return holdings_of(allocs, self._classes)
 
     async def fleet(self) -> Fleet:
         nodes, allocs = await self._offload.run(self._fleet_inputs)

@@ -327,6 +327,11 @@ class NomadClient:
                           forwarded=True)
         return self._decode(resp, wire.NodeMetaResponse, "POST /v1/client/metadata")
 
+    def holding_allocations(self) -> list[wire.Allocation]:
+        """Every allocation of llmgw's namespace, with resources and task states."""
+        return self._get(list[wire.Allocation], "allocations",
+                         params={**self._ns, "resources": "true"})
+
     def namespace_allocations(self) -> list[wire.Allocation]:
         """Every allocation of llmgw's namespace, with task states."""
         return self._get(list[wire.Allocation], "allocations", params=self._ns)

@@ -234,6 +234,9 @@ class TaskState(_R, frozen=True):
     Failed: bool = False
     Restarts: int = 0
     Events: list[TaskEvent] | None = None
+    # RFC 3339; Go's zero time (year 1) until the task started / finished.
+    StartedAt: str = ""
+    FinishedAt: str = ""
 
 
 class Allocation(_R, frozen=True):
@@ -257,6 +260,8 @@ class Allocation(_R, frozen=True):
     Job: JobMeta | None = None
     CreateIndex: int = 0
     ModifyIndex: int = 0
+    CreateTime: int = 0       # Unix nanoseconds
+    ModifyTime: int = 0
 
 
 class CheckStatus(_R, frozen=True):
