@@ -575,7 +575,11 @@ class Gateway:
             return
         gpu_class = ""
         if served is not None and served.profiles:
-            gpu_class = served.profiles[0].gpu_class or ""
+            # The profile the answering replica runs; with one profile there is no doubt.
+            name = self.backend.profile_of(req.replica) if req.replica else None
+            profile = served.profile(name) if name is not None else (
+                served.profiles[0] if len(served.profiles) == 1 else None)
+            gpu_class = (profile.gpu_class or "") if profile is not None else ""
         record = UsageRecord(
             id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
             replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,

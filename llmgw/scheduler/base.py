@@ -180,8 +180,13 @@ class Routing(Protocol):
     def endpoints(self, model: str) -> list[str]:
         """Base URLs of the model's healthy replicas, from the backend's cache (no I/O)."""
 
+    def profile_of(self, address: str) -> str | None:
+        """The profile the replica at ``address`` (an endpoint) runs, when the backend
+        knows it; from its cache (no I/O). The ledger records that profile's GPU class."""
+
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
-        """Return when the set of endpoints may have changed, or after ``timeout``."""
+        """Return when the set of endpoints may have changed, or after ``timeout``.
+        """
 
     async def set_demand(self, model: str, replicas: int) -> None:
         """Run ``replicas`` copies of the model, kept within ``[scaling.min, scaling.max]``.

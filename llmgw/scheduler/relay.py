@@ -55,6 +55,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     endpoints: dict[str, list[str]]
     status: dict[str, ModelStatus]
+    profiles: dict[str, str] = {}       # endpoint → the profile it runs, where known
 
 
 class _Demand(msgspec.Struct, frozen=True):
@@ -122,12 +123,15 @@ class RoutingRelay:
         names = list(self.models())
         endpoints = {n: self.backend.endpoints(n) for n in names}
         status = {n: self.backend.status(n) for n in names}
+        profiles = {url: p for urls in endpoints.values() for url in urls
+                    if (p := self.backend.profile_of(url)) is not None}
         old = self._snapshot
         # The first snapshot is version 1 even when empty: a worker that has
         # none (version 0) is answered at once.
-        if old.version == 0 or endpoints != old.endpoints or status != old.status:
+        if (old.version == 0 or endpoints != old.endpoints or status != old.status
+                or profiles != old.profiles):
             self._snapshot = Snapshot(version=old.version + 1, endpoints=endpoints,
-                                      status=status)
+                                      status=status, profiles=profiles)
             self._changed.set()
             self._changed = asyncio.Event()
 
@@ -248,6 +252,9 @@ class RelayRouting:
 
     def endpoints(self, model: str) -> list[str]:
         return self._snapshot.endpoints.get(model, [])
+
+    def profile_of(self, address: str) -> str | None:
+        return self._snapshot.profiles.get(address)
 
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         with contextlib.suppress(TimeoutError):

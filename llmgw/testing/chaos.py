@@ -82,6 +82,9 @@ class SimFleet:
         return [r.address for r in self.runners
                 if r.model == model and r.healthy and r.state == "running" and r.address]
 
+    def profile_of(self, address: str) -> str | None:
+        return next((r.profile for r in self.runners if r.address == address), None)
+
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         event = self._changed
         with contextlib.suppress(TimeoutError):
@@ -219,6 +222,9 @@ class Fixed:
 
     def endpoints(self, model: str) -> list[str]:
         return list(self.replicas) if model == self.model else []
+
+    def profile_of(self, address: str) -> str | None:
+        return None
 
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         await asyncio.sleep(timeout)

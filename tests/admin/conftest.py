@@ -200,6 +200,9 @@ class FleetBackend:
     def endpoints(self, model: str) -> list[str]:
         return []
 
+    def profile_of(self, address: str) -> str | None:
+        return None
+
     async def wait_changed(self, timeout: float) -> None:
         return None
 

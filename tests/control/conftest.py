@@ -88,6 +88,9 @@ class RecordingBackend:
     def endpoints(self, model: str) -> list[str]:
         return []
 
+    def profile_of(self, address: str) -> str | None:
+        return None
+
     async def wait_changed(self, timeout: float) -> None:
         return None
 

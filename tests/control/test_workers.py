@@ -72,14 +72,18 @@ async def test_a_worker_sees_the_schedulers_endpoints_and_their_changes(tmp_path
     """Endpoints and status reach the worker at once, and a change reaches it within a second."""
     backend = FakeBackend()
     backend.set_endpoints("m", ["http://10.0.0.1:8000"])
+    backend.profiles["http://10.0.0.1:8000"] = "big"
     backend.desired["m"] = 1
     async with relayed(backend, ["m"], tmp_path) as routing:
         await asyncio.wait_for(routing.synced.wait(), 10)
         assert routing.endpoints("m") == ["http://10.0.0.1:8000"]
         assert routing.status("m").desired == 1
+        assert routing.profile_of("http://10.0.0.1:8000") == "big"
+        backend.profiles["http://10.0.0.2:8000"] = "small"
         backend.set_endpoints("m", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
         await routing.wait_changed(5.0)
         await _until(lambda: len(routing.endpoints("m")) == 2, "the new endpoint", 5.0)
+        assert routing.profile_of("http://10.0.0.2:8000") == "small"
 
 
 async def test_set_demand_from_a_worker_reaches_the_scheduler_and_errors_come_back(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from llmgw.catalog.decode import convert
-from llmgw.catalog.model import Model
+from llmgw.catalog.model import GpuClass, Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
 from llmgw.store.sqlite import SqliteStore
@@ -123,6 +123,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
 
     async def make(models: list[Model], *, backend: FakeBackend | None = None,
                    keys_file: Path | None = None, listen: str = "127.0.0.1:8080",
+                   gpu_classes: Mapping[str, GpuClass] | None = None,
                    **gateway: Any) -> GatewayHandle:
         store = SqliteStore(f"sqlite:///{tmp_path / 'store.db'}")
         await store.open()
@@ -130,7 +131,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[GatewayFactory]:
         gw_config = convert({"eject_for": "30s", **gateway}, GatewayConfig)
         config = ServerConfig(listen=listen, keys_file=str(keys_file) if keys_file else None,
                               gateway=gw_config)
-        catalogs = CatalogHolder(models)
+        catalogs = CatalogHolder(models, gpu_classes)
         backend = backend or FakeBackend()
         gw = Gateway(config, catalogs, backend, store)
         await gw.start()

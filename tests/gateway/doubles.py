@@ -16,19 +16,20 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from llmgw.catalog.build import Catalog, build_catalog
-from llmgw.catalog.model import Model
+from llmgw.catalog.model import GpuClass, Model
 from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
 
 
 class CatalogHolder:
     """A CatalogView whose catalog a test can swap."""
 
-    def __init__(self, models: list[Model]) -> None:
-        self.catalog: Catalog = build_catalog(models)
+    def __init__(self, models: list[Model],
+                 gpu_classes: Mapping[str, GpuClass] | None = None) -> None:
+        self.catalog: Catalog = build_catalog(models, gpu_classes or {})
 
 
 class _BackendBase:
@@ -70,6 +71,7 @@ class FakeBackend(_BackendBase):
         # starting or stopping replicas after it has accepted the request.
         self.on_demand: Callable[[str, int], Awaitable[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.profiles: dict[str, str] = {}      # endpoint → the profile it runs
 
     def set_endpoints(self, model: str, urls: list[str]) -> None:
         self._endpoints[model] = list(urls)
@@ -78,6 +80,9 @@ class FakeBackend(_BackendBase):
 
     def endpoints(self, model: str) -> list[str]:
         return self._endpoints.get(model, [])
+
+    def profile_of(self, address: str) -> str | None:
+        return self.profiles.get(address)
 
     async def wait_changed(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -126,6 +131,9 @@ class FileBackend(_BackendBase):
     def endpoints(self, model: str) -> list[str]:
         self._refresh()
         return self._endpoints.get(model, [])
+
+    def profile_of(self, address: str) -> str | None:
+        return None
 
     async def wait_changed(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

@@ -11,6 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.catalog.model import GpuClass
+from llmgw.catalog.units import Size
 from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.keys import add_key
 from llmgw.gateway.ledger import Ledger
@@ -19,6 +21,7 @@ from llmgw.gateway.request import with_usage
 from llmgw.store.base import UsageRecord
 from llmgw.store.sqlite import SqliteStore
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
+from tests.gateway.doubles import FakeBackend
 from tests.gateway.engine import FakeEngine
 
 PROMPT = "a secret prompt about kittens"
@@ -79,6 +82,31 @@ async def test_each_request_is_recorded_without_its_key_or_prompt(
     assert "kittens" not in text
     metrics = (await gw.client.get("/metrics")).text
     assert 'llmgw_gateway_team_tokens_total{kind="completion",model="m",team="-"} 3.0' in metrics
+
+
+async def test_the_record_names_the_gpu_class_of_the_profile_that_answered(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]],
+        tmp_path: Path) -> None:
+    """A model with a fallback profile: the record holds the class of the profile the
+    answering replica runs, as the scheduler reports it, not the first one listed."""
+    engine = await engines()
+    keys_file = tmp_path / "keys.json"
+    key = add_key(keys_file, "alice")
+    backend = FakeBackend()
+    model = chat_model("m", profiles=[
+        {"name": "big", "gpu_class": "h100", "gpus": 1, "memory": "1GiB"},
+        {"name": "small", "gpu_class": "l4", "gpus": 1, "memory": "1GiB"}])
+    classes = {name: GpuClass(device=name, memory=Size.parse("16GiB")) for name in ("h100", "l4")}
+    gw = await make_gateway([model], backend=backend, keys_file=keys_file, gpu_classes=classes,
+                            ledger_interval="50ms")
+    backend.profiles[engine.url] = "small"
+    backend.set_endpoints("m", [engine.url])
+    r = await gw.client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    await gw.gateway.ledger.flush()            # type: ignore[union-attr]
+    [row] = await rows(gw.store)
+    assert (row[5], row[6]) == (engine.url, "l4")
 
 
 async def test_a_stream_is_counted_and_the_client_gets_no_usage_it_did_not_ask_for(

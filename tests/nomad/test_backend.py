@@ -79,6 +79,9 @@ async def test_a_registered_but_loading_replica_gets_no_traffic(fake, backend):
     await asyncio.wait_for(waiter, 30)
     await eventually(lambda: backend.endpoints("embed") == _urls(fake, "llmgw-embed", {a0, a1}))
     assert backend.status("embed").ready == 2
+    # Which profile each replica runs comes from its service's tags (the ledger's GPU class).
+    assert [backend.profile_of(u) for u in backend.endpoints("embed")] == ["cpu", "cpu"]
+    assert backend.profile_of("http://10.9.9.9:1") is None
     fake.set_check(a0, "failure")
     await eventually(lambda: backend.endpoints("embed") == _urls(fake, "llmgw-embed", {a1}))
 

@@ -402,6 +402,9 @@ class LocalBackend:
         return [r.address for r in sorted(self._live(model), key=lambda r: r.seq)
                 if r.healthy and r.state == "running" and r.address]
 
+    def profile_of(self, address: str) -> str | None:
+        return next((r.profile for r in self._runners.values() if r.address == address), None)
+
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):

@@ -775,6 +775,9 @@ class NomadBackend:
     def endpoints(self, model: str) -> list[str]:
         return self._discovery.endpoints(model)
 
+    def profile_of(self, address: str) -> str | None:
+        return self._discovery.profile_of(address)
+
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         await self._discovery.wait_changed(timeout)
 

@@ -76,6 +76,9 @@ def checks_pass(checks: Mapping[str, wire.CheckStatus]) -> bool:
     return bool(checks) and all(c.Status == "success" for c in checks.values())
 
 
+PROFILE_TAG = "profile="
+
+
 def endpoint_url(reg: wire.ServiceRegistration) -> str:
     host = f"[{reg.Address}]" if ":" in reg.Address else reg.Address
     return f"http://{host}:{reg.Port}"
@@ -102,6 +105,7 @@ class Discovery:
         self._reads: set[asyncio.Task[None]] = set()
         self._agent_failures = 0
         self._endpoints: dict[str, list[str]] = {}
+        self._profiles: dict[str, str] = {}           # endpoint → profile, from its tags
         self._changed = asyncio.Event()
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,6 +114,9 @@ class Discovery:
 
     def endpoints(self, model: str) -> list[str]:
         return list(self._endpoints.get(model, ()))
+
+    def profile_of(self, address: str) -> str | None:
+        return self._profiles.get(address)
 
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (Backend's shape)
         event = self._changed
@@ -315,6 +322,10 @@ class Discovery:
 
     def _recompute(self) -> None:
         endpoints = {}
+        # The job renders its service with a "profile=<name>" tag (render.tags).
+        self._profiles = {endpoint_url(r): tag[len(PROFILE_TAG):]
+                          for regs in self.registrations.values() for r in regs
+                          for tag in r.Tags or () if tag.startswith(PROFILE_TAG)}
         for model in self._models:
             urls = sorted({endpoint_url(r) for r in self.registrations.get(model, ())
                            if self.alloc_health.get(r.AllocID) is True
