@@ -826,9 +826,6 @@ class PostgresStore:
 
 _encode_records = msgspec.json.Encoder().encode
 
-# New records only (ON CONFLICT skips an id already stored) feed the roll-ups,
-# in the same statement, so a retried batch adds nothing twice. Roll-up rows are
-# upserted in key order, so two instances' batches lock them in the same order.
 _KEY_USAGE_SINCE = KEY_USAGE_SINCE.replace("?", "%s")
 # One statement: the holdings as reported, and those open but unreported closed. The
 # update skips the rows the insert wrote (one statement may not change a row twice).
@@ -842,6 +839,10 @@ _PUT_HOLDINGS = (
     " AND id NOT IN (SELECT id FROM put)"
 )
 _HOLDINGS_BETWEEN = HOLDINGS_BETWEEN.replace("?", "%s")
+# New records only (ON CONFLICT skips an id already stored) feed the roll-ups,
+# in the same statement, so a retried batch adds nothing twice. Roll-up rows are
+# upserted in key order, so two instances' batches lock them in the same order.
+# (ROLL_UP_BY, joined in, is a constant.)
 _RECORD_USAGE = (
     "WITH added AS"  # noqa: S608
     " (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-from msgspec.structs import astuple
+import msgspec
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
@@ -823,15 +823,18 @@ class SqliteStore:
     # --- the usage ledger ---------------------------------------------------------------
 
     async def record_usage(self, records: list[UsageRecord]) -> int:
-        # The batch goes into a temporary table in one executemany; the ids already
+        # The batch goes into a temporary table in one statement, from one JSON array
+        # made in the event loop (msgspec: a microsecond a record); the ids already
         # stored are removed from it, and the rest are copied and rolled up in SQL.
-        # (One JSON array through json_each was measured too: twice the time.)
-        rows = [astuple(r) for r in records]
+        # One statement rather than an executemany: SQLite runs it without the GIL,
+        # where binding 5,000 rows one by one took the GIL from the event loop 5,000
+        # times a batch (a tenth of a busy gateway's throughput).
+        payload = _encode_records(records).decode()
 
         def run(db: sqlite3.Connection) -> int:
             db.execute(_USAGE_BATCH_TABLE)
             db.execute("DELETE FROM temp.usage_batch")
-            db.executemany(_INSERT_BATCH, rows)
+            db.execute(_INSERT_BATCH, (payload,))
             db.execute("DELETE FROM temp.usage_batch WHERE EXISTS"
                        " (SELECT 1 FROM usage u WHERE u.id = usage_batch.id)")
             added = int(db.execute("SELECT count(*) FROM temp.usage_batch").fetchone()[0])
@@ -926,9 +929,12 @@ _USAGE_BATCH_TABLE = (
     " cached_tokens INTEGER, completion_tokens INTEGER, status INTEGER, latency REAL, ttft REAL)"
 )
 _INSERT_BATCH = (
-    "INSERT INTO temp.usage_batch VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO temp.usage_batch SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3,"
+    " value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9,"
+    " value ->> 10, value ->> 11, value ->> 12 FROM json_each(?) WHERE true"
     " ON CONFLICT (id) DO NOTHING"
 )
+_encode_records = msgspec.json.Encoder().encode
 # "WHERE true": SQLite needs it to parse an upsert whose source is a SELECT.
 _ROLL_UP_BATCH = (
     "INSERT INTO usage_hourly (hour, team, key, model, requests, prompt_tokens, cached_tokens,"
