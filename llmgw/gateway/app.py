@@ -667,16 +667,25 @@ class Gateway:
                       owner: str | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
-        No key is checked here: the batch's lines were checked against its
-        owner's key when it was validated. Nor is the line counted as a client's
-        request (requests_total, request_duration: what interactive users get);
-        the worker counts it in batch_lines_total. It is in the usage ledger,
-        as its owner's (``owner``, the key's name), when that key still exists.
+        The key's allow-list is not checked again here: the batch's lines were
+        checked against its owner's key when it was validated. Its token and
+        cost budgets are, line by line, as for a client's request: a batch
+        whose owner ran out is answered 429 ``insufficient_quota``, which the
+        worker retries with back-off until the budget resets or the batch
+        expires. Nor is the line counted as a client's request (requests_total,
+        request_duration: what interactive users get); the worker counts it in
+        batch_lines_total. It is in the usage ledger, as its owner's (``owner``,
+        the key's name), when that key still exists.
         """
         call = Call()
         answer = _Collected()
         key = self.key_named(owner) if owner is not None else None
         started = self._loop_time()
+        if key is not None and key.budgeted and self.budgets is not None:
+            try:
+                self.budgets.check(key.team, key.name, key.team_limits, key.limits)
+            except LlmgwError as err:
+                return Executed(err.status, error_json(err), None)
         try:
             chain = self.chain_for(model, None, path, call)
             assert call.metrics is not None   # chain_for set it

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from llmgw.gateway.batchworker import RETRY_STATUSES
 from llmgw.gateway.budgets import Budgets, period_start, resets_at
 from llmgw.gateway.ledger import Ledger
 from llmgw.store.base import UsageRecord
@@ -42,6 +43,28 @@ async def test_a_team_over_its_daily_budget_gets_insufficient_quota(
     midnight = datetime.fromtimestamp(resets_at("tokens_per_day", time.time()), UTC)
     assert midnight.isoformat(timespec="seconds") in error["message"]
     assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_a_batch_line_of_a_team_over_its_budget_is_refused_for_the_worker_to_retry(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """Batch lines count against their owner's budget line by line, not only when the
+    batch was created: past it, a line is answered 429 (which the worker retries)."""
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    k1 = await make_key(gw.store, "k1", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=k1)).status_code == 200
+
+    await until(accepted, "the key to be accepted")          # 8 tokens
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    first = await gw.gateway.execute("/v1/chat/completions", body, "m", owner="k1")
+    assert first.status == 200                               # 8 < 10: admitted, now 16
+    refused = await gw.gateway.execute("/v1/chat/completions", body, "m", owner="k1")
+    assert refused.status == 429
+    assert b"insufficient_quota" in refused.body
+    assert 429 in RETRY_STATUSES
 
 
 async def test_a_key_budget_narrows_its_team(
