@@ -185,8 +185,7 @@ class Routing(Protocol):
         knows it; from its cache (no I/O). The ledger records that profile's GPU class."""
 
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
-        """Return when the set of endpoints may have changed, or after ``timeout``.
-        """
+        """Return when the set of endpoints may have changed, or after ``timeout``."""
 
     async def set_demand(self, model: str, replicas: int) -> None:
         """Run ``replicas`` copies of the model, kept within ``[scaling.min, scaling.max]``.
