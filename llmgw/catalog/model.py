@@ -98,8 +98,12 @@ class RoutingSpec(_Spec, frozen=True):
     ``policy``: ``prefix-affinity`` sends requests that share a prompt prefix
     (a chat's system prompt and first turn, a completion prompt's first
     ``prefix_bytes``) to the same replica, whose prefix cache then skips most
-    of their prefill; a replica loaded over ``load_factor`` times the mean
-    passes the request on to the next one on the hash ring.
+    of their prefill. A new conversation opens on the replica with the
+    shortest prefill queue; its later turns follow it there until that
+    queue is a few requests longer than the shortest. A later turn the
+    gateway process did not place goes to its prefix's home on a hash ring
+    unless that replica's prefill queue is over ``load_factor`` times the
+    mean, when it passes on to the next one on the ring.
     ``least-outstanding``: the replica with the fewest requests in flight.
     ``round-robin``: each replica in turn.
 

@@ -15,6 +15,11 @@ replica clockwise. A hot prefix (one
 system prompt shared by a whole application) therefore spills over to a few
 neighbours instead of queueing on one replica while the others idle.
 
+The ring is where a key belongs when nothing else is known: a gateway process
+that placed a conversation itself follows its own record of where it went
+(``routing.Balancer.pick``), and uses ``order`` to break ties the same way
+everywhere.
+
 Points are placed with BLAKE2b, not Python's ``hash``: string hashing is
 salted per process, and every gateway worker and instance must put a key on
 the same replica, or a session would lose its cache whenever its requests
@@ -51,21 +56,37 @@ class HashRing:
         self._owners = [u for _, u in placed]
         self._distinct = len(set(self.urls))
 
+    def order(self, key: int, usable: Collection[str]) -> list[str]:
+        """The usable replicas clockwise from ``key``'s home, each once: the home first."""
+        owners = self._owners
+        found: list[str] = []
+        if not owners:
+            return found
+        start = bisect.bisect_left(self._points, key) % len(owners)
+        seen: set[str] = set()
+        for i in range(len(owners)):
+            url = owners[(start + i) % len(owners)]
+            if url in seen:
+                continue
+            seen.add(url)
+            if url in usable:
+                found.append(url)
+            if len(seen) == self._distinct:
+                break
+        return found
+
     def choose(self, key: int, usable: Collection[str], load: Callable[[str], int],
-               load_factor: float, slack: int = 0, preferred: str | None = None) -> str | None:
+               load_factor: float, slack: int = 0) -> str | None:
         """The first usable replica from ``key``'s home whose load stays within the bound.
 
         The bound is ``ceil(load_factor * (total + 1) / n) + slack`` over the
         usable replicas, counting the request being placed; at least one
         replica always fits it, so a request is never refused here.
-        ``preferred``, when usable and within the bound, goes before the ring.
         """
         if not usable:
             return None
         loads = {u: load(u) for u in usable}
         bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + slack
-        if preferred in loads and loads[preferred] + 1 <= bound:
-            return preferred
         owners = self._owners
         if not owners:
             return None

@@ -5,9 +5,11 @@ pass ``now``), so every rule here is tested without a server.
 
 Policies (a model's ``routing.policy``): ``least-outstanding``, the replica
 with the fewest requests in flight from this gateway; ``round-robin``, each
-in turn; ``prefix-affinity``, the replica a request's prefix key hashes to on
-a consistent-hash ring with bounded load (``ring``), by least outstanding
-when the request has no key.
+in turn; ``prefix-affinity``, for a new conversation the replica with the
+shortest prefill queue and for its later turns the replica it is on, with the
+consistent-hash ring (``ring``) as the answer every gateway process shares
+(``Balancer.pick`` says when each applies), by least outstanding when the
+request has no key.
 
 What each replica's engine reports (``observe``, fed by ``signals``) refines
 two figures. Its **load**: the engine's running and waiting requests, which
@@ -60,6 +62,12 @@ from llmgw.gateway.ring import HashRing
 UNLIMITED = math.inf
 # Conversations whose last replica this gateway remembers (an LRU: ~100 bytes each).
 PLACED = 65536
+# How many requests longer than the shortest a placed conversation's replica's prefill
+# queue may grow before its next turn moves. On bench/routing_replay.py at 3 sessions/s,
+# with new conversations placed by queue, in one run: 3 gave TTFT p50 72 ms, 6 gave
+# 105 ms, and the ring's bound (load_factor 1.25 times the mean plus one) 92 ms: a
+# larger margin queues turns behind a busy replica, a smaller one gives up caches.
+SPILL = 3
 
 
 class EngineSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,28 +109,46 @@ class Balancer:
              load_factor: float = 1.25) -> str | None:
         """The usable replica ``policy`` chooses, or None (see ``choose`` for usable).
 
-        Prefix affinity bounds each replica's prefill queue (``pending``) at
-        ``load_factor`` times the mean. A later turn of a conversation may
-        exceed that by one request: at low load the mean is a fraction of
-        one, and the bare bound would send a conversation away from its cache
-        whenever its replica is busy with one other prefill, when waiting
-        behind that one costs about what prefilling the whole conversation
-        elsewhere would. A first turn has nothing cached to wait for, so it
-        takes no slack and spreads like least-outstanding.
+        Prefix affinity, by what this process knows of the request's
+        conversation (``key``):
 
-        A turn goes first to the replica its conversation's previous turn
-        went to, if this gateway placed it and it is within the bound: a turn
-        passed on from its ring home was prefilled whole where it went, which
-        now holds the longest prefix of the conversation. The ring remains
-        the answer every gateway process gives alike (a turn reaching another
-        worker or instance).
+        * **A new conversation** (a first turn this process has not placed)
+          goes to the replica with the shortest prefill queue (``pending``;
+          then the fewest requests, ``load``), the first of those in ring
+          order from its key's home. Nothing is cached for it anywhere yet,
+          so its home on the ring has no claim but agreement: with equal
+          queues (an idle fleet) it is the home, where any gateway process
+          would also send the next turn. Placing it by a hash instead puts a
+          Poisson share of conversations on each replica, and one that
+          draws a few more queues every later turn of them.
+        * **A conversation this process placed** stays where its last turn
+          went, which holds its longest cached prefix, until that replica's
+          prefill queue is ``SPILL`` requests longer than the shortest; then
+          it moves to the shortest, as a new conversation would. Waiting
+          behind one or two prefills costs about what prefilling the whole
+          conversation elsewhere would, and moving it gives up the cache it
+          built there.
+        * **A later turn placed by another process** (another worker or
+          instance, or forgotten here) goes to its key's ring home, the
+          answer every process gives alike, bounded at ``load_factor`` times
+          the mean prefill queue plus one request.
         """
         if policy == "prefix-affinity" and key is not None and urls:
             usable = [u for u in urls if u not in exclude and not self.is_ejected(u, now)]
             placed = self._placed
-            url = self._ring(urls).choose(
-                key.point, usable, lambda u: self.pending(u, now), load_factor,
-                slack=1 if key.follows else 0, preferred=placed.get(key.point))
+            known = placed.get(key.point)
+            ring = self._ring(urls)
+            url: str | None
+            if known is not None and known in usable:
+                url = known
+                queue = self.pending(known, now)
+                if queue >= SPILL and queue - min(self.pending(u, now) for u in usable) >= SPILL:
+                    url = self._shortest(ring.order(key.point, usable), now)
+            elif not key.follows:
+                url = self._shortest(ring.order(key.point, usable), now)
+            else:
+                url = ring.choose(key.point, usable, lambda u: self.pending(u, now),
+                                  load_factor, slack=1)
             if url is not None:
                 placed[key.point] = url
                 placed.move_to_end(key.point)
@@ -138,6 +164,17 @@ class Balancer:
                     return url
             return None
         return self.choose(urls, now, exclude)
+
+    def _shortest(self, candidates: Sequence[str], now: float) -> str | None:
+        """The candidate with the shortest prefill queue, then the fewest requests; the first
+        of equals."""
+        best: str | None = None
+        best_score = (0, 0)
+        for url in candidates:
+            score = (self.pending(url, now), self.load(url, now))
+            if best is None or score < best_score:
+                best, best_score = url, score
+        return best
 
     def _ring(self, urls: Sequence[str]) -> HashRing:
         """The ring of ``urls``; ejected or excluded replicas are skipped on it, not removed,

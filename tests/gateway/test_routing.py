@@ -11,7 +11,7 @@ import pytest
 
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.ring import HashRing, point
-from llmgw.gateway.routing import UNLIMITED, Balancer, EngineSample
+from llmgw.gateway.routing import SPILL, UNLIMITED, Balancer, EngineSample
 from llmgw.gateway.signals import parse_metrics
 
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
@@ -333,12 +333,65 @@ def test_a_turn_goes_where_the_previous_turn_of_its_conversation_went() -> None:
     assert other.pick(urls, 0, policy="prefix-affinity", key=keyed(5)) == home
 
 
-def test_a_first_turn_takes_no_slack_and_a_later_turn_one_request() -> None:
-    """With one prefill at home, a later turn waits for it; a first turn goes elsewhere."""
+def test_a_later_turn_from_another_process_waits_behind_one_prefill_at_its_home() -> None:
+    """A later turn this process did not place goes to its ring home with one prefill there."""
     bal = Balancer(eject_for=10, eject_max=60)
     urls = [A, B, C, "http://10.0.0.4:8000"]
-    home = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3))
-    assert home is not None
+    home = HashRing(urls).order(keyed(3).point, urls)[0]
     bal.acquire(home)     # one request prefilling at home, none elsewhere
     assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3, follows=True)) == home
-    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3, follows=False)) != home
+
+
+def test_a_new_conversation_goes_to_the_shortest_prefill_queue_not_its_ring_home() -> None:
+    """A first turn has nothing cached anywhere: one prefill at its home sends it elsewhere."""
+    bal = Balancer(eject_for=10, eject_max=60)
+    urls = [A, B, C, "http://10.0.0.4:8000"]
+    order = HashRing(urls).order(keyed(3).point, urls)
+    bal.acquire(order[0])
+    bal.acquire(order[1])
+    bal.succeeded(order[1])   # decoding: not in the prefill queue, but one more request
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(3, follows=False)) == order[2]
+
+
+def test_on_an_idle_fleet_every_process_opens_a_conversation_at_its_ring_home() -> None:
+    """With equal queues the ring breaks the tie, so another worker's answer for the next
+    turn is the replica that holds the first."""
+    urls = [A, B, C]
+    ring = HashRing(urls)
+    for i in range(40):
+        opened = Balancer(eject_for=10, eject_max=60).pick(
+            urls, 0, policy="prefix-affinity", key=keyed(i, follows=False))
+        later = Balancer(eject_for=10, eject_max=60).pick(
+            urls, 0, policy="prefix-affinity", key=keyed(i, follows=True))
+        assert opened == later == ring.order(keyed(i).point, urls)[0]
+
+
+def test_a_placed_conversation_stays_until_its_queue_is_spill_longer_than_the_shortest() -> None:
+    """Its replica's queue may be SPILL - 1 over the shortest; at SPILL the next turn moves
+    to the shortest queue and stays there."""
+    bal = Balancer(eject_for=10, eject_max=60)
+    urls = [A, B, C]
+    first = bal.pick(urls, 0, policy="prefix-affinity", key=keyed(8, follows=False))
+    assert first is not None
+    for _ in range(SPILL - 1):
+        bal.acquire(first)
+    bal.acquire(next(u for u in urls if u != first))   # the shortest queue is not the longest
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(8)) == first
+    bal.acquire(first)
+    emptiest = next(u for u in urls if bal.pending(u, 0) == 0)
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(8)) == emptiest
+    for _ in range(SPILL):
+        bal.release(first, awaiting=True)
+    assert bal.pick(urls, 0, policy="prefix-affinity", key=keyed(8)) == emptiest
+
+
+def test_ring_order_starts_at_the_home_and_names_each_usable_replica_once() -> None:
+    """The order new conversations break ties in: the home, then clockwise, skipping the
+    unusable."""
+    urls = [A, B, C]
+    ring = HashRing(urls)
+    key = keyed(2).point
+    order = ring.order(key, urls)
+    assert sorted(order) == sorted(urls)
+    assert order[0] == ring.choose(key, urls, lambda u: 0, 1.25)
+    assert ring.order(key, [u for u in urls if u != order[0]]) == order[1:]
