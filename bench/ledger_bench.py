@@ -145,35 +145,57 @@ async def query(base: str) -> None:
             await store.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of ``pid`` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ab(rounds: int, duration: float, database: str | None, interval: str = "1s") -> None:
     """Both gateways run side by side; loads alternate between them, the order flipped
-    each round, so drift in what else the machine runs falls on both alike."""
+    each round, so drift in what else the machine runs falls on both alike.
+
+    Besides throughput, each run's gateway CPU time per request: what the ledger
+    costs the process, which other load on a shared machine disturbs far less
+    than it disturbs throughput (the writes' thread is included)."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     off: list[float] = []
     on: list[float] = []
+    cpu_off: list[float] = []
+    cpu_on: list[float] = []
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
     where = "Postgres" if database else "SQLite"
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(python_upstream(100, 0.05))
-        url_off, _ = stack.enter_context(gateway(
+        url_off, pid_off = stack.enter_context(gateway(
             "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "0"}))
-        url_on, _ = stack.enter_context(gateway(
+        url_on, pid_on = stack.enter_context(gateway(
             "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "1",
                                                  "LLMGW_BENCH_LEDGER_INTERVAL": interval}))
         for url in (url_off, url_on):
             load(url, 32, min(2.0, duration), tmp)     # warm up
         for i in range(rounds):
-            pair = [(off, url_off), (on, url_on)]
-            for results, url in pair if i % 2 == 0 else pair[::-1]:
+            pair = [(off, cpu_off, url_off, pid_off), (on, cpu_on, url_on, pid_on)]
+            for results, cpu, url, pid in pair if i % 2 == 0 else pair[::-1]:
+                before = cpu_seconds(pid)
                 rps, _med, _bad = load(url, 32, duration, tmp)
+                # load() warms up for 2 s before its measured run; CPU covers both, so
+                # it is divided by the requests of both (at the measured rate).
+                spent = cpu_seconds(pid) - before
                 results.append(rps)
+                cpu.append(spent / (rps * (duration + min(2.0, duration))) * 1e6)
     ratios = sorted(b / a for a, b in zip(off, on, strict=True))
+    cpu_ratios = sorted(a / b for a, b in zip(cpu_off, cpu_on, strict=True))
     print(f"gateway throughput at 32 connections, store {where}, ledger writing every "
           f"{interval}, {rounds} alternated pairs of "
           f"{duration:g} s runs: ledger off median {statistics.median(off):,.0f} req/s, on "
           f"{statistics.median(on):,.0f} req/s; median of the pairs' ratios "
           f"{statistics.median(ratios):.3f} (target >= 0.95; pairs "
           f"{', '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"  gateway CPU per request: ledger off median {statistics.median(cpu_off):.0f} us,"
+          f" on {statistics.median(cpu_on):.0f} us; off/on median of the pairs "
+          f"{statistics.median(cpu_ratios):.3f} (pairs "
+          f"{', '.join(f'{r:.2f}' for r in cpu_ratios)})")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:
