@@ -27,7 +27,7 @@ from llmgw.catalog.model import Model
 from llmgw.catalog.units import Duration
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
-from llmgw.scheduler.base import BackendHealth, Fleet, ModelStatus, Replica
+from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
 from llmgw.store import open_store
 from llmgw.store.base import Store
 
@@ -50,6 +50,9 @@ class NoScheduler:
     async def replicas(self, model: str | None = None) -> list[Replica]:
         return []
 
+    async def holdings(self) -> list[Holding]:
+        return []
+
     def status(self, model: str) -> ModelStatus:
         return ModelStatus()
 
@@ -61,6 +64,9 @@ class NoScheduler:
 
     def endpoints(self, model: str) -> list[str]:
         return []
+
+    def profile_of(self, address: str) -> str | None:
+        return None
 
     async def wait_changed(self, timeout: float) -> None: ...
 

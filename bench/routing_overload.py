@@ -93,6 +93,9 @@ async def serve(port: int, initial: int, load_time: float, controlled: bool) -> 
         def endpoints(self, model: str) -> list[str]:
             return [e.url for e in self.ready]
 
+        def profile_of(self, address: str) -> str | None:
+            return None
+
         async def wait_changed(self, timeout: float) -> None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
