@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 POINTS = 64
 
@@ -56,24 +56,24 @@ class HashRing:
         self._owners = [u for _, u in placed]
         self._distinct = len(set(self.urls))
 
-    def order(self, key: int, usable: Collection[str]) -> list[str]:
-        """The usable replicas clockwise from ``key``'s home, each once: the home first."""
+    def _clockwise(self, key: int) -> Iterator[str]:
+        """Every replica once, clockwise from ``key``'s home: the home first."""
         owners = self._owners
-        found: list[str] = []
         if not owners:
-            return found
+            return
         start = bisect.bisect_left(self._points, key) % len(owners)
         seen: set[str] = set()
         for i in range(len(owners)):
             url = owners[(start + i) % len(owners)]
-            if url in seen:
-                continue
-            seen.add(url)
-            if url in usable:
-                found.append(url)
-            if len(seen) == self._distinct:
-                break
-        return found
+            if url not in seen:
+                seen.add(url)
+                yield url
+                if len(seen) == self._distinct:
+                    return
+
+    def order(self, key: int, usable: Collection[str]) -> list[str]:
+        """The usable replicas clockwise from ``key``'s home, each once: the home first."""
+        return [u for u in self._clockwise(key) if u in usable]
 
     def choose(self, key: int, usable: Collection[str], load: Callable[[str], int],
                load_factor: float, slack: int = 0) -> str | None:
@@ -87,20 +87,9 @@ class HashRing:
             return None
         loads = {u: load(u) for u in usable}
         bound = math.ceil(load_factor * (sum(loads.values()) + 1) / len(loads)) + slack
-        owners = self._owners
-        if not owners:
-            return None
-        start = bisect.bisect_left(self._points, key) % len(owners)
-        tried: set[str] = set()
-        for i in range(len(owners)):
-            url = owners[(start + i) % len(owners)]
-            if url in tried:
-                continue
-            tried.add(url)
+        for url in self._clockwise(key):
             if url in loads and loads[url] + 1 <= bound:
                 return url
-            if len(tried) == self._distinct:
-                break
         # Every usable replica is over the bound (rounding with a tiny load
         # factor): the least loaded one.
         return min(loads, key=lambda u: loads[u])
