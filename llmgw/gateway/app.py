@@ -575,10 +575,12 @@ class Gateway:
             return
         gpu_class = ""
         if served is not None and served.profiles:
-            # The profile the answering replica runs; with one profile there is no doubt.
-            name = self.backend.profile_of(req.replica) if req.replica else None
-            profile = served.profile(name) if name is not None else (
-                served.profiles[0] if len(served.profiles) == 1 else None)
+            # With one profile there is no doubt; with several, the one the answering
+            # replica runs, when the scheduler knows it.
+            profile = served.profiles[0] if len(served.profiles) == 1 else None
+            if profile is None and req.replica:
+                name = self.backend.profile_of(req.replica)
+                profile = served.profile(name) if name is not None else None
             gpu_class = (profile.gpu_class or "") if profile is not None else ""
         record = UsageRecord(
             id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
