@@ -342,6 +342,11 @@ class LocalBackend:
                          key=lambda r: (r.model, r.seq))
         return [r.replica(measured_memory=rss_of(r.pid)) for r in runners]
 
+    def _class_of(self, device: str) -> str | None:
+        """The configured gpu class whose cards are ``device``, if one is."""
+        return next((name for name, gc in self.config.gpu_classes.items()
+                     if gc.device == device), None)
+
     async def holdings(self) -> list[Holding]:
         """From each reservation to its release, as Nomad holds an allocation's resources;
         a released one is remembered for ``HOLDINGS_KEPT``."""
@@ -369,8 +374,7 @@ class LocalBackend:
     async def fleet(self) -> Fleet:
         m = self.machine
         device = m.gpus[0].device if m.gpus else None
-        gpu_class = next((name for name, gc in self.config.gpu_classes.items()
-                          if device is not None and gc.device == device), None)
+        gpu_class = self._class_of(device) if device is not None else None
         gpu_memory = m.gpus[0].memory if m.gpus else None
         gpus_free = len(self._ledger.free_gpus())
         node = NodeView(
@@ -518,9 +522,8 @@ class LocalBackend:
         self._seq += 1
         rid = f"{m.name}-{self._seq}"
         grant = self._ledger.reserve(rid, demand)
-        gpu_class = next((name for name, gc in self.config.gpu_classes.items()
-                          if demand.gpu_device is not None and gc.device == demand.gpu_device),
-                         demand.gpu_device or "")
+        device = demand.gpu_device
+        gpu_class = (self._class_of(device) or device) if device is not None else ""
         self._holdings[rid] = Holding(
             id=f"local:{self._run_id}:{rid}", model=m.name, gpu_class=gpu_class,
             gpus=len(grant.gpus), cores=len(grant.cores) or demand.cores, start=self.clock())
