@@ -306,7 +306,7 @@ def rollup_bounds(since: float, until: float) -> tuple[int, int, int, int]:
     When no whole day fits, lo == hi == until and the hourly rows cover it all.
     """
     start, end = math.ceil(since), math.ceil(until)
-    lo = -(-start // 86400) * 86400
+    lo = _day_at_or_after(start)
     hi = end // 86400 * 86400
     if hi <= lo:
         lo = hi = max(start, end)
@@ -324,8 +324,13 @@ def usage_params(by: str, since: float, until: float, day: bool) -> tuple[str, t
 
 def token_totals_params(since: float) -> tuple[int, int, int]:
     start = math.ceil(since)
-    lo = -(-start // 86400) * 86400
+    lo = _day_at_or_after(start)
     return lo, start, lo
+
+
+def _day_at_or_after(t: int) -> int:
+    """The first UTC day boundary at or after ``t``."""
+    return -(-t // 86400) * 86400
 
 
 class CatalogChange(Protocol):

@@ -234,8 +234,7 @@ class TaskState(_R, frozen=True):
     Failed: bool = False
     Restarts: int = 0
     Events: list[TaskEvent] | None = None
-    # RFC 3339; Go's zero time (year 1) until the task started / finished.
-    StartedAt: str = ""
+    # RFC 3339; Go's zero time (year 1) until the task finished.
     FinishedAt: str = ""
 
 
