@@ -167,11 +167,28 @@ def rss_bytes(pid: int) -> int:
 
 def wrk(url: str, connections: int, duration: float, tmp: Path) -> tuple[float, float, int]:
     """(requests/s, median latency in ms, non-2xx responses) from wrk."""
+    return wrk_together([url], connections, duration, tmp)[0]
+
+
+def wrk_together(urls: Sequence[str], connections: int, duration: float,
+                 tmp: Path) -> list[tuple[float, float, int]]:
+    """``wrk`` against each of ``urls`` at once (a wrk each), in the same window."""
     lua = tmp / "post.lua"
     lua.write_text(WRK_LUA.format(body=BODY.decode()))
-    out = subprocess.run(
+    procs = [subprocess.Popen(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(lua),
-         f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True).stdout
+         f"{url}/v1/chat/completions"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True) for url in urls]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"wrk exited with {proc.returncode}")
+        results.append(_wrk_figures(out))
+    return results
+
+
+def _wrk_figures(out: str) -> tuple[float, float, int]:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     value, unit = re.search(r"\s50%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
     median = float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
@@ -239,11 +256,17 @@ async def _python_load(url: str, connections: int, duration: float) -> tuple[flo
     return len(times) / duration, statistics.median(times) * 1000, 0
 
 
-def load(url: str, connections: int, duration: float, tmp: Path) -> tuple[float, float, int]:
+def load(url: str, connections: int, duration: float, tmp: Path,
+         warm: bool = True) -> tuple[float, float, int]:
+    """(requests/s, median latency in ms, non-2xx responses), from wrk if there is one.
+
+    ``warm``: a run of up to 2 s first, unmeasured, to warm connections and caches."""
     if shutil.which("wrk"):
-        wrk(url, connections, min(2.0, duration), tmp)   # warm up connections and caches
+        if warm:
+            wrk(url, connections, min(2.0, duration), tmp)
         return wrk(url, connections, duration, tmp)
-    asyncio.run(_python_load(url, connections, min(2.0, duration)))
+    if warm:
+        asyncio.run(_python_load(url, connections, min(2.0, duration)))
     return asyncio.run(_python_load(url, connections, duration))
 
 

@@ -2,20 +2,24 @@
 ledger on and off, and token-budget overshoot under a burst.
 
     .venv/bin/python bench/ledger_bench.py [--parts ingest,query,ab,overshoot]
-        [--postgres postgresql://postgres@127.0.0.1:5432/test] [--duration 10] [--rounds 3]
+        [--postgres postgresql://postgres@127.0.0.1:5432/test] [--duration 2] [--rounds 30]
 
 Everything runs on loopback on this machine; each Postgres part works in a
 schema of its own, dropped afterwards.
 
 * ingest: records written the way the gateway's ledger writes them (batches
   of ``BATCH`` through ``PostgresStore.record_usage``, roll-ups included),
-  timed end to end; the median of ``--rounds`` runs.
+  timed end to end; the median of ``--ingest-runs`` runs.
 * query: a month of hourly roll-ups for 100 teams (2 keys and 3 models each),
   then ``GET /api/v1/usage``'s query by team per hour over the month, and by
   model per day; median and worst of 20 runs each.
 * ab: the gateway alone (``gateway_serve.py``, one uvicorn worker, the Python
-  upstream) at 32 connections, ledger off and on, alternated ``--rounds``
-  times in the same run; medians. ``ab-postgres``: the same on Postgres;
+  upstream) at 32 connections: ledger off, ledger on, and a second gateway with
+  it off as a control, taking turns in ``--rounds`` rounds of ``--duration``
+  runs in the same run; the median of the on/off ratios with a 95% interval,
+  and the control's, which shows how fine a difference the machine resolves.
+  ``ab-together``: the same with the three loaded at once in each round (wrk
+  needed). ``ab-postgres``: the same as ab on Postgres;
   ``ab-unwritten``: the ledger on but writing only after the runs (the
   request path's share of the cost).
 * overshoot: a team with a daily budget, 32 connections bursting through two
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -41,7 +46,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway_bench import BODY, gateway, load, python_upstream
+from gateway_bench import BODY, gateway, load, python_upstream, wrk_together
 
 from llmgw.gateway.ledger import BATCH
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
@@ -145,57 +150,110 @@ async def query(base: str) -> None:
             await store.close()
 
 
+def pin(pid: int, core: int) -> None:
+    """Every thread of ``pid`` on ``core`` (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), {core})
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of ``pid`` so far (its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ab(rounds: int, duration: float, database: str | None, interval: str = "1s") -> None:
-    """Both gateways run side by side; loads alternate between them, the order flipped
-    each round, so drift in what else the machine runs falls on both alike.
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A 95% confidence interval for the median of ``values`` (order statistics: no
+    assumption about their distribution)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    # The largest k with P(Binomial(n, 1/2) < k) <= 2.5%: the median lies between the
+    # k-th smallest and the k-th largest with at least 95% confidence.
+    k, below = 0, 0.0
+    while k < n // 2:
+        below_next = below + math.comb(n, k) / 2 ** n
+        if below_next > 0.025:
+            break
+        below, k = below_next, k + 1
+    if k == 0:
+        return ordered[0], ordered[-1]
+    return ordered[k - 1], ordered[n - k]
 
-    Besides throughput, each run's gateway CPU time per request: what the ledger
-    costs the process, which other load on a shared machine disturbs far less
-    than it disturbs throughput (the writes' thread is included)."""
+
+def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
+       together: bool = False) -> None:
+    """The gateway with the ledger on, with it off, and a second one with it off (the
+    control) run side by side. Loads take turns between them in short runs, the order
+    reversed each round, so that what else the machine runs falls on all alike; or,
+    ``together``, all three are loaded at once in each round (a wrk each), so that
+    they share the very same moments: then the three share the first core (pinned
+    to it, their threads included, so that the kernel gives each the same share of
+    the same core rather than moving them between cores) and the load generators
+    and the upstream have the second. Each round gives an on/off ratio; the
+    control/off ratios show what the method can resolve on this machine, in the
+    same run.
+
+    Besides throughput, each run's gateway CPU time per request (its threads
+    included, the writes' one too): what the ledger costs the process."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    off: list[float] = []
-    on: list[float] = []
-    cpu_off: list[float] = []
-    cpu_on: list[float] = []
+    names = ("off", "on", "control")
+    rps: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
     where = "Postgres" if database else "SQLite"
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = together and len(cores) >= 2
     with contextlib.ExitStack() as stack:
+        if pinned:
+            # This process, and so the upstream and every wrk, on the second core.
+            stack.callback(os.sched_setaffinity, 0, set(cores))
+            os.sched_setaffinity(0, {cores[1]})
         upstream = stack.enter_context(python_upstream(100, 0.05))
-        url_off, pid_off = stack.enter_context(gateway(
-            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "0"}))
-        url_on, pid_on = stack.enter_context(gateway(
-            "uvicorn", {"bench": upstream}, env={**env, "LLMGW_BENCH_LEDGER": "1",
-                                                 "LLMGW_BENCH_LEDGER_INTERVAL": interval}))
-        for url in (url_off, url_on):
-            load(url, 32, min(2.0, duration), tmp)     # warm up
+        servers = {
+            name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
+                **env, "LLMGW_BENCH_LEDGER": "1" if name == "on" else "0",
+                "LLMGW_BENCH_LEDGER_INTERVAL": interval}))
+            for name in names}
+        for url, _pid in servers.values():
+            load(url, 32, 2.0, tmp)     # warm up
         for i in range(rounds):
-            pair = [(off, cpu_off, url_off, pid_off), (on, cpu_on, url_on, pid_on)]
-            for results, cpu, url, pid in pair if i % 2 == 0 else pair[::-1]:
-                before = cpu_seconds(pid)
-                rps, _med, _bad = load(url, 32, duration, tmp)
-                # load() warms up for 2 s before its measured run; CPU covers both, so
-                # it is divided by the requests of both (at the measured rate).
-                spent = cpu_seconds(pid) - before
-                results.append(rps)
-                cpu.append(spent / (rps * (duration + min(2.0, duration))) * 1e6)
-    ratios = sorted(b / a for a, b in zip(off, on, strict=True))
-    cpu_ratios = sorted(a / b for a, b in zip(cpu_off, cpu_on, strict=True))
-    print(f"gateway throughput at 32 connections, store {where}, ledger writing every "
-          f"{interval}, {rounds} alternated pairs of "
-          f"{duration:g} s runs: ledger off median {statistics.median(off):,.0f} req/s, on "
-          f"{statistics.median(on):,.0f} req/s; median of the pairs' ratios "
-          f"{statistics.median(ratios):.3f} (target >= 0.95; pairs "
-          f"{', '.join(f'{r:.2f}' for r in ratios)})")
-    print(f"  gateway CPU per request: ledger off median {statistics.median(cpu_off):.0f} us,"
-          f" on {statistics.median(cpu_on):.0f} us; off/on median of the pairs "
-          f"{statistics.median(cpu_ratios):.3f} (pairs "
-          f"{', '.join(f'{r:.2f}' for r in cpu_ratios)})")
+            if together:
+                if pinned:
+                    for _url, pid in servers.values():
+                        pin(pid, cores[0])
+                before = {name: cpu_seconds(pid) for name, (_url, pid) in servers.items()}
+                figures = wrk_together([url for url, _pid in servers.values()], 32,
+                                       duration, tmp)
+                for (name, (_url, pid)), (got, _med, _bad) in zip(servers.items(), figures,
+                                                                  strict=True):
+                    rps[name].append(got)
+                    cpu[name].append((cpu_seconds(pid) - before[name]) / (got * duration)
+                                     * 1e6)
+                continue
+            for name in names if i % 2 == 0 else names[::-1]:
+                url, pid = servers[name]
+                before_one = cpu_seconds(pid)
+                got, _med, _bad = load(url, 32, duration, tmp, warm=False)
+                rps[name].append(got)
+                cpu[name].append((cpu_seconds(pid) - before_one) / (got * duration) * 1e6)
+    ratios = [b / a for a, b in zip(rps["off"], rps["on"], strict=True)]
+    control = [b / a for a, b in zip(rps["off"], rps["control"], strict=True)]
+    cpu_ratios = [a / b for a, b in zip(cpu["off"], cpu["on"], strict=True)]
+    low, high = median_interval(ratios)
+    c_low, c_high = median_interval(control)
+    how = "loaded together" if together else "taking turns"
+    print(f"gateway throughput at 32 connections each, {how}, store {where}, ledger "
+          f"writing every {interval}, {rounds} rounds of {duration:g} s: ledger off median "
+          f"{statistics.median(rps['off']):,.0f} req/s, on {statistics.median(rps['on']):,.0f}"
+          f" req/s, control (off) {statistics.median(rps['control']):,.0f} req/s")
+    print(f"  on/off: median of the pairs' ratios {statistics.median(ratios):.3f} "
+          f"(95% interval {low:.3f}-{high:.3f}; target >= 0.95)")
+    print(f"  control/off, the method's resolution: {statistics.median(control):.3f} "
+          f"(95% interval {c_low:.3f}-{c_high:.3f})")
+    print(f"  gateway CPU per request: ledger off median {statistics.median(cpu['off']):.0f} "
+          f"us, on {statistics.median(cpu['on']):.0f} us; off/on median of the pairs "
+          f"{statistics.median(cpu_ratios):.3f}")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:
@@ -267,19 +325,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="ingest,query,ab,overshoot")
     parser.add_argument("--postgres", default=DEFAULT_PG)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=2.0,
+                        help="seconds of each A/B run")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="rounds of the A/B parts")
+    parser.add_argument("--ingest-runs", type=int, default=3)
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--budget", type=int, default=30_000)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(f"machine: {os.cpu_count()} cores; Postgres {args.postgres.rsplit('@', 1)[-1]}")
     if "ingest" in parts:
-        asyncio.run(ingest(args.postgres, args.rounds, args.records))
+        asyncio.run(ingest(args.postgres, args.ingest_runs, args.records))
     if "query" in parts:
         asyncio.run(query(args.postgres))
     if "ab" in parts:
         ab(args.rounds, args.duration, None)
+    if "ab-together" in parts:
+        ab(args.rounds, args.duration, None, together=True)
     if "ab-unwritten" in parts:
         ab(args.rounds, args.duration, None, interval="1h")
     if "ab-postgres" in parts:

@@ -87,6 +87,23 @@ async def test_usage_records_roll_up_per_hour_and_count_once_when_retried(
     assert raw[0][0] == 4
 
 
+async def test_a_large_batch_partly_stored_adds_each_new_record_once(
+        store: AnyStore, database: Database) -> None:
+    # More rows than one statement carries, of odd sizes, over two hours, two teams and
+    # more keys than one statement's worth of roll-up groups.
+    batch = [record(f"r{i}", HOUR + i * 3, team_name=("ml", "web")[i % 2],
+                    key_name=f"k{i % 700}", prompt=i % 7) for i in range(1337)]
+    assert await store.record_usage(batch[:700]) == 700
+    assert await store.record_usage(batch[350:]) == 637
+    assert await store.record_usage(batch) == 0
+    for by in ("team", "key"):
+        rows = await store.usage(by, HOUR, HOUR + 7200, day=False)
+        assert [(r.bucket, r.group, r.requests, r.prompt_tokens) for r in rows] == \
+            _brute_force(batch, by, HOUR, HOUR + 7200, 3600)
+    raw = await database.fetch("SELECT count(*), sum(prompt_tokens) FROM usage")
+    assert tuple(raw[0]) == (1337, sum(r.prompt_tokens for r in batch))
+
+
 async def test_token_totals_from_roll_ups_and_recent_records(store: AnyStore) -> None:
     await store.record_usage([record("a", HOUR + 10), record("b", HOUR + 3700),
                               record("c", HOUR + 3800, key_name="k2")])
