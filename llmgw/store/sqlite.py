@@ -27,6 +27,10 @@ SQLite has one writer at a time, so a lease or activity write waits while a
 change is open (the busy timeout, 30 s by default). Keep ``change()`` blocks
 to the database work and the catalog build; do network checks before entering.
 
+The usage ledger's batches are written by a child process of their own
+(``sqlite_ledger``): thousands of rows a second cannot share the GIL with a
+busy event loop cheaply.
+
 Time is the database's: ``julianday('now')``, which SQLite computes once per
 statement, converted to Unix seconds (millisecond resolution).
 """
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import sqlite3
@@ -47,8 +50,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
-
-from msgspec.structs import astuple
 
 from llmgw.errors import ConfigError, StoreUnavailableError
 from llmgw.store.base import (
@@ -76,7 +77,8 @@ from llmgw.store.base import (
     token_totals_params,
     usage_params,
 )
-from llmgw.store.schema import ROLL_UP_BY, SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
+from llmgw.store.schema import SQLITE_MIGRATIONS_TABLE, SchemaTooNewError, pending
+from llmgw.store.sqlite_ledger import LedgerWriter
 
 logger = logging.getLogger(__name__)
 
@@ -477,6 +479,7 @@ class SqliteStore:
         self._catalog: _Connection | None = None
         self._writes: _Connection | None = None
         self._reads: _Connection | None = None
+        self._ledger: LedgerWriter | None = None
         self._change_lock = asyncio.Lock()
 
     async def open(self) -> None:
@@ -510,10 +513,14 @@ class SqliteStore:
         if applied:
             logger.info("SQLite database %s: applied migrations %s", self.path, applied)
         self._catalog, self._writes, self._reads = catalog, writes, reads
+        self._ledger = LedgerWriter(self.path, timeout=timeout)
 
     async def close(self) -> None:
         catalog, writes, reads = self._catalog, self._writes, self._reads
         self._catalog = self._writes = self._reads = None
+        ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            await ledger.close()
         if catalog is not None:
             async with self._change_lock:  # let an open change finish first
                 await catalog.close()
@@ -824,40 +831,9 @@ class SqliteStore:
     # --- the usage ledger ---------------------------------------------------------------
 
     async def record_usage(self, records: list[UsageRecord]) -> int:
-        # Inserted straight into usage, skipping ids already stored, many rows to a
-        # statement. The roll-ups add the rows that were new, by hour, from a
-        # temporary table both read: this batch summed here when every row was new
-        # (as good as always), else the rows past the largest rowid before (a new
-        # row's rowid is one more than the largest, and the transaction is the only
-        # writer) summed by SQLite.
-        #
-        # Few statements, and the Python work done here rather than on the writes'
-        # thread: sqlite3 lets go of the GIL for each statement it steps, and taking
-        # it back from an event loop that holds it nearly all the time costs both
-        # threads (the waiting thread wakes at each of the loop's releases). Row by
-        # row (executemany) that was 2,400 times a second under load. The writes'
-        # thread's CPU per record, measured alone: 7-8 us row by row, 3-4 us so.
-        values = [value for r in records for value in astuple(r)]
-        hourly = _hourly(records)
-
-        def run(db: sqlite3.Connection) -> int:
-            last = db.execute("SELECT coalesce(max(rowid), 0) FROM usage").fetchone()[0]
-            added = _insert_rows(db, _INSERT_USAGE, _USAGE_COLUMNS, values)
-            if not added:
-                return 0
-            db.execute(_NEW_HOURLY_TABLE)
-            if added == len(records):
-                _insert_rows(db, _INSERT_NEW_HOURLY, _HOURLY_COLUMNS, hourly)
-            else:
-                db.execute(_SUM_NEW_HOURLY, (last,))
-            db.execute(_ROLL_UP_NEW)
-            db.execute(_ROLL_UP_NEW_BY)
-            db.execute("DELETE FROM temp.new_hourly")
-            return added
-
-        if not records:
-            return 0
-        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+        if self._ledger is None:
+            raise RuntimeError(f"SqliteStore({self.path}) is not open; await open() first")
+        return await self._ledger.write(records) if records else 0
 
     async def usage(self, by: str, since: float, until: float, day: bool) -> list[UsageRow]:
         query, params = usage_params(by, since, until, day)
@@ -932,82 +908,3 @@ def _log(r: tuple[Any, ...]) -> RequestLog:
     return RequestLog(id=r[0], at=float(r[1]), expires_at=float(r[2]), team=r[3], key=r[4],
                       record=bytes(r[5]), request=None if r[6] is None else bytes(r[6]),
                       response=None if r[7] is None else bytes(r[7]))
-
-
-# The most rows one INSERT carries: a power of two, so that batches of any size are
-# made of few distinct statements, all kept in the connection's statement cache;
-# at most 6,656 parameters, below SQLite's bound (32,766 since 3.32; 999 before,
-# and then fewer rows).
-_MOST_ROWS = 512
-_USAGE_COLUMNS = len(UsageRecord.__struct_fields__)
-_HOURLY_COLUMNS = 8
-_INSERT_USAGE = (
-    f"INSERT INTO usage ({', '.join(UsageRecord.__struct_fields__)}) VALUES %s"  # noqa: S608
-    " ON CONFLICT (id) DO NOTHING")
-_INSERT_NEW_HOURLY = "INSERT INTO temp.new_hourly VALUES %s"
-
-
-@functools.cache
-def _rows_statement(template: str, columns: int, rows: int) -> str:
-    """``template`` with ``rows`` rows of ``columns`` parameters for its VALUES."""
-    return template % ", ".join(["(" + ", ".join("?" * columns) + ")"] * rows)
-
-
-def _insert_rows(db: sqlite3.Connection, template: str, columns: int,
-                 values: list[object]) -> int:
-    """Insert the rows ``values`` holds (``columns`` to a row, row after row) through
-    ``template``; the rows that were new."""
-    most = _MOST_ROWS
-    while most * columns > db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER):
-        most //= 2
-    rows = len(values) // columns
-    added = done = 0
-    while done < rows:
-        while most > rows - done:
-            most //= 2
-        added += db.execute(_rows_statement(template, columns, most),
-                            values[done * columns:(done + most) * columns]).rowcount
-        done += most
-    return added
-
-
-def _hourly(records: list[UsageRecord]) -> list[object]:
-    """``records`` summed as usage_hourly sums them (by hour, team, key and model), in
-    its columns' order, row after row."""
-    sums: dict[tuple[int, str, str, str], list[int]] = {}
-    for r in records:
-        group = (int(r.at // 3600) * 3600, r.team, r.key, r.model)
-        s = sums.get(group)
-        if s is None:
-            sums[group] = [1, r.prompt_tokens, r.cached_tokens, r.completion_tokens]
-        else:
-            s[0] += 1
-            s[1] += r.prompt_tokens
-            s[2] += r.cached_tokens
-            s[3] += r.completion_tokens
-    return [value for group, s in sums.items() for value in (*group, *s)]
-
-
-# The rows a batch added, by hour (the shape ROLL_UP_BY reads), for both roll-ups to add.
-_NEW_HOURLY_TABLE = (
-    "CREATE TEMP TABLE IF NOT EXISTS new_hourly (hour INTEGER, team TEXT, key TEXT,"
-    " model TEXT, requests INTEGER, prompt_tokens INTEGER, cached_tokens INTEGER,"
-    " completion_tokens INTEGER)"
-)
-_SUM_NEW_HOURLY = (
-    "INSERT INTO temp.new_hourly SELECT CAST(at / 3600 AS INTEGER) * 3600, team, key, model,"
-    " count(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"
-    " FROM usage WHERE rowid > ? GROUP BY 1, 2, 3, 4"
-)
-# "WHERE true": SQLite needs it to parse an upsert whose source is a SELECT.
-_ROLL_UP_NEW = (
-    "INSERT INTO usage_hourly"
-    " (hour, team, key, model, requests, prompt_tokens, cached_tokens,"
-    " completion_tokens) SELECT * FROM temp.new_hourly WHERE true"
-    " ON CONFLICT (hour, team, key, model) DO UPDATE SET"
-    " requests = usage_hourly.requests + excluded.requests,"
-    " prompt_tokens = usage_hourly.prompt_tokens + excluded.prompt_tokens,"
-    " cached_tokens = usage_hourly.cached_tokens + excluded.cached_tokens,"
-    " completion_tokens = usage_hourly.completion_tokens + excluded.completion_tokens"
-)
-_ROLL_UP_NEW_BY = ROLL_UP_BY % "temp.new_hourly"
