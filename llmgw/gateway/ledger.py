@@ -2,10 +2,10 @@
 
 The request path only appends a record to a bounded in-memory buffer (no
 database round trip, no await). A loop writes the buffer every
-``ledger_interval`` in batches of at most ``BATCH``; the store inserts them
-with one statement per batch (Postgres: ``unnest`` arrays; SQLite: one
-transaction) and adds the new ones to the hourly roll-ups in the same
-transaction.
+``ledger_interval`` in batches of at most ``BATCH``; the store inserts each
+in one transaction (Postgres: one statement with the batch as a JSON
+parameter; SQLite: from a writer process of its own, off the event loop's GIL)
+and adds the new ones to the roll-ups in the same transaction.
 
 **Nothing is counted twice, and little is lost.** Each record gets a random
 id when it is made; a batch whose write failed (the store is down, or its
