@@ -14,7 +14,9 @@ So a child process writes them: ``python -m llmgw.store.sqlite_ledger PATH``,
 started on the first write and again after a failure. The store sends each batch
 as one msgpack frame on the child's stdin (a 4-byte length, then the records);
 the child writes it in one transaction and answers with a frame of its own. The
-child exits when its stdin closes, so it never outlives the store.
+child exits when its stdin closes, so it never outlives the store, and ignores
+SIGINT and SIGTERM, which reach it with the gateway's (a terminal's Ctrl-C, a
+service manager's stop) while the store still has a last batch to write.
 
 A batch goes in few statements: rows 512 to a statement (a power of two, so
 batches of any size use a handful of cached statements), then the roll-ups from
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -262,5 +265,10 @@ _ROLL_UP_NEW_BY = ROLL_UP_BY % "temp.new_hourly"
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+    # Ctrl-C in a terminal reaches the whole process group, and a service manager's
+    # stop may signal every process of the service: the store still has its last
+    # batch to write on the way out, and closing stdin is what ends this loop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(BrokenPipeError):
         serve(Path(sys.argv[1]), float(sys.argv[2]), sys.stdin.buffer, sys.stdout.buffer)

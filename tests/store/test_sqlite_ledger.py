@@ -3,6 +3,8 @@ store closes, and never counting a batch twice."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,23 @@ async def test_closing_the_store_ends_its_writer(tmp_path: Path) -> None:
     proc = writer._proc
     await store.close()
     assert proc.returncode == 0
+
+
+async def test_the_signals_that_stop_the_gateway_leave_the_writer_for_its_last_batch(
+        tmp_path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    await store.open()
+    try:
+        assert await store.record_usage([record("a")]) == 1
+        writer = store._ledger
+        assert writer is not None
+        assert writer._proc is not None
+        child = writer._proc.pid
+        # What Ctrl-C or a service stop sends the whole group, the gateway included.
+        os.kill(child, signal.SIGINT)
+        os.kill(child, signal.SIGTERM)
+        assert await store.record_usage([record("b")]) == 1
+        assert writer._proc is not None
+        assert writer._proc.pid == child
+    finally:
+        await store.close()
