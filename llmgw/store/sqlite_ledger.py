@@ -30,8 +30,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import signal
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 from typing import BinaryIO
@@ -39,7 +41,7 @@ from typing import BinaryIO
 import msgspec
 from msgspec.structs import astuple
 
-from llmgw.errors import LlmgwError, StoreUnavailableError
+from llmgw.errors import StoreUnavailableError
 from llmgw.store.base import UsageRecord
 from llmgw.store.schema import ROLL_UP_BY
 
@@ -61,32 +63,41 @@ _REPLY_DECODER = msgspec.msgpack.Decoder(_Reply)
 
 
 class LedgerWriter:
-    """The store's side: one child process, one batch at a time."""
+    """The store's side: one child process, one batch at a time.
+
+    The exchange runs on the event loop that calls, waiting on the pipes through it
+    (no thread, so nothing else takes the GIL from the loop); like the store's
+    connections, it serves whichever loop calls it."""
 
     def __init__(self, path: Path, *, timeout: float) -> None:
         self.path = path
         self.lock_timeout = timeout
         # A write may wait for SQLite's lock (the busy timeout) before it starts.
         self.timeout = timeout + 30.0
-        self._proc: asyncio.subprocess.Process | None = None
-        self._lock = asyncio.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
 
     async def write(self, records: list[UsageRecord]) -> int:
         """Write ``records``; how many were new. Raises ``StoreUnavailableError``
         when the child or the database fails (the batch may be written again)."""
         payload = _ENCODER.encode(records)
-        async with self._lock:
-            proc = await self._started()
+        async with self._exclusive():
+            proc = self._started()
             assert proc.stdin is not None
             assert proc.stdout is not None
             try:
-                proc.stdin.write(len(payload).to_bytes(4, "big") + payload)
                 async with asyncio.timeout(self.timeout):
-                    await proc.stdin.drain()
-                    size = int.from_bytes(await proc.stdout.readexactly(4), "big")
-                    reply = _REPLY_DECODER.decode(await proc.stdout.readexactly(size))
-            except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
-                await self._stop(kill=True)
+                    await _send(proc.stdin.fileno(),
+                                len(payload).to_bytes(4, "big") + payload)
+                    size = int.from_bytes(await _receive(proc.stdout.fileno(), 4), "big")
+                    reply = _REPLY_DECODER.decode(await _receive(proc.stdout.fileno(), size))
+            except BaseException as exc:
+                # Whatever broke off the exchange, the child's answer can no longer be
+                # matched to its batch: the next write starts a new child.
+                self._stop(kill=True)
+                if not isinstance(exc, OSError | EOFError | TimeoutError | msgspec.DecodeError):
+                    raise
                 why = "did not answer in time" if isinstance(exc, TimeoutError) else \
                     f"exited ({exc.__class__.__name__})"
                 raise StoreUnavailableError(
@@ -98,42 +109,95 @@ class LedgerWriter:
             raise StoreUnavailableError(reply.error)
         raise RuntimeError(f"the ledger's writer process failed: {reply.error}")
 
-    async def _started(self) -> asyncio.subprocess.Process:
-        if self._proc is not None and self._proc.returncode is None:
+    async def close(self) -> None:
+        async with self._exclusive():
+            proc = self._proc
+            if proc is not None and proc.stdin is not None:
+                proc.stdin.close()     # the child's loop ends at end of input
+            await asyncio.to_thread(self._stop, False)
+
+    def _exclusive(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        self._stop(kill=True)
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "llmgw.store.sqlite_ledger", str(self.path),
-                str(self.lock_timeout),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "llmgw.store.sqlite_ledger", str(self.path),
+                 str(self.lock_timeout)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         except OSError as exc:
             raise StoreUnavailableError(
                 f"SQLite database {self.path}: cannot start the ledger's writer process "
                 f"({exc})") from exc
-        return self._proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        os.set_blocking(proc.stdout.fileno(), False)
+        self._proc = proc
+        return proc
 
-    async def close(self) -> None:
-        async with self._lock:
-            await self._stop(kill=False)
-
-    async def _stop(self, *, kill: bool) -> None:
+    def _stop(self, kill: bool) -> None:
+        """End the child: at once (``kill``), or when it has read what it was sent."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
+        if proc is None:
             return
         if kill:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        elif proc.stdin is not None:
-            proc.stdin.close()     # the child's loop ends at end of input
         try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await proc.wait()
-        except TimeoutError:
+            proc.wait(CLOSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
             log.warning("the ledger's writer process for %s did not exit; killing it",
                         self.path)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+async def _ready(fd: int, *, write: bool) -> None:
+    """Until ``fd`` can be written (or read) without blocking."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+async def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            await _ready(fd, write=True)
+
+
+async def _receive(fd: int, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        try:
+            chunk = os.read(fd, size - len(data))
+        except BlockingIOError:
+            await _ready(fd, write=False)
+            continue
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return bytes(data)
 
 
 # --- the child's side ----------------------------------------------------------------
@@ -162,14 +226,10 @@ def write_usage(db: sqlite3.Connection, records: list[UsageRecord]) -> int:
 
 def serve(path: Path, lock_timeout: float, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Write each batch read from ``stdin`` and answer on ``stdout``, until end of input."""
-    # Imported here: the store imports this module for LedgerWriter.
-    from llmgw.store.sqlite import _Connection, _in_transaction
-
-    conn = _Connection(path, timeout=lock_timeout, role="ledger")
-
-    def batch(records: list[UsageRecord]) -> int:
-        return conn._call(lambda db: _in_transaction(db, lambda db: write_usage(db, records)))
-
+    # The store made the file and put it in WAL mode; like the store's other writes,
+    # these skip the fsync per commit.
+    db = sqlite3.connect(path, timeout=lock_timeout, isolation_level=None)
+    db.execute("PRAGMA synchronous=NORMAL")
     while True:
         head = stdin.read(4)
         if len(head) < 4:
@@ -177,9 +237,18 @@ def serve(path: Path, lock_timeout: float, stdin: BinaryIO, stdout: BinaryIO) ->
         payload = stdin.read(int.from_bytes(head, "big"))
         try:
             records = _BATCH_DECODER.decode(payload)
-            reply = _Reply(added=batch(records))
-        except LlmgwError as exc:
-            reply = _Reply(added=0, error=exc.message, unavailable=True)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                added = write_usage(db, records)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            reply = _Reply(added=added)
+        except sqlite3.OperationalError as exc:
+            reply = _Reply(added=0, unavailable=True, error=(
+                f"SQLite database {path}: writing usage records failed ({exc})"))
         except Exception as exc:   # a bug: said to the store, which logs it
             reply = _Reply(added=0, error=f"{exc.__class__.__name__}: {exc}")
         answer = _ENCODER.encode(reply)
