@@ -146,19 +146,26 @@ def gateway(server: str, models: dict[str, str],
         yield f"http://127.0.0.1:{port}", proc.pid
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (those that exit meanwhile are left out)."""
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            tree.append(p)
+    return tree
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and its descendants (granian serves in a child)."""
     total = 0
-    pids = [pid]
-    while pids:
-        p = pids.pop()
+    for p in process_tree(pid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
-            for task in Path(f"/proc/{p}/task").iterdir():
-                children = (task / "children").read_text().split()
-                pids.extend(int(c) for c in children)
     return total
 
 

@@ -46,7 +46,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway_bench import BODY, gateway, load, python_upstream, wrk_together
+from gateway_bench import BODY, gateway, load, process_tree, python_upstream, wrk_together
 
 from llmgw.gateway.ledger import BATCH
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
@@ -161,14 +161,10 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU time of ``pid`` so far, its threads and the children it has
     now included (the SQLite store writes the ledger from a child)."""
     total = 0.0
-    pids = [pid]
-    while pids:
-        p = pids.pop()
+    for p in process_tree(pid):
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            for task in Path(f"/proc/{p}/task").iterdir():
-                pids.extend(int(c) for c in (task / "children").read_text().split())
     return total
 
 

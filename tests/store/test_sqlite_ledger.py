@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from llmgw.errors import StoreUnavailableError
 from llmgw.store.base import UsageRecord
 from llmgw.store.sqlite import SqliteStore
+from llmgw.store.sqlite_ledger import LedgerWriter
 
 HOUR = 1_773_500_400
 
@@ -27,73 +30,59 @@ async def requests(store: SqliteStore) -> int:
     return sum(r.requests for r in rows)
 
 
-async def test_a_writer_that_dies_is_started_again_and_counts_nothing_twice(
-        tmp_path: Path) -> None:
-    store = SqliteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    await store.open()
-    try:
-        assert await store.record_usage([record("a"), record("b")]) == 2
-        writer = store._ledger
-        assert writer is not None
-        assert writer._proc is not None
-        first = writer._proc
-        first.kill()
-        first.wait()
-        # The batch is written again, with one record already stored, by a new child.
-        assert await store.record_usage([record("b"), record("c")]) == 1
-        assert writer._proc is not None
-        assert writer._proc.pid != first.pid
-        assert await requests(store) == 3
-    finally:
-        await store.close()
-
-
-async def test_a_writer_that_stops_answering_is_unavailable_then_replaced(
-        tmp_path: Path) -> None:
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    """An open store that has written one record, so its writer is running."""
     store = SqliteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
     await store.open()
     try:
         assert await store.record_usage([record("a")]) == 1
-        writer = store._ledger
-        assert writer is not None
-        assert writer._proc is not None
-        writer.timeout = 1.0
-        os.kill(writer._proc.pid, signal.SIGSTOP)
-        with pytest.raises(StoreUnavailableError, match="did not answer in time"):
-            await store.record_usage([record("b")])
-        assert await store.record_usage([record("b")]) == 1
-        assert await requests(store) == 2
+        yield store
     finally:
         await store.close()
 
 
-async def test_closing_the_store_ends_its_writer(tmp_path: Path) -> None:
-    store = SqliteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    await store.open()
-    assert await store.record_usage([record("a")]) == 1
+def writer_of(store: SqliteStore) -> tuple[LedgerWriter, subprocess.Popen[bytes]]:
+    """The store's ledger writer and its child now."""
     writer = store._ledger
     assert writer is not None
     assert writer._proc is not None
-    proc = writer._proc
+    return writer, writer._proc
+
+
+async def test_a_writer_that_dies_is_started_again_and_counts_nothing_twice(
+        store: SqliteStore) -> None:
+    _writer, first = writer_of(store)
+    first.kill()
+    first.wait()
+    # The batch is written again, with one record already stored, by a new child.
+    assert await store.record_usage([record("a"), record("b")]) == 1
+    assert writer_of(store)[1].pid != first.pid
+    assert await requests(store) == 2
+
+
+async def test_a_writer_that_stops_answering_is_unavailable_then_replaced(
+        store: SqliteStore) -> None:
+    writer, child = writer_of(store)
+    writer.timeout = 1.0
+    os.kill(child.pid, signal.SIGSTOP)
+    with pytest.raises(StoreUnavailableError, match="did not answer in time"):
+        await store.record_usage([record("b")])
+    assert await store.record_usage([record("b")]) == 1
+    assert await requests(store) == 2
+
+
+async def test_closing_the_store_ends_its_writer(store: SqliteStore) -> None:
+    _writer, child = writer_of(store)
     await store.close()
-    assert proc.returncode == 0
+    assert child.returncode == 0
 
 
 async def test_the_signals_that_stop_the_gateway_leave_the_writer_for_its_last_batch(
-        tmp_path: Path) -> None:
-    store = SqliteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    await store.open()
-    try:
-        assert await store.record_usage([record("a")]) == 1
-        writer = store._ledger
-        assert writer is not None
-        assert writer._proc is not None
-        child = writer._proc.pid
-        # What Ctrl-C or a service stop sends the whole group, the gateway included.
-        os.kill(child, signal.SIGINT)
-        os.kill(child, signal.SIGTERM)
-        assert await store.record_usage([record("b")]) == 1
-        assert writer._proc is not None
-        assert writer._proc.pid == child
-    finally:
-        await store.close()
+        store: SqliteStore) -> None:
+    _writer, child = writer_of(store)
+    # What Ctrl-C or a service stop sends the whole group, the gateway included.
+    os.kill(child.pid, signal.SIGINT)
+    os.kill(child.pid, signal.SIGTERM)
+    assert await store.record_usage([record("b")]) == 1
+    assert writer_of(store)[1].pid == child.pid
