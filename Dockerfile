@@ -19,8 +19,11 @@ COPY llmgw ./llmgw
 # No extras: the engines run in their own images on the nodes.
 RUN pip install . && rm -rf /src
 
-# An unprivileged user; the fetch task writes into the host volume the job
-# mounts at /llmgw-cache, which the Nomad client creates for it.
+# An unprivileged user. Jobs run the fetch task as this uid whatever the image says
+# (scheduler.nomad.fetch_user, default 10001, declared as the task's user), and it
+# writes into the host volume mounted at /llmgw-cache, whose directory on each node
+# must be owned by it: Nomad never creates or chowns a host volume's path
+# (`sudo install -d -o 10001 -g 10001 -m 0755 /var/lib/llmgw/model-cache`).
 RUN useradd --system --uid 10001 --home-dir /var/lib/llmgw --create-home llmgw
 USER llmgw
 WORKDIR /var/lib/llmgw

@@ -60,6 +60,10 @@ class NomadConfig(_Conf, frozen=True):
     llama_cpp_image: str = "ghcr.io/ggml-org/llama.cpp:server"
     fetcher_image: str = "ghcr.io/llmgw/llmgw:0.1.0"
     cache_volume: str = "llmgw-model-cache"
+    # The uid (or uid:gid) the fetch and sweep tasks run as, declared on each task: the
+    # cache volume's host directory must be owned by it, since Nomad never creates or
+    # chowns a host volume's path (README "Nomad mode"; render.fetch_task argues it).
+    fetch_user: str = "10001"
     fabric_meta_key: str = "llmgw_fabric"
     # The Hugging Face token vLLM downloads gated hf:// models with when there is no
     # mirror; handed to jobs through Nomad Variables, never in the job itself.

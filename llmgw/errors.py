@@ -9,6 +9,7 @@
     ├── AuthError                   401 / exit 1
     ├── ForbiddenError              403 / exit 1
     ├── RateLimitedError            429 / exit 1
+    ├── BackendPermissionError      502 / exit 1   the scheduler refuses llmgw's own token
     └── UnavailableError            503 / exit 1   a dependency is down; retry later
         ├── StoreUnavailableError   503            the database cannot be reached
         └── BackendUnavailableError 503            Nomad (or the local scheduler) cannot be reached
@@ -82,6 +83,21 @@ class RateLimitedError(LlmgwError):
     def __init__(self, message: str, *, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class BackendPermissionError(LlmgwError):
+    """The scheduler answered and refused llmgw's own credentials an action: its ACL
+    policy lacks a capability. Not the caller's fault (so not 403), and not an outage (so
+    not 503): retrying with back-off changes nothing until an operator grants it.
+    ``needs`` names what the refused call requires, one item per capability and target."""
+
+    status = 502
+    kind = "backend_permission"
+
+    def __init__(self, message: str, *, needs: tuple[str, ...] = (),
+                 field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.needs = needs
 
 
 class UnavailableError(LlmgwError):

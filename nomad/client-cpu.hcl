@@ -16,6 +16,10 @@ client {
   node_class = "cpu"
   servers    = ["nomad-1.internal:4647", "nomad-2.internal:4647", "nomad-3.internal:4647"]
 
+  # Create it before the agent starts (a missing path keeps the client from
+  # starting), owned by the fetch task's user (scheduler.nomad.fetch_user); Nomad
+  # never creates or chowns it:
+  #   sudo install -d -o 10001 -g 10001 -m 0755 /var/lib/llmgw/model-cache
   host_volume "llmgw-model-cache" {
     path      = "/var/lib/llmgw/model-cache"
     read_only = false

@@ -22,6 +22,10 @@ client {
   # The node-local model cache the prestart task `llmgw fetch` fills and the
   # engine reads; the name is scheduler.nomad.cache_volume. Put it on local
   # NVMe: a 70B model is 140 GB read at every start.
+  # Create it before the agent starts (a missing path keeps the client from
+  # starting), owned by the fetch task's user (scheduler.nomad.fetch_user); Nomad
+  # never creates or chowns it:
+  #   sudo install -d -o 10001 -g 10001 -m 0755 /var/lib/llmgw/model-cache
   host_volume "llmgw-model-cache" {
     path      = "/var/lib/llmgw/model-cache"
     read_only = false

@@ -3,8 +3,12 @@
 # prestart fetcher fills, and the node meta llmgw's jobs are constrained on.
 # Run it on the host, not in a container (docker-compose.yml says why):
 #
-#   sudo mkdir -p /var/lib/llmgw/model-cache
+#   sudo install -d -o 10001 -g 10001 -m 0755 /var/lib/llmgw/model-cache
 #   sudo nomad agent -dev -config nomad/dev.hcl
+#
+# The cache directory belongs to uid 10001, the user llmgw's fetch task runs as
+# (scheduler.nomad.fetch_user): Nomad stats a host volume's path when the agent
+# starts and mounts it as it is, never creating or chowning it.
 #
 # bind_addr 0.0.0.0: -dev alone binds 127.0.0.1, and replicas would then be
 # registered at an address only this machine's loopback reaches.

@@ -31,11 +31,25 @@ namespace "llm" {
     path "nomad/jobs/llmgw-*" {
       capabilities = ["write", "read", "destroy"]
     }
-    # The same credentials, for the batch job that fetches a model's weights ahead.
-    path "nomad/jobs/llmgw.prefetch.*" {
+    # The same credentials, for the batch job that fetches a model's weights ahead
+    # (job llmgw_prefetch_<model>: a Variable path allows no dot, and the underscore
+    # keeps it out of the llmgw-* glob above).
+    path "nomad/jobs/llmgw_prefetch_*" {
       capabilities = ["write", "read", "destroy"]
     }
   }
+}
+
+# Every job llmgw registers -- a model's replicas, a prefetch, a cache sweep -- mounts
+# the host volume llmgw-model-cache (scheduler.nomad.cache_volume) writable, and
+# Job.Register checks each mount against the token's host_volume rules, which no
+# namespace capability covers (nomad/job_endpoint.go, doRegister; acl/acl.go,
+# AllowHostVolumeOperation): without this block every register is refused with 403,
+# while a plan, which checks no volume, still passes. mount-readwrite is the one
+# capability a writable mount needs, and grants nothing on any other volume. Rename
+# it with scheduler.nomad.cache_volume.
+host_volume "llmgw-model-cache" {
+  capabilities = ["mount-readwrite"]
 }
 
 # What this grants, and why it is here: read-job in every namespace lets the

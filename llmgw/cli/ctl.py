@@ -51,6 +51,8 @@ def _status_text(m: dict[str, Any]) -> str:
         parts.append("crash loop")
     if st.get("deployment_failed"):
         parts.append("deployment failed")
+    if st.get("refused"):
+        parts.append("refused by Nomad's ACL")
     if m.get("stale_replicas"):
         parts.append(f"{m['stale_replicas']} stale profile")
     if m.get("memory_warnings"):
@@ -95,7 +97,7 @@ def model_show(client: ApiClient, name: str, output: str) -> None:
     click.echo(f"scaling:   {_scaling_text(m['scaling'])}")
     click.echo(f"status:    {_status_text(m)}")
     st = m.get("status") or {}
-    for key in ("last_placement_failure", "last_error"):
+    for key in ("last_placement_failure", "last_error", "refused", "prefetch_error"):
         if st.get(key):
             click.echo(f"{key.replace('_', ' ')}: {st[key]}")
     click.echo("definition:")

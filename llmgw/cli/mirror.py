@@ -219,8 +219,8 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
 
     from llmgw.redact import redact_url
     from llmgw.weights import cache
+    from llmgw.weights.fetch import check_writable, remote_size, with_userinfo
     from llmgw.weights.fetch import fetch as fetch_url
-    from llmgw.weights.fetch import remote_size, with_userinfo
     from llmgw.weights.fetchlog import FetchLog
     from llmgw.weights.mirror.add import ProgressBar
 
@@ -228,6 +228,8 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
     shown = redact_url(url)
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
     try:
+        with failures():
+            check_writable(dest)   # the cache's owner and this uid, before a byte moves
         with failures(), cache.using(dest):   # a cache sweep leaves this entry alone meanwhile
             lines = bar is None and not quiet
             # The total, from a HEAD or the mirror's listing: only for what shows it.

@@ -71,7 +71,7 @@ def replicas(client: ApiClient, name: str | None, output: str) -> None:
     replicas desired and ready and why that many (the gateway's scaler decides
     between scaling.min and scaling.max from the load), and for each model that
     runs fewer replicas than it should, why (waiting for capacity, a crash loop,
-    a failed deployment).
+    a failed deployment, a capability Nomad refuses llmgw's token).
     """
     path = "/api/v1/replicas" + (f"?model={quote(name)}" if name else "")
     with failures():
@@ -106,6 +106,10 @@ def _model_notes(m: dict[str, Any]) -> list[str]:
         out.append(f"{m['name']}: {st['shortfall']}")
     if st.get("deployment_failed"):
         out.append(f"{m['name']}: {st['deployment_failed']}")
+    if st.get("refused"):
+        out.append(f"{m['name']}: Nomad refuses llmgw's token: {st['refused']}")
+    if st.get("prefetch_error"):
+        out.append(f"{m['name']}: prefetch: {st['prefetch_error']}")
     return out
 
 

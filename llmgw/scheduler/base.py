@@ -79,6 +79,11 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     shortfall: str | None = None
     # The scheduler's last rollout of the model's current version failed, and what followed
     deployment_failed: str | None = None
+    # The scheduler refuses llmgw's own credentials something this model needs: which
+    # capability, on what, from which token, and where to grant it
+    refused: str | None = None
+    # The last prefetch of its weights (scaling.prefetch) could not be started, and why
+    prefetch_error: str | None = None
 
 
 class ScalerDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,9 +172,14 @@ class Prefetch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BackendHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """``ok``: the scheduler answers. ``refused``: it answers but refuses llmgw's own
+    credentials something (which capability, and the fix) — no outage, and the gateway
+    routes as ever, but models that need it do not start."""
+
     ok: bool
     message: str = ""
     since: float | None = None
+    refused: str | None = None
 
 
 class Routing(Protocol):

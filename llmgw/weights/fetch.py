@@ -165,6 +165,27 @@ def _request(url: str, headers: dict[str, str], timeout: float
 _TRANSPORT = (OSError, http.client.HTTPException)
 
 
+def _nearest(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists: what decides whether it can be made."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def not_writable(path: str | Path, strerror: str, *, owner: int, group: int, mode: int,
+                 where: str | Path, uid: int) -> str:
+    """The words for a cache directory this fetch cannot write: the path, who owns the
+    directory that decides it, the uid the fetch runs as, and what to do on the node."""
+    return (f"cannot write {path}: {strerror}; {where} is owned by uid {owner} (gid "
+            f"{group}, mode {mode & 0o7777:04o}) and this fetch runs as uid {uid}. Nomad "
+            "never creates or chowns a host volume's directory: on the node, give the cache "
+            f"volume's host directory (its host_volume path in the Nomad client's "
+            f"configuration) to uid {uid} — `sudo chown -R {uid} DIR` — or set "
+            "scheduler.nomad.fetch_user to the uid that owns it, and check that the volume "
+            "is not read-only")
+
+
 def disk_error(path: Path, exc: OSError) -> LlmgwError:
     """A failure to write the cache, with what to do on the node. Not retried: a full or
     read-only volume stays so, and the task's restart policy tries again later."""
@@ -174,11 +195,33 @@ def disk_error(path: Path, exc: OSError) -> LlmgwError:
                           "`llmgw cache sweep` removes weights no replica uses, and "
                           "scheduler.nomad.cache_max makes llmgw keep the cache within a bound")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return LlmgwError(f"{said}; the fetch runs as uid {os.getuid()}, which must be able "
-                          f"to write the cache volume: on the node, `chown -R {os.getuid()}` "
-                          "its host directory (the host_volume path in the client's "
-                          "configuration) and make sure it is not mounted read-only")
+        where = _nearest(path if exc.errno == errno.EROFS else path.parent)
+        try:
+            st = where.stat()
+        except OSError:
+            return LlmgwError(f"{said}; the fetch runs as uid {os.getuid()}, which must be "
+                              "able to write the cache volume's host directory")
+        return LlmgwError(not_writable(path, str(exc.strerror or exc), owner=st.st_uid,
+                                       group=st.st_gid, mode=st.st_mode, where=where,
+                                       uid=os.getuid()))
     return LlmgwError(f"{said}; check the node's disk (dmesg, df) and the cache volume")
+
+
+def check_writable(dest: str | Path) -> None:
+    """Before anything is downloaded: can this process create files where ``dest`` goes?
+    Tried for real (a file made and removed in the nearest existing directory), since
+    permission bits alone do not say it for root, ACLs or a read-only mount."""
+    target = Path(dest)
+    where = _nearest(target if str(dest).endswith("/") else target.parent)
+    if not where.is_dir():
+        return   # a file in the way: the fetch's own mkdir says so
+    probe = where / f".llmgw-write-check-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise disk_error(target, exc) from None
+    os.close(fd)
+    probe.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

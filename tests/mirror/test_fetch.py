@@ -290,3 +290,87 @@ def test_a_range_from_a_server_that_ignores_ranges_is_read_from_the_start_only()
         assert read_range(srv.url, 0, 100) == CONTENT[:100]
         with pytest.raises(LlmgwError, match="ignores Range requests"):
             read_range(srv.url, 100, 100)
+
+
+def test_the_words_for_an_unwritable_cache_name_path_owner_and_uid() -> None:
+    """The message builder names the path, the owning uid, gid and mode of the directory
+    that decides it, the uid the fetch runs as, and the chown to run on the node."""
+    from llmgw.weights.fetch import not_writable
+
+    said = not_writable("/llmgw-cache/m/x.gguf", "Permission denied", owner=0, group=0,
+                        mode=0o40755, where="/llmgw-cache", uid=10001)
+    assert said.startswith("cannot write /llmgw-cache/m/x.gguf: Permission denied; "
+                           "/llmgw-cache is owned by uid 0 (gid 0, mode 0755) and this fetch "
+                           "runs as uid 10001.")
+    assert "`sudo chown -R 10001 DIR`" in said
+    assert "scheduler.nomad.fetch_user" in said
+
+
+def _as_uid(uid: int | None, fn: Callable[[], tuple[int, str]]) -> tuple[int, str]:
+    """``fn()`` in a forked child that runs as ``uid`` (None: as this one): the test
+    process's own interpreter and modules, so nothing has to be readable by that uid."""
+    import json
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(read)
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            out = fn()
+            os.write(write, json.dumps(out).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, data
+    code, said = json.loads(data)
+    return int(code), str(said)
+
+
+def test_a_cache_the_fetch_uid_cannot_write_fails_first_naming_owner_and_uid() -> None:
+    """`llmgw fetch` into a directory it cannot write stops before any download, saying
+    which path, who owns it and which uid it runs as. As root (which may write anywhere)
+    the fetch runs in a forked child that dropped to uid 65534, as a Nomad task runs as
+    its user; as anyone else, the directory is made read-only for its owner."""
+    import shutil
+    import tempfile
+
+    import llmgw.weights.cache
+    import llmgw.weights.fetchlog
+    import llmgw.weights.mirror.add  # noqa: F401 (the command's lazy imports, before the fork)
+
+    base = Path(tempfile.mkdtemp(prefix="llmgw-fetch-owner-"))   # not pytest's 0700 tree
+    os.chmod(base, 0o755)                 # the dropped uid may pass through, not write
+    cache = base / "cache"
+    cache.mkdir(mode=0o755)
+    dest = cache / "org" / "model.gguf"
+    if os.geteuid() == 0:
+        uid: int | None = 65534
+        runs_as = 65534
+    else:
+        uid, runs_as = None, os.geteuid()
+        os.chmod(cache, 0o555)
+    try:
+        def fetch_there() -> tuple[int, str]:
+            r = CliRunner().invoke(main, ["fetch", "http://127.0.0.1:9/model.gguf", str(dest),
+                                          "--retries", "0"])
+            return r.exit_code, r.output
+        code, said = _as_uid(uid, fetch_there)
+    finally:
+        os.chmod(cache, 0o755)
+        owner = cache.stat().st_uid
+        shutil.rmtree(base, ignore_errors=True)
+    assert code == 1, said
+    assert f"cannot write {dest}" in said
+    assert f"{cache} is owned by uid {owner}" in said
+    assert f"this fetch runs as uid {runs_as}" in said
+    assert "cannot reach" not in said            # it never tried the network
+    assert "Traceback" not in said

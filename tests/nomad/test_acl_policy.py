@@ -161,3 +161,111 @@ async def test_with_node_read_only_models_still_run_and_the_refusal_is_said_once
     said = [r for r in caplog.records if "keeping the nodes' cache metadata" in r.message]
     assert len(said) == 1
     assert "node:write" in said[0].getMessage()
+
+
+def _jobspecs() -> list[dict[str, object]]:
+    """Every job `jobspecs/` holds, as `llmgw jobspec render` wrote it."""
+    import json
+
+    out = []
+    for path in sorted((ROOT / "jobspecs").glob("*.json")):
+        body = json.loads(path.read_text())
+        out.append(body.get("Job", body))
+    assert out
+    return out
+
+
+def test_a_token_with_only_the_shipped_policy_registers_every_rendered_job(cluster):
+    """Job.Register checks each group's host volume against the token's host_volume rules
+    (nomad/job_endpoint.go doRegister, acl/acl.go AllowHostVolumeOperation): every job in
+    jobspecs/, and the prefetch and sweep jobs, register with the documented token."""
+    from llmgw.config import NomadConfig
+    from llmgw.scheduler.nomad import jobspec as js
+    from llmgw.scheduler.nomad import warmth
+
+    fake, token = cluster
+    cfg = NomadConfig(namespace="llm", datacenters=["dc1"])
+    m = cpu_model("embed")
+    extra = [warmth.prefetch_job(m, cfg, "http://mirror.internal:8070", ["n1"], run="r1"),
+             warmth.sweep_job(cfg, ["n1"], [], since=0.0, run="r1")]
+    jobs = _jobspecs() + [msgspec_builtins(js.encode(j)) for j in extra]
+    with _as(fake, token) as c:
+        for job in jobs:
+            r = c.post("/v1/jobs", json={"Job": job})
+            assert r.status_code == 200, (job["ID"], r.status_code, r.text)
+
+
+def msgspec_builtins(raw: bytes) -> dict[str, object]:
+    import json
+
+    decoded: dict[str, object] = json.loads(raw)
+    return decoded
+
+
+def test_register_is_refused_without_the_host_volume_rule_while_plan_passes(cluster):
+    """A policy with every namespace capability but no host_volume block: Job.Plan (which
+    checks no volume) answers 200, Job.Register answers 403 Permission denied."""
+    fake, _ = cluster
+    text = re.sub(r'host_volume "[^"]+" \{[^}]*\}', "", POLICY_FILE.read_text())
+    fake.apply_policy("no-volume", text)
+    token = fake.create_token(["no-volume"])
+    job = _jobspecs()[0]
+    with _as(fake, token) as c:
+        assert c.post(f"/v1/job/{job['ID']}/plan", json={"Job": job}).status_code == 200
+        r = c.post("/v1/jobs", json={"Job": job})
+        assert (r.status_code, r.text) == (403, "Permission denied")
+
+
+def test_the_fake_reads_host_volume_rules_as_nomad_does(cluster):
+    """acl/policy.go: policy "read" grants mount-readonly only, "write" both, a glob
+    matches when no exact rule does, deny wins, and an unknown capability is refused."""
+    from llmgw.testing.fake_nomad import acl
+    from llmgw.testing.fake_nomad.cluster import NomadError
+
+    def compiled(rules: str) -> acl.Acl:
+        return acl.Acl([acl.parse_policy("p", rules)])
+
+    read = compiled('host_volume "cache" { policy = "read" }')
+    assert read.allow_host_volume("cache", "mount-readonly")
+    assert not read.allow_host_volume("cache", "mount-readwrite")
+    glob = compiled('host_volume "llmgw-*" { capabilities = ["mount-readwrite"] }')
+    assert glob.allow_host_volume("llmgw-model-cache", "mount-readwrite")
+    assert not glob.allow_host_volume("other", "mount-readwrite")
+    both = acl.Acl([acl.parse_policy("a", 'host_volume "c" { policy = "write" }'),
+                    acl.parse_policy("b", 'host_volume "c" { policy = "deny" }')])
+    assert not both.allow_host_volume("c", "mount-readonly")
+    with pytest.raises(NomadError, match="Invalid host volume capability 'mount-rw'"):
+        acl.parse_policy("x", 'host_volume "c" { capabilities = ["mount-rw"] }')
+
+
+async def test_a_refused_register_is_a_permission_error_on_the_model_not_an_outage(caplog):
+    """A token whose policy lacks the host_volume rule: the model records which capability
+    on what Nomad refused and the fix, health() stays ok (Nomad answers) and names it, the
+    reconciler keeps its interval rather than backing off, and the log says it once."""
+    import logging
+
+    text = re.sub(r'host_volume "[^"]+" \{[^}]*\}', "", POLICY_FILE.read_text())
+    caplog.set_level(logging.INFO, logger="llmgw.nomad")
+    with FakeNomad(default_fleet(), acl_token=MANAGEMENT, namespaces=("default", "llm")) as fake:
+        fake.apply_policy("llmgw", text)
+        token = fake.create_token(["llmgw"], name="llmgw")
+        m = cpu_model("embed")
+        backend = make_backend(fake, cfg=config(fake, [m], namespace="llm", token=token))
+        await backend.start()
+        try:
+            for _ in range(3):
+                await applied(backend, catalog(m))
+            status = backend.status("embed")
+            assert "mount-readwrite on host volume 'llmgw-model-cache'" in (status.refused or "")
+            assert "'llmgw' (accessor " in (status.refused or "")
+            assert "nomad/llmgw-policy.hcl" in (status.refused or "")
+            health = backend.health()
+            assert health.ok
+            assert "mount-readwrite" in (health.refused or "")
+            assert backend._failures == 0          # no back-off: Nomad is not down
+            assert fake.allocations("llmgw-embed", namespace="llm") == []
+        finally:
+            await backend.close()
+    said = [r for r in caplog.records if "mount-readwrite" in r.getMessage()]
+    assert len(said) == 1
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]

@@ -76,9 +76,10 @@ async def serving(ctx: AppContext) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def instance(fake: FakeNomad, store: Store, holder: str,
-                   gpu_classes: dict[str, GpuClass] | None = None) -> AsyncIterator[Instance]:
+                   gpu_classes: dict[str, GpuClass] | None = None,
+                   **nomad: Any) -> AsyncIterator[Instance]:
     """One llmgw API process, wired as llmgw.server does (without the gateway)."""
-    cfg = config(fake, server={"admin_tokens": [AdminToken(name="ops", token=TOKEN)]})
+    cfg = config(fake, server={"admin_tokens": [AdminToken(name="ops", token=TOKEN)]}, **nomad)
     if gpu_classes is not None:
         cfg = msgspec.structs.replace(cfg, gpu_classes=gpu_classes)
     backend = make_backend(fake, store, cfg, holder=holder)
@@ -295,3 +296,37 @@ async def test_ctl_fleet_names_a_gpu_class_whose_memory_no_card_reports(fake, st
         assert ("warning: gpu class h100-80g declares 81920 MiB per card but gpu-h100-01, "
                 "gpu-h100-02, gpu-h100-03 report 81559 MiB: the device memory constraint "
                 "(${device.attr.memory} >= 81920 MiB) excludes it") in out.output
+
+
+async def test_a_capability_nomad_refuses_is_shown_on_the_model_and_readyz_stays_ready(store):
+    """A token without the host_volume rule: the model's view, `ctl replicas` and the admin
+    page say which capability Nomad refuses; /readyz is 200 (Nomad answers) and its admin
+    body names the refusal."""
+    import re
+
+    policy = (Path(__file__).resolve().parents[2] / "nomad" / "llmgw-policy.hcl").read_text()
+    policy = re.sub(r'host_volume "[^"]+" \{[^}]*\}', "", policy).replace('"llm"', '"default"')
+    with FakeNomad(acl_token="root-secret") as fake:
+        fake.apply_policy("llmgw", policy)
+        token = fake.create_token(["llmgw"], name="llmgw")
+        async with instance(fake, store, "api-1", token=token) as api:
+            r = await api.client.post("/api/v1/models", json=cpu_body("embed"), headers=ADMIN)
+            assert r.status_code == 200, r.text
+            await api.backend.apply(api.models.catalog)
+            await api.backend.reconciled()
+            view = (await api.client.get("/api/v1/models/embed", headers=ADMIN)).json()
+            assert "mount-readwrite on host volume 'llmgw-model-cache'" in \
+                view["status"]["refused"]
+            reps = await _ctl(api.url, "replicas", "embed")
+            assert "embed: Nomad refuses llmgw's token: " in reps.output
+            from types import SimpleNamespace
+
+            from llmgw.admin.render import environment
+
+            notes = environment().get_template("_status.html").render(m=SimpleNamespace(
+                status=SimpleNamespace(**view["status"]), stale_replicas=0,
+                memory_warnings=[]))
+            assert 'class="bad refused">Nomad refuses llmgw\'s token: ' in notes
+            assert (await api.client.get("/readyz")).status_code == 200
+            ready = (await api.client.get("/readyz", headers=ADMIN)).json()
+            assert "mount-readwrite" in ready["scheduler"]["refused"]

@@ -12,7 +12,7 @@ from llmgw.catalog.build import build_catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass
 from llmgw.catalog.units import Size
-from llmgw.errors import BackendUnavailableError, PlacementError
+from llmgw.errors import BackendPermissionError, BackendUnavailableError, PlacementError
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.scheduler.nomad.render import render_job
 from llmgw.store import open_store
@@ -294,10 +294,11 @@ async def test_nomad_down_backs_off_reports_the_outage_and_keeps_endpoints(fake,
 
 
 async def test_nomad_errors_at_add_time_say_what_happened(fake, backend):
-    """A 403 or garbage from Nomad while checking placement is an error naming Nomad."""
+    """A 403 (a permission error naming what the call needs) or garbage from Nomad while
+    checking placement is an error naming Nomad."""
     m = cpu_model("embed")
     fake.inject("POST", r"/v1/validate/job", 403, "Permission denied")
-    with pytest.raises(BackendUnavailableError, match="NOMAD_TOKEN"):
+    with pytest.raises(BackendPermissionError, match="NOMAD_TOKEN.*read-job in namespace"):
         await backend.check_placement(m, catalog(m))
     fake.clear_injections()
     fake.inject("POST", r"/v1/job/.*/plan", 200, "<html>proxy</html>")
@@ -622,3 +623,31 @@ async def test_holdings_are_each_allocations_cards_from_placement_until_its_clie
     [replacement] = [a for a in fake.allocations("llmgw-qwen") if a.id != gpu.id]
     assert held[replacement.id].start >= before
     assert held[replacement.id].end is None
+
+
+async def test_a_version_whose_replicas_fail_is_not_submitted_again_and_says_why(fake, backend):
+    """Replicas that crash until the deployment fails: no new version of the same spec
+    (one progress deadline per cycle, forever); the model names the engine's last event
+    and the way out."""
+    m = cpu_model("embed")
+    await applied(backend, catalog(m))
+    fake.settle()
+    [a] = fake.allocations("llmgw-embed")
+    fake.fail_alloc(a.id, "Exit Code: 1, Exit Message: \"model file is corrupt\"")
+    fake.settle()
+    deadline = fake.job("llmgw-embed")["TaskGroups"][0]["Update"]["ProgressDeadline"] / 1e9
+    fake.advance(deadline + 1)
+    for replacement in fake.allocations("llmgw-embed"):
+        fake.fail_alloc(replacement.id, "Exit Code: 1, Exit Message: \"model file is corrupt\"")
+    fake.settle()
+    assert fake.deployment("llmgw-embed").status == "failed"
+    version = fake.job("llmgw-embed")["Version"]
+    for _ in range(2):
+        await applied(backend, catalog(m))
+    fake.settle()
+    assert fake.job("llmgw-embed")["Version"] == version      # not submitted again
+    status = backend.status("embed")
+    said = status.deployment_failed or ""
+    assert "its replicas failed" in said
+    assert "task engine: Exit Code: 1" in said
+    assert "then run `llmgw ctl rollout embed`" in said

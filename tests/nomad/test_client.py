@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from llmgw.config import NomadConfig
-from llmgw.errors import BackendUnavailableError, NotFoundError
+from llmgw.errors import BackendPermissionError, BackendUnavailableError, NotFoundError
 from llmgw.scheduler.nomad.client import NomadClient, NomadRejectedError, ScaleBlockedError
 from llmgw.scheduler.nomad.render import render_job
 
@@ -121,15 +121,18 @@ def test_an_unreachable_nomad_says_where_and_what_to_check():
 
 
 def test_a_forbidden_token_is_named_with_the_capabilities_needed(server: Scripted):
-    """403 Permission denied: the token is the thing to check, with the capabilities it needs."""
+    """403 Permission denied is a permission error, not an outage: it names the capability
+    the refused call needs, in which namespace, and the token's configuration."""
     text = {"Content-Type": "text/plain"}
     server.answers[("GET", "/v1/jobs")] = (403, b"Permission denied", text)
-    with pytest.raises(BackendUnavailableError) as err:
+    with pytest.raises(BackendPermissionError) as err:
         _client(server.url, namespace="llm").jobs("llmgw-")
+    assert not isinstance(err.value, BackendUnavailableError)
     msg = err.value.message
     assert "403: Permission denied" in msg
     assert "NOMAD_TOKEN" in msg
-    assert "'llm'" in msg
+    assert "list-jobs in namespace 'llm'" in msg
+    assert err.value.needs == ("list-jobs in namespace 'llm'",)
 
 
 def test_a_leaderless_cluster_is_unavailable_and_an_invalid_job_is_rejected(server: Scripted):

@@ -145,3 +145,76 @@ def test_llmgw_fetch_puts_the_environment_password_back_into_the_url():
         "http://reader:s3cr%40t@m:8070/a/"
     assert with_userinfo("http://u:p@m/a", "reader:x") == "http://u:p@m/a"
     assert with_userinfo("http://m/a", None) == "http://m/a"
+
+
+def test_the_prefetch_of_a_model_with_credentials_reads_them_from_its_own_path():
+    """A prefetch job's ID makes a valid Variable path (nomad/structs/variables.go
+    validVariablePath: no dots) outside the llmgw-<model> prefix; its fetch task reads the
+    password there with its workload identity, under the shipped policy."""
+    import re as _re
+
+    from llmgw.scheduler.nomad import credentials, warmth
+    from llmgw.scheduler.nomad.caches import CacheKeeper
+    from llmgw.scheduler.nomad.client import NomadClient
+    from llmgw.testing.fake_nomad import default_fleet
+
+    from .shapes import GPU_CLASSES
+    from .test_acl_policy import POLICY_FILE, documented_apply
+
+    m = _with_source(SECRET_URL)
+    jid = warmth.prefetch_job_id(m.name)
+    assert "." not in jid
+    assert not jid.startswith("llmgw-")
+    assert _re.fullmatch(r"[a-zA-Z0-9\-_~/]{1,128}", credentials.variable_path(jid))
+    with FakeNomad(default_fleet(), acl_token="root", namespaces=("default", "llm")) as fake:
+        name, flags = documented_apply()
+        fake.apply_policy(name, POLICY_FILE.read_text(), **flags)
+        cfg = config(fake, [m], namespace="llm", token=fake.create_token([name]))
+        client = NomadClient(cfg.scheduler.nomad)
+        keeper = CacheKeeper(client, cfg.scheduler.nomad, GPU_CLASSES, MIRROR,
+                             credentials.Keeper(client, cfg.scheduler.nomad, MIRROR))
+        try:
+            keeper.prefetch(m, None, 1, views=None)
+            fake.settle()
+            [a] = fake.allocations(jid, namespace="llm")
+            env = fake.task_env(a.id, "fetch")
+            assert env[credentials.FETCH_USERINFO] == "reader:s3cr%40t"
+        finally:
+            client.close()
+
+
+def test_an_invalid_variable_path_is_a_400_as_nomad_answers_it(fake: FakeNomad):
+    """nomad/variables_endpoint.go Apply codes ValidatePath's refusal 400, not 500."""
+    import httpx
+
+    r = httpx.put(f"{fake.address}/v1/var/nomad/jobs/llmgw.prefetch.embed",
+                  json={"Items": {"k": "v"}})
+    assert (r.status_code, r.text) == (400, 'invalid path "nomad/jobs/llmgw.prefetch.embed"')
+
+
+def test_one_models_failed_prefetch_is_recorded_and_the_others_are_kept(fake: FakeNomad):
+    """A model whose prefetch cannot start (its Variable lacks the password its masked
+    source names) records why, and the next model's prefetch still starts."""
+    from llmgw.catalog.model import Scaling
+    from llmgw.scheduler.nomad import credentials, warmth
+    from llmgw.scheduler.nomad.caches import CacheKeeper
+    from llmgw.scheduler.nomad.client import NomadClient
+
+    from .shapes import GPU_CLASSES
+
+    masked = msgspec.structs.replace(
+        _with_source("http://reader:***@mirror.internal:8070/a/q8_0/a.gguf", "a"),
+        scaling=Scaling(min=0, prefetch=1))
+    fine = msgspec.structs.replace(cpu_model("b"), scaling=Scaling(min=0, prefetch=1))
+    cfg = config(fake, [masked, fine])
+    client = NomadClient(cfg.scheduler.nomad)
+    keeper = CacheKeeper(client, cfg.scheduler.nomad, GPU_CLASSES, MIRROR,
+                         credentials.Keeper(client, cfg.scheduler.nomad, MIRROR))
+    try:
+        keeper.observe(catalog(masked, fine))
+        fake.settle()
+        assert fake.allocations(warmth.prefetch_job_id("b"))
+        assert "password" in keeper.prefetch_errors["a"]
+        assert "b" not in keeper.prefetch_errors
+    finally:
+        client.close()

@@ -139,12 +139,14 @@ def test_a_crash_loop_is_judged_on_the_current_versions_allocations():
 
 
 def _deployment(version: int, status: str, *, spec_index: int = 7, create: int = 1,
-                healthy: int = 1, total: int = 2, index: int = 10) -> wire.Deployment:
+                healthy: int = 1, total: int = 2, index: int = 10, placed: int = 1,
+                unhealthy: int = 0) -> wire.Deployment:
     return msgspec.convert({
         "ID": f"d{version}-{index}", "JobID": "llmgw-a", "JobVersion": version,
         "JobSpecModifyIndex": spec_index, "JobCreateIndex": create, "Status": status,
         "StatusDescription": "Failed due to progress deadline", "CreateIndex": index,
-        "TaskGroups": {"serve": {"HealthyAllocs": healthy, "DesiredTotal": total}}},
+        "TaskGroups": {"serve": {"HealthyAllocs": healthy, "DesiredTotal": total,
+                                 "PlacedAllocs": placed, "UnhealthyAllocs": unhealthy}}},
         wire.Deployment)
 
 
@@ -228,3 +230,46 @@ def test_a_ui_block_is_not_rewritten_where_that_would_disturb_the_job():
     assert _described(JobState(**{**done.__dict__, "ui": "ui-old"})) == {"a": 2}
     assert _described(JobState(**base), cat_min=3) == {}
     assert _described(JobState(**{**base, "ui": None})) == {}
+
+
+def test_a_deployment_failed_by_its_replicas_is_reported_with_the_way_out_not_retried():
+    """Replicas that failed (UnhealthyAllocs > 0) mean a broken version: no /scale (which
+    would make a new version of the same spec, one progress deadline per cycle forever);
+    the report names the failing task's last event and says to fix the spec, then roll out."""
+    cat = build_catalog([_model("a", min_=2)], GPU_CLASSES)
+    d = _deployment(3, "failed", healthy=0, placed=2, unhealthy=2)
+    st = _deployed(d, running=0)
+    crashed = version_allocs(3, [_alloc_with_task(3, "failed", "engine",
+                                                  "Exit Code: 1, Exit Message: CUDA OOM")])
+    st = JobState(**{**st.__dict__, "current": crashed})
+    actions = decide(cat, {"llmgw-a": st}, _spec)
+    assert actions.recover == {}
+    said = actions.deployment_failed["a"]
+    assert "replicas failed" in said
+    assert "task engine: Exit Code: 1, Exit Message: CUDA OOM" in said
+    assert "fix the model's definition, then run `llmgw ctl rollout a`" in said
+    text = shortfall(st, None) or ""
+    assert "submits the job again" not in text
+    assert "llmgw ctl rollout a" in text
+
+
+def test_only_a_deployment_that_waited_for_capacity_is_recovered():
+    """Placed fewer than desired and none unhealthy: the replicas waited for room, so the
+    same spec is submitted again; one unhealthy replica makes it a failure of the version."""
+    cat = build_catalog([_model("a", min_=2)], GPU_CLASSES)
+    waited = _deployed(_deployment(3, "failed", placed=1, unhealthy=0), running=1)
+    assert decide(cat, {"llmgw-a": waited}, _spec).recover == {"a": 2}
+    broke = _deployed(_deployment(3, "failed", placed=2, unhealthy=1), running=1)
+    assert decide(cat, {"llmgw-a": broke}, _spec).recover == {}
+
+
+def _alloc_with_task(version: int, status: str, task: str, last: str) -> wire.Allocation:
+    return msgspec.convert({
+        "ID": f"a-{version}-{task}", "JobVersion": version, "TaskGroup": "serve",
+        "ClientStatus": status, "DesiredStatus": "run", "ModifyIndex": 5,
+        "ClientDescription": "Failed tasks", "TaskStates": {
+            "fetch": {"State": "dead", "Failed": False, "Events": [
+                {"Type": "Terminated", "DisplayMessage": "Exit Code: 0"}]},
+            task: {"State": "dead", "Failed": True, "Events": [
+                {"Type": "Started", "DisplayMessage": "Task started by client"},
+                {"Type": "Terminated", "DisplayMessage": last}]}}}, wire.Allocation)

@@ -66,7 +66,7 @@ def test_a_prefetch_job_is_a_batch_fetch_pinned_to_the_chosen_nodes() -> None:
     cache volume mounted writable, and llmgw's fetch of the model's URL into its entry."""
     m = gpu_model("qwen")
     job = warmth.prefetch_job(m, CFG, MIRROR, ["n1", "n2"], run="r1")
-    assert (job.ID, job.Type) == ("llmgw.prefetch.qwen", "batch")
+    assert (job.ID, job.Type) == ("llmgw_prefetch_qwen", "batch")
     assert render.META_MANAGED not in job.Meta
     [group] = job.TaskGroups
     assert group.Count == 2
@@ -195,8 +195,9 @@ async def test_a_finished_fetch_marks_its_node_warm_and_the_next_replica_goes_th
         fake.settle()
         [a] = fake.allocations("llmgw-embed")
         tag = cache.tag(_entry(m))
-        await eventually(lambda: fake.node(a.node_name).meta.get("llmgw_cache_embed") == tag,
+        await eventually(lambda: fake.node_meta(a.node_name).get("llmgw_cache_embed") == tag,
                          what="the node's metadata names the weights")
+        fake.advance(10)
         fleet = await backend.fleet()
         assert [v.name for v in fleet.nodes if "embed" in v.warm] == [a.node_name]
     finally:
@@ -213,7 +214,7 @@ def test_prefetch_fetches_onto_chosen_nodes_and_reports_progress() -> None:
             started = keeper.prefetch(m, None, 2, views=None)
             assert sorted(p.node for p in started.nodes) == ["gpu-h100-01", "gpu-h100-02"]
             fake.settle()
-            allocs = fake.allocations("llmgw.prefetch.qwen")
+            allocs = fake.allocations("llmgw_prefetch_qwen")
             assert sorted(a.node_name for a in allocs) == ["gpu-h100-01", "gpu-h100-02"]
             first, second = allocs
             fake.write_alloc_file(first.id, render.PROGRESS_FILE, msgspec.json.encode(
@@ -226,6 +227,7 @@ def test_prefetch_fetches_onto_chosen_nodes_and_reports_progress() -> None:
                 "fetching", 25.0)
             assert status[second.node_name].state == "done"
             keeper.observe(catalog(m))
+            fake.advance(10)                  # the client's batched update reaches Nomad
             assert fake.node(second.node_name).meta["llmgw_cache_qwen"] == cache.tag(_entry(m))
             assert "llmgw_cache_qwen" not in fake.node(first.node_name).meta
         finally:
@@ -256,6 +258,7 @@ def test_a_stale_key_is_cleared_by_the_sweep_report(fake: FakeNomad) -> None:
     keeper, client = _keeper(fake, [m], clock=now)
     try:
         fake.apply_node_meta("cpu-01", {"llmgw_cache_embed": cache.tag(_entry(m))})
+        fake.advance(10)                      # the hand edit reaches the servers
         now[0] += 3600
         keeper.observe(catalog(m))
         fake.settle()
@@ -264,8 +267,9 @@ def test_a_stale_key_is_cleared_by_the_sweep_report(fake: FakeNomad) -> None:
             cache.Report(root=render.CACHE_DIR, entries=[])))
         fake.complete_alloc(sweep.id)
         keeper.observe(catalog(m))
+        fake.advance(10)
         assert "llmgw_cache_embed" not in fake.node("cpu-01").meta
-        assert fake.node_meta("cpu-01")["llmgw_cache_embed"] is None
+        assert "llmgw_cache_embed" not in fake.node_meta("cpu-01")
     finally:
         client.close()
 
@@ -284,6 +288,7 @@ def test_the_sweep_keeps_what_running_replicas_use_and_evictions_clear_keys(
         fake.settle()
         [a] = fake.allocations("llmgw-serving")
         fake.apply_node_meta(a.node_name, {"llmgw_cache_gone": cache.tag(_entry(gone))})
+        fake.advance(10)
         now[0] += 3600
         keeper.observe(catalog(serving, gone))
         fake.settle()
@@ -301,6 +306,7 @@ def test_the_sweep_keeps_what_running_replicas_use_and_evictions_clear_keys(
             cache.Report(root=render.CACHE_DIR, entries=[kept], evicted=[evicted])))
         fake.complete_alloc(sweep.id)
         keeper.observe(catalog(serving, gone))
+        fake.advance(10)
         meta = fake.node(a.node_name).meta
         assert meta["llmgw_cache_serving"] == kept.tag
         assert "llmgw_cache_gone" not in meta
@@ -325,10 +331,10 @@ def test_scaling_prefetch_keeps_weights_on_spare_nodes() -> None:
             [a] = two.allocations("llmgw-embed")
             keeper.observe(catalog(m))
             two.settle()
-            [p] = two.allocations("llmgw.prefetch.embed")
+            [p] = two.allocations("llmgw_prefetch_embed")
             assert p.node_name != a.node_name
             keeper.observe(catalog(m))
-            assert len(two.allocations("llmgw.prefetch.embed", include_terminal=True)) == 1
+            assert len(two.allocations("llmgw_prefetch_embed", include_terminal=True)) == 1
         finally:
             client.close()
 
@@ -387,3 +393,95 @@ def test_a_replica_of_an_older_source_keeps_the_weights_it_uses(fake: FakeNomad)
         assert "llmgw_cache_embed" not in fake.node(a.node_name).meta
     finally:
         client.close()
+
+
+def test_a_fetch_killed_mid_download_does_not_mark_its_node_warm() -> None:
+    """A replica stopped while its fetch downloads leaves Terminated with exit code 143
+    (not 0): the node is not recorded as holding the weights."""
+    m = cpu_model("embed", cores=4)
+    with FakeNomad(default_fleet(), auto_run=False) as fake:
+        keeper, client = _keeper(fake, [m])
+        try:
+            client.register(render.render_job(m, m.profiles[0], client.cfg, GPU_CLASSES, 1,
+                                              MIRROR))
+            fake.settle()
+            [a] = fake.allocations("llmgw-embed")
+            fake.run_alloc(a.id, through_prestart=False)
+            client.deregister("llmgw-embed")
+            fake.settle()
+            fake.advance(600)              # past the engine's shutdown_delay: the kill
+            [gone] = fake.allocations("llmgw-embed", include_terminal=True)
+            assert gone.task_states["fetch"].state == "dead"
+            keeper.observe(catalog(m))
+            assert "llmgw_cache_embed" not in fake.node(a.node_name).meta
+            assert "llmgw_cache_embed" not in fake.node_meta(a.node_name)
+        finally:
+            client.close()
+
+
+def test_only_a_clean_exit_of_the_fetch_counts_as_fetched() -> None:
+    """warmth.fetched: the fetch task dead with its last Terminated exit code 0; a kill's
+    Terminated (143) and a failure are not."""
+    def alloc(code: int, failed: bool = False) -> wire.Allocation:
+        return _alloc(fetch={"State": "dead", "Failed": failed, "Events": [
+            {"Type": "Started"}, {"Type": "Terminated", "ExitCode": code,
+                                  "Details": {"exit_code": str(code)}}]})
+    assert warmth.fetched(alloc(0))
+    assert not warmth.fetched(alloc(143))
+    assert not warmth.fetched(alloc(1, failed=True))
+
+
+def test_kept_prefetches_count_the_nodes_made_warm_before_nomad_shows_it() -> None:
+    """A node's new metadata reaches the servers 5-10 s after it is written (the client's
+    batched re-register, client/client.go watchNodeUpdates): passes in between count the
+    nodes llmgw itself just marked, so a finished prefetch is not started again."""
+    from llmgw.testing.fake_nomad import node_cpu_64c
+
+    m = msgspec.structs.replace(cpu_model("embed", cores=4), scaling=Scaling(min=1,
+                                                                             prefetch=1))
+    with FakeNomad([node_cpu_64c("cpu-01"), node_cpu_64c("cpu-02"),
+                    node_cpu_64c("cpu-03")]) as fake:
+        keeper, client = _keeper(fake, [m])
+        try:
+            client.register(render.render_job(m, m.profiles[0], client.cfg, GPU_CLASSES, 1,
+                                              MIRROR))
+            fake.settle()
+            [replica] = fake.allocations("llmgw-embed")
+            keeper.observe(catalog(m))          # marks the replica's node; starts a prefetch
+            fake.settle()
+            [p] = fake.allocations(warmth.prefetch_job_id("embed"))
+            assert p.node_name != replica.node_name
+            fake.complete_alloc(p.id)
+            keeper.observe(catalog(m))          # marks the prefetched node
+            keeper.observe(catalog(m))          # Nomad shows neither mark yet
+            assert "llmgw_cache_embed" not in fake.node(p.node_name).meta
+            fake.settle()
+            runs = fake.allocations(warmth.prefetch_job_id("embed"), include_terminal=True)
+            assert len(runs) == 1               # no second prefetch
+            views = {v.name: v for v in keeper.fleet_views()}
+            assert "embed" in views[p.node_name].warm
+            fake.advance(10)                    # the clients' updates land
+            assert fake.node(p.node_name).meta["llmgw_cache_embed"] == cache.tag(_entry(m))
+            keeper.observe(catalog(m))
+            fake.settle()
+            runs = fake.allocations(warmth.prefetch_job_id("embed"), include_terminal=True)
+            assert len(runs) == 1
+        finally:
+            client.close()
+
+
+def test_the_fake_shows_new_node_metadata_only_after_the_clients_update() -> None:
+    """/v1/client/metadata answers the new metadata at once; /v1/node/:id and placement
+    see it once the client's re-register lands, 5-10 s later on the fake's clock."""
+    with FakeNomad(default_fleet()) as fake:
+        client = NomadClient(NomadConfig(address=fake.address))
+        try:
+            answer = client.apply_node_meta(node_id("cpu-01"), {"llmgw_cache_x": "t1"})
+            assert (answer.Meta or {})["llmgw_cache_x"] == "t1"
+            assert "llmgw_cache_x" not in fake.node("cpu-01").meta
+            fake.advance(4.9)
+            assert "llmgw_cache_x" not in fake.node("cpu-01").meta
+            fake.advance(5.2)
+            assert fake.node("cpu-01").meta["llmgw_cache_x"] == "t1"
+        finally:
+            client.close()

@@ -20,7 +20,9 @@ from tests.testing.jobspec import cpu_job, register
 
 def test_dynamic_metadata_merges_over_the_static_and_unsets_with_null(
         http: httpx.Client, nomad: FakeNomad) -> None:
-    """POST /v1/client/metadata sets and unsets keys; the node's Meta shows the merge."""
+    """POST /v1/client/metadata sets and unsets keys at once on the client; the node's Meta
+    on the servers shows the merge once the client's batched re-register lands, 5-10 s
+    later (client/client.go watchNodeUpdates)."""
     nid = node_id("cpu-01")
     r = http.post("/v1/client/metadata", json={"NodeID": nid,
                                                "Meta": {"llmgw_cache_qwen": "abc", "rack": None}})
@@ -30,8 +32,11 @@ def test_dynamic_metadata_merges_over_the_static_and_unsets_with_null(
     assert "rack" not in body["Meta"]
     assert body["Static"]["rack"] == "r03"
     assert body["Dynamic"] == {"llmgw_cache_qwen": "abc", "rack": None}
+    assert "llmgw_cache_qwen" not in http.get(f"/v1/node/{nid}").json()["Meta"]
+    nomad.advance(10)
     node = http.get(f"/v1/node/{nid}").json()
     assert node["Meta"]["llmgw_cache_qwen"] == "abc"
+    assert "rack" not in node["Meta"]
     again = http.get("/v1/client/metadata", params={"node_id": nid}).json()
     assert again["Meta"] == body["Meta"]
 
@@ -85,6 +90,7 @@ def test_an_affinity_on_dynamic_metadata_wins_over_bin_packing() -> None:
         nomad.settle()
         http.post("/v1/client/metadata", json={"NodeID": node_id(idle),
                                                "Meta": {"llmgw_cache_tiny": "abc"}})
+        nomad.advance(10)                 # the client's update reaches the servers
         register(http, _affinity_job())
         nomad.settle()
         [a] = nomad.allocations("llmgw-tiny")
@@ -108,6 +114,8 @@ def test_metadata_written_while_a_job_waits_lets_it_place() -> None:
         assert nomad.allocations("llmgw-tiny") == []
         nomad.apply_node_meta("cpu-01", {"llmgw_cache_tiny": "abc"})
         nomad.settle()
+        assert nomad.allocations("llmgw-tiny") == []      # the servers do not know yet
+        nomad.advance(10)
         assert [a.node_name for a in nomad.allocations("llmgw-tiny")] == ["cpu-01"]
 
 

@@ -272,3 +272,40 @@ def test_rolling_update_waits_for_health(http: httpx.Client, nomad: FakeNomad) -
     nomad.set_check(new.id, "success")
     nomad.settle()
     assert sorted(a.job_version for a in nomad.allocations("llmgw-tiny")) == [1, 1]
+
+
+def test_a_task_killed_mid_run_records_the_real_kill_sequence() -> None:
+    """A stop while the prestart fetch runs: the fetch gets Killing, Terminated with the
+    signal's exit code (143), Killed, and Failed stays false; the engine that never
+    started gets Killing only (task_runner.go handleKill, emitExitResultEvent)."""
+    with FakeNomad(auto_run=False) as nomad, httpx.Client(base_url=nomad.address) as c:
+        register(c, cpu_job())
+        nomad.settle()
+        [alloc] = nomad.allocations("llmgw-tiny")
+        nomad.run_alloc(alloc.id, through_prestart=False)
+        assert c.delete("/v1/job/llmgw-tiny").status_code == 200
+        nomad.settle()
+        states = c.get(f"/v1/allocation/{alloc.id}").json()["TaskStates"]
+        fetch = states["fetch"]
+        kinds = [e["Type"] for e in fetch["Events"]]
+        assert kinds[-3:] == ["Killing", "Terminated", "Killed"]
+        terminated = fetch["Events"][-2]
+        assert (terminated["ExitCode"], terminated["Details"]["exit_code"],
+                terminated["DisplayMessage"]) == (143, "143", "Exit Code: 143")
+        assert fetch["Events"][-3]["DisplayMessage"] == \
+            "Sent interrupt. Waiting 5s before force killing"
+        assert (fetch["State"], fetch["Failed"]) == ("dead", False)
+        engine = states["engine"]
+        assert [e["Type"] for e in engine["Events"]][-1] == "Killing"
+        assert (engine["State"], engine["Failed"]) == ("dead", False)
+
+
+def test_a_prestart_task_that_finished_exits_zero() -> None:
+    """A fetch that ran to its end records Terminated with exit code 0."""
+    with FakeNomad() as nomad, httpx.Client(base_url=nomad.address) as c:
+        register(c, cpu_job())
+        nomad.settle()
+        [alloc] = nomad.allocations("llmgw-tiny")
+        fetch = c.get(f"/v1/allocation/{alloc.id}").json()["TaskStates"]["fetch"]
+        [terminated] = [e for e in fetch["Events"] if e["Type"] == "Terminated"]
+        assert (terminated["ExitCode"], terminated["Details"]["exit_code"]) == (0, "0")

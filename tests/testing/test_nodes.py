@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
+import msgspec
 
 from llmgw.testing import FakeNomad
 from tests.testing.jobspec import cpu_job, gpu_job, register
@@ -97,3 +99,49 @@ def test_deployments_list_the_namespace_oldest_first(http: httpx.Client,
     assert [d["JobID"] for d in listed] == ["llmgw-one", "llmgw-two"]
     assert listed[0]["CreateIndex"] < listed[1]["CreateIndex"]
     assert http.get("/v1/deployments", params={"namespace": "other"}).json() == []
+
+
+def _with_cache(node: Any, **dirs: Any) -> Any:
+    from llmgw.testing.fake_nomad.records import HostVolume
+
+    vol = node.host_volumes["llmgw-model-cache"]
+    return msgspec.structs.replace(node, host_volumes={
+        "llmgw-model-cache": HostVolume(path=vol.path, **dirs)})
+
+
+def test_a_task_whose_user_cannot_write_its_host_volume_fails_at_start() -> None:
+    """A cache directory owned by root, mode 0755 (what `mkdir` as root makes), and a
+    fetch running as the image's uid 10001: the fetch exits 1 naming the directory's
+    owner and its uid, and the allocation fails; with `User` root it runs."""
+    from llmgw.testing.fake_nomad import node_cpu_64c
+
+    from .jobspec import cpu_job, register, task
+
+    node = _with_cache(node_cpu_64c("cpu-01"), owner=0, mode=0o755)
+    with FakeNomad([node], image_users={"llmgw:0.1.0": 10001}) as nomad, \
+            httpx.Client(base_url=nomad.address) as http:
+        register(http, cpu_job())
+        nomad.settle()
+        [a] = nomad.allocations("llmgw-tiny", include_terminal=True)
+        assert a.client_status == "failed"
+        fetch = a.task_states["fetch"]
+        assert fetch.failed
+        said = next(e["DisplayMessage"] for e in fetch.events if e["Type"] == "Terminated")
+        assert "owned by uid 0, mode 0755; the task runs as uid 10001" in said
+        job = cpu_job("llmgw-root")
+        task(job, "fetch")["User"] = "root"
+        register(http, job)
+        nomad.settle()
+        [ok] = nomad.allocations("llmgw-root")
+        assert ok.client_status == "running"
+
+
+def test_a_node_whose_host_volume_path_is_missing_never_registers() -> None:
+    """client/client.go setupNode stats every host volume path: a missing one keeps the
+    client from starting, so the node is not in the cluster at all."""
+    from llmgw.testing.fake_nomad import node_cpu_64c
+
+    with FakeNomad([node_cpu_64c("cpu-01"), _with_cache(node_cpu_64c("cpu-02"),
+                                                        exists=False)]) as nomad:
+        assert [n.name for n in nomad.nodes] == ["cpu-01"]
+        assert "failed to validate volume llmgw-model-cache" in nomad.unstarted["cpu-02"]

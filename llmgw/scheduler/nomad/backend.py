@@ -30,6 +30,13 @@ whose current version's deployment failed while replicas are missing —
 Nomad places none of them after such a failure (``reconcile`` argues the
 design, and why llmgw keeps deployments at all).
 
+When Nomad answers 403, its ACL refuses llmgw's own token something
+(``BackendPermissionError`` says what the call needed and from which token). That is
+no outage: the reconciler keeps its interval rather than backing off, records the
+refusal on the model whose action it was (``status().refused``, shown by ``ctl
+replicas``, the API and the admin page) and logs it once with the fix; ``health()``
+stays ok — Nomad is reachable and the gateway routes as ever — and names the refusal.
+
 When Nomad cannot be reached the reconciler retries with exponential
 back-off (1 s doubling to ``backoff_max``), ``health()`` reports the outage
 with the time it began, and discovery keeps the endpoints it last knew
@@ -56,6 +63,7 @@ from llmgw.catalog.build import DECLARED, Catalog
 from llmgw.catalog.model import Model, Profile
 from llmgw.config import ServerConfig
 from llmgw.errors import (
+    BackendPermissionError,
     BackendUnavailableError,
     DefinitionError,
     LlmgwError,
@@ -109,6 +117,7 @@ class _ModelState:
     crash_loop: bool = False
     shortfall: str | None = None
     deployment_failed: str | None = None
+    refused: str | None = None      # what Nomad refuses llmgw's token for this model
 
 
 @dataclass
@@ -164,6 +173,8 @@ class NomadBackend:
         self._next_attempt = 0.0
         self._outages: dict[str, tuple[str, float]] = {}   # loop → (message, retry in)
         self._outage_since: float | None = None
+        # What Nomad refused a whole pass (reading llmgw's jobs, say): no outage
+        self._refusal: str | None = None
         self.leader = store is None
 
     # ---- lifecycle ----------------------------------------------------------
@@ -202,14 +213,31 @@ class NomadBackend:
             log.info("Nomad at %s is reachable again", self._cfg.address)
             self._outage_since = None
 
+    def _refusals(self) -> list[str]:
+        found = [self._refusal] if self._refusal else []
+        found += [f"model {name}: {ms.refused}" for name, ms in sorted(self._states.items())
+                  if ms.refused]
+        return found
+
     def health(self) -> BackendHealth:
+        refused = self._refusals()
+        summary = None
+        if refused:
+            more = (f" (and {len(refused) - 1} more; `llmgw ctl replicas` lists them)"
+                    if len(refused) > 1 else "")
+            summary = refused[0] + more
         if self._outage_since is None:
-            return BackendHealth(ok=True, message=f"Nomad at {self._cfg.address}")
+            message = f"Nomad at {self._cfg.address}"
+            if summary:
+                message += (" answers, and refuses llmgw's token what some models need: "
+                            f"{summary}")
+            return BackendHealth(ok=True, message=message, refused=summary)
         where, (message, retry) = next(iter(self._outages.items()))
         return BackendHealth(
             ok=False, since=self._outage_since,
             message=(f"{message} ({where}; retrying in {retry:.0f}s with back-off; the gateway "
                      "keeps routing to the replicas it last knew healthy)"),
+            refused=summary,
         )
 
     # ---- the reconciler -----------------------------------------------------
@@ -300,6 +328,16 @@ class NomadBackend:
             self._next_attempt = time.monotonic() + delay
             self._outage("reconciler", exc, delay)
             return
+        except BackendPermissionError as exc:
+            # Nomad answered: no outage and no back-off, since waiting longer changes
+            # nothing; the next pass tries again at the usual interval, and says so once.
+            if exc.message != self._refusal:
+                log.exception("Nomad refuses the reconciler: %s", exc.message)
+            self._refusal = exc.message
+            self._failures = 0
+            self._ok("reconciler")
+            self._next_attempt = time.monotonic() + self._interval
+            return
         except _LeaseLostError:
             log.warning("lost the reconciler lease during a pass; stopped acting "
                         "(another instance reconciles now)")
@@ -311,6 +349,7 @@ class NomadBackend:
             self._next_attempt = time.monotonic() + self._interval
             return
         self._failures = 0
+        self._refusal = None
         self._ok("reconciler")
         self._next_attempt = time.monotonic() + self._interval
 
@@ -516,6 +555,11 @@ class NomadBackend:
             await action
         except BackendUnavailableError:
             raise
+        except BackendPermissionError as exc:
+            ms = self._state(model)
+            if exc.message != ms.refused:
+                log.exception("model %s: %s", model, exc.message)
+            ms.refused = exc.message
         except LlmgwError as exc:
             self._state(model).last_error = exc.message
             log.warning("model %s: %s", model, exc.message)
@@ -588,7 +632,7 @@ class NomadBackend:
             await self._offload.run(self._client.register, choice.job)
         log.info("registered %s (profile %s, %d replicas)", choice.job.ID,
                  choice.job.Meta[render.META_PROFILE], count)
-        ms.desired, ms.stale, ms.last_error = count, None, None
+        ms.desired, ms.stale, ms.last_error, ms.refused = count, None, None, None
         ms.profile = choice.job.Meta[render.META_PROFILE]
         ms.waiting = choice.verdict.reason if choice.verdict.kind == "not_now" else None
         if ms.waiting:
@@ -616,7 +660,7 @@ class NomadBackend:
             if leased:
                 await self._hold()
             await self._offload.run(self._client.register, job)
-        ms.desired, ms.last_error = count, None
+        ms.desired, ms.last_error, ms.refused = count, None, None
         self._counts.pop(st.id, None)
         log.info("scaled %s to %d", st.id, count)
 
@@ -719,7 +763,8 @@ class NomadBackend:
                            waiting_for_capacity=ms.waiting,
                            last_placement_failure=ms.last_failure, last_error=ms.last_error,
                            crash_loop=ms.crash_loop, shortfall=ms.shortfall,
-                           deployment_failed=ms.deployment_failed)
+                           deployment_failed=ms.deployment_failed, refused=ms.refused,
+                           prefetch_error=self._caches.prefetch_errors.get(model))
 
     def rolled_out_profile(self, model: str) -> str | None:
         """The profile the model's job runs (the one registered, or read from Nomad last
@@ -752,7 +797,8 @@ class NomadBackend:
         nodes, allocs = await self._offload.run(self._fleet_inputs)
         f = build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
         models = list(self._catalog) if self._catalog else []
-        meta = {n.ID: n.Meta for n in nodes}
+        # What llmgw wrote to a node's metadata counts before Nomad shows it (caches).
+        meta = {n.ID: self._caches.meta(n) for n in nodes}
         views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror))
                  for v in f.nodes]
         return msgspec.structs.replace(f, nodes=views)

@@ -17,7 +17,19 @@ Each pass it reads the namespace's allocations once and:
   allocations;
 * for each model with ``scaling.prefetch`` N, starts a prefetch onto more nodes when
   fewer than N nodes that run none of its replicas hold its weights, and no prefetch
-  of it is under way.
+  of it is under way; one model's failure to start one is recorded on that model
+  (``prefetch_errors``) and the others' are kept all the same.
+
+**Its own writes, remembered.** A node's metadata written through
+``/v1/client/metadata`` is the client's at once, but the servers — ``GET
+/v1/node/:id``, and so ``observe``'s next read — show it only after the client's
+batched re-register, 5 to 10 s later (client/client.go ``watchNodeUpdates``,
+``retryIntv``). A pass in between would see a node it just marked as cold: write the
+key again, and — worse — count too few warm nodes and prefetch again onto nodes that
+already hold the weights. So every write is remembered per node and key, and laid
+over what Nomad shows until Nomad shows it too (or ``PENDING_FOR`` passes: a client
+that never reports it is not believed forever). The fleet view's ``warm`` reads the
+same overlay.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ import msgspec
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.config import NomadConfig
-from llmgw.errors import LlmgwError, NotFoundError, RefusedError
+from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError, RefusedError
 from llmgw.scheduler.base import NodeView, Prefetch, PrefetchNode
 from llmgw.scheduler.nomad import credentials, render, warmth, wire
 from llmgw.scheduler.nomad.client import NomadClient
@@ -41,6 +53,9 @@ from llmgw.weights import cache
 
 log = logging.getLogger("llmgw.nomad")
 _LIVE = ("pending", "running")
+# How long a metadata write is believed before Nomad shows it: far beyond a client's
+# re-register (10 s at most, then retried), short enough that a lost one is redone.
+PENDING_FOR = 300.0
 
 
 class CacheKeeper:
@@ -49,6 +64,7 @@ class CacheKeeper:
                  clock: Callable[[], float] = time.time) -> None:
         self._client, self._cfg, self._classes = client, cfg, classes
         self._mirror, self._keeper, self._clock = mirror, keeper, clock
+        self._models: list[Model] = []   # the catalog's, as the last pass saw it
         # The first sweep waits one interval: a restarted control plane would otherwise
         # submit one to every node each time it starts.
         self._last_sweep = clock()
@@ -58,6 +74,10 @@ class CacheKeeper:
         # replica of an older version still uses after its model's source changed.
         self._tags: dict[str, str | None] = {}
         self._lock = threading.Lock()
+        # model → why its kept prefetch (scaling.prefetch) could not be started
+        self.prefetch_errors: dict[str, str] = {}
+        # node ID → key → (value written, None for an unset; when): until Nomad shows it
+        self._written: dict[str, dict[str, tuple[str | None, float]]] = {}
 
     # ---- each pass ------------------------------------------------------------
 
@@ -67,6 +87,9 @@ class CacheKeeper:
         allocs = [a for a in self._client.namespace_allocations()
                   if a.JobID.startswith(("llmgw-", warmth.PREFETCH_PREFIX, warmth.SWEEP_JOB))]
         models = list(catalog)
+        self._models = models
+        for gone in set(self.prefetch_errors) - {m.name for m in models}:
+            del self.prefetch_errors[gone]
         listed = {a.ID for a in allocs}
         for gone in set(self._tags) - listed:
             del self._tags[gone]
@@ -79,6 +102,42 @@ class CacheKeeper:
         name = render.model_of_job(job) or warmth.model_of_prefetch(job)
         return catalog.get(name) if name else None
 
+    def meta(self, node: wire.Node) -> dict[str, str]:
+        """The node's metadata as llmgw knows it: Nomad's, with llmgw's own writes that
+        Nomad does not show yet laid over it."""
+        out = dict(node.Meta or {})
+        now = self._clock()
+        with self._lock:
+            pending = self._written.get(node.ID)
+            if not pending:
+                return out
+            for key, (value, at) in list(pending.items()):
+                shown = out.get(key) == value if value is not None else key not in out
+                if shown or now - at > PENDING_FOR:
+                    del pending[key]
+                elif value is None:
+                    out.pop(key, None)
+                else:
+                    out[key] = value
+            if not pending:
+                del self._written[node.ID]
+        return out
+
+    def fleet_views(self, nodes: Sequence[wire.Node] | None = None,
+                    allocs: Sequence[wire.Allocation] | None = None,
+                    models: Sequence[Model] = ()) -> list[NodeView]:
+        """The fleet's nodes, each with the models whose weights it holds by ``meta``."""
+        from llmgw.scheduler.nomad.fleet import build_fleet
+
+        nodes = list(nodes) if nodes is not None else self._client.nodes()
+        allocs = list(allocs) if allocs is not None else self._client.all_allocations()
+        views = build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key).nodes
+        by_id = {n.ID: n for n in nodes}
+        known = list(models) or self._models
+        return [msgspec.structs.replace(v, warm=warmth.holds(
+            self.meta(by_id[v.id]) if v.id in by_id else None, known, self._mirror))
+            for v in views]
+
     def _write(self, node: wire.Node, body: dict[str, str | None]) -> None:
         if not body:
             return
@@ -86,6 +145,11 @@ class CacheKeeper:
             self._client.apply_node_meta(node.ID, body)
         except NotFoundError:
             return   # the node is gone, or down: its keys are set again when it is back
+        now = self._clock()
+        with self._lock:
+            pending = self._written.setdefault(node.ID, {})
+            for key, value in body.items():
+                pending[key] = (value, now)
         log.info("node %s: cache metadata %s", node.Name or node.ID,
                  ", ".join(f"{k}={v or '(unset)'}" for k, v in sorted(body.items())))
 
@@ -113,7 +177,7 @@ class CacheKeeper:
         for node_id, tags in found.items():
             node = nodes[node_id]
             wanted = warmth.keys_for(tags, catalog, self._mirror)
-            self._write(node, warmth.changes(node.Meta, wanted, complete=False))
+            self._write(node, warmth.changes(self.meta(node), wanted, complete=False))
 
     def _apply_reports(self, allocs: Sequence[wire.Allocation],
                        nodes: Mapping[str, wire.Node], models: Sequence[Model]) -> None:
@@ -135,7 +199,7 @@ class CacheKeeper:
                 log.info("node %s: evicted %s (%d bytes, last used %s)", node.Name or node.ID,
                          e.path, e.size, time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.used)))
             wanted = warmth.keys_for((e.tag for e in report.entries), models, self._mirror)
-            self._write(node, warmth.changes(node.Meta, wanted, complete=True))
+            self._write(node, warmth.changes(self.meta(node), wanted, complete=True))
 
     def _maybe_sweep(self, allocs: Sequence[wire.Allocation], nodes: Mapping[str, wire.Node],
                      catalog: Catalog) -> None:
@@ -176,39 +240,53 @@ class CacheKeeper:
                 continue   # one under way: judge again when it is done
             serving = {a.NodeID for a in allocs if a.JobID == render.job_id(m.name)
                        and a.ClientStatus in _LIVE}
-            warm = {nid for nid, n in nodes.items() if m.name in warmth.holds(n.Meta, [m],
-                                                                               self._mirror)}
+            warm = {nid for nid, n in nodes.items()
+                    if m.name in warmth.holds(self.meta(n), [m], self._mirror)}
             short = want - len(warm - serving)
-            if short > 0:
-                try:
-                    started = self.prefetch(m, None, short, views=None)
-                except RefusedError as exc:
-                    log.info("model %s: keeps its weights on %d of %d spare nodes: %s",
-                             m.name, len(warm - serving), want, exc.message)
-                    continue
-                log.info("model %s: prefetching onto %s to keep its weights on %d spare "
-                         "nodes", m.name, ", ".join(p.node for p in started.nodes), want)
+            if short <= 0:
+                self.prefetch_errors.pop(m.name, None)
+                continue
+            try:
+                # Not onto nodes serving it: their own fetch brings the weights there.
+                started = self.prefetch(m, None, short, views=None, skip=serving)
+            except RefusedError as exc:
+                log.info("model %s: keeps its weights on %d of %d spare nodes: %s",
+                         m.name, len(warm - serving), want, exc.message)
+                self.prefetch_errors.pop(m.name, None)
+                continue
+            except BackendUnavailableError:
+                raise    # Nomad is down: the pass stops, every model alike
+            except LlmgwError as exc:
+                # This model's own trouble (its credentials, a job Nomad refuses): said on
+                # the model, and the other models' prefetches are kept all the same.
+                if self.prefetch_errors.get(m.name) != exc.message:
+                    log.warning("model %s: cannot prefetch its weights: %s", m.name,
+                                exc.message)
+                self.prefetch_errors[m.name] = exc.message
+                continue
+            self.prefetch_errors.pop(m.name, None)
+            log.info("model %s: prefetching onto %s to keep its weights on %d spare "
+                     "nodes", m.name, ", ".join(p.node for p in started.nodes), want)
 
     # ---- prefetch -------------------------------------------------------------
 
     def prefetch(self, m: Model, nodes: list[str] | None, count: int | None, *,
-                 views: Sequence[NodeView] | None) -> Prefetch:
+                 views: Sequence[NodeView] | None,
+                 skip: set[str] | frozenset[str] = frozenset()) -> Prefetch:
         """Submit the prefetch job of ``m`` onto the named nodes, or onto ``count`` chosen
-        ones (blocking)."""
+        ones (blocking): nodes not warm for it (by ``meta``, llmgw's own writes included)
+        nor in ``skip``."""
         why = warmth.prefetch_refusal(m, self._mirror)
         if why is not None:
             raise RefusedError(why)
         if views is None:
-            from llmgw.scheduler.nomad.fleet import build_fleet
-
-            views = build_fleet(self._client.nodes(), self._client.all_allocations(),
-                                self._classes, self._cfg.fabric_meta_key).nodes
+            views = self.fleet_views(models=[m])
         need = render.need_of(m, m.profiles[0], self._cfg, self._classes)
         warm = {v.id for v in views if m.name in v.warm}
         if nodes:
             chosen = [_resolve(views, n) for n in nodes]
         else:
-            chosen = warmth.choose_nodes(need, views, warm, count or 1)
+            chosen = warmth.choose_nodes(need, views, warm | set(skip), count or 1)
             if not chosen:
                 raise RefusedError(
                     f"model {m.name!r}: every node that could run it holds its weights "

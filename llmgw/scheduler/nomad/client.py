@@ -18,8 +18,12 @@ evaluations, validate).
 Every failure becomes an llmgw error that names the Nomad address, the
 request, what Nomad said, and what to check:
 
-* unreachable, timed out, 5xx trouble, an answer that is not Nomad's JSON,
-  or a 403 (the token cannot do what llmgw needs) → ``BackendUnavailableError``;
+* a 403 → ``BackendPermissionError``: Nomad answered and its ACL refuses llmgw's
+  token the call; the error names what the call needs (``access.needed_for``), which
+  token it was (its name and accessor, read once from ``/v1/acl/token/self``) and
+  where to grant it. It is no outage: nothing is retried with back-off;
+* unreachable, timed out, 5xx trouble, or an answer that is not Nomad's JSON →
+  ``BackendUnavailableError``;
   on the endpoints the servers forward to the allocation's node (checks,
   stats), a 5xx other than the cluster's own trouble, or no answer within the
   timeout, is that **node's** trouble → ``NodeUnreachableError`` (a subclass):
@@ -44,8 +48,14 @@ import requests
 from nomad.api.base import Requester
 
 from llmgw.config import NomadConfig
-from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError, RefusedError
-from llmgw.scheduler.nomad import credentials, wire
+from llmgw.errors import (
+    BackendPermissionError,
+    BackendUnavailableError,
+    LlmgwError,
+    NotFoundError,
+    RefusedError,
+)
+from llmgw.scheduler.nomad import access, credentials, wire
 from llmgw.scheduler.nomad import jobspec as js
 
 T = TypeVar("T")
@@ -85,6 +95,12 @@ class _VariableConflictError(LlmgwError):
     """A check-and-set write of a Variable lost to another write."""
 
 
+def method_path(where: str) -> tuple[str, str]:
+    """``("POST", "jobs")`` from ``"POST /v1/jobs"``."""
+    method, _, path = where.partition(" ")
+    return method, path.removeprefix("/v1/")
+
+
 def _short(exc: object) -> str:
     text = str(exc)
     return text if len(text) <= 300 else text[:300] + "…"
@@ -111,6 +127,7 @@ class NomadClient:
         self._endpoints: dict[str, Requester] = {}
         self._node_cache: dict[str, wire.Node] = {}
         self._node_lock = threading.Lock()
+        self._whoami: str | None = None    # the token as /v1/acl/token/self named it
 
     def close(self) -> None:
         self._session.close()
@@ -166,13 +183,7 @@ class NomadClient:
         status, text = resp.status_code, (resp.text or "").strip() or resp.reason
         said = f"Nomad at {self.address} answered {where} with {status}: {_short(text)}"
         if status in (401, 403):
-            return BackendUnavailableError(
-                f"{said}; check the ACL token (scheduler.nomad.token or NOMAD_TOKEN): it needs "
-                f"submit-job, read-job, scale-job and read-fs in namespace "
-                f"{self.cfg.namespace!r}, node:write (for the cache metadata), and the "
-                "Variables at nomad/jobs/llmgw-* and nomad/jobs/llmgw.prefetch.* "
-                "(nomad/llmgw-policy.hcl)"
-            )
+            return self._refused(method_path(where), said, text)
         if status == 404:
             return NotFoundError(said)
         if status == 409 and where.startswith("PUT /v1/var/"):
@@ -190,6 +201,35 @@ class NomadClient:
         if status >= 500:
             return BackendUnavailableError(f"{said}; check the Nomad servers' health and logs")
         return LlmgwError(f"{said}; llmgw sent a request Nomad does not accept")
+
+    def _token_name(self) -> str:
+        """Which token was refused: its name and accessor when Nomad says (read once)."""
+        if not self.cfg.token:
+            return "no token (Nomad's anonymous policy; set scheduler.nomad.token or NOMAD_TOKEN)"
+        if self._whoami is None:
+            self._whoami = ""
+            try:
+                me = self.token_self()
+            except LlmgwError:
+                me = None
+            if me is not None:
+                self._whoami = f" {me.Name!r} (accessor {me.AccessorID})"
+        return f"the token{self._whoami} in scheduler.nomad.token (or NOMAD_TOKEN)"
+
+    def _refused(self, call: tuple[str, str], said: str, text: str) -> BackendPermissionError:
+        if "ACL token not found" in text:
+            return BackendPermissionError(
+                f"{said}; Nomad does not know the token in scheduler.nomad.token (or "
+                "NOMAD_TOKEN): it was deleted or expired, or belongs to another cluster; "
+                "create one with `nomad acl token create -name llmgw -policy llmgw`",
+                needs=("a token Nomad knows",))
+        needs = access.needed_for(*call, self.cfg.namespace, self.cfg.cache_volume)
+        what = " and ".join(g.text for g in needs) or "a capability Nomad did not name"
+        return BackendPermissionError(
+            f"{said}: {self._token_name()} lacks what this call needs: {what}; grant it in "
+            "the token's policy (nomad/llmgw-policy.hcl has every grant llmgw needs) and "
+            "run `llmgw nomad doctor` to see what else is missing",
+            needs=tuple(g.text for g in needs))
 
     def _decode(self, resp: requests.Response, type_: type[T], where: str) -> T:
         return cast(T, self._decode_any(resp, type_, where))
@@ -366,6 +406,21 @@ class NomadClient:
         except _VariableConflictError:
             return False
         return True
+
+    # ---- ACL ----------------------------------------------------------------
+
+    def token_self(self) -> wire.AclToken:
+        """The token llmgw calls with (``GET /v1/acl/token/self``); with ACLs off Nomad
+        answers its ``acls-disabled`` token (nomad/acl_endpoint.go ``WhoAmI``)."""
+        return self._get(wire.AclToken, "acl", "token", "self")
+
+    def acl_policy(self, name: str) -> wire.AclPolicy:
+        """A policy the token carries, with ``RulesJSON``: the server's own parse."""
+        return self._get(wire.AclPolicy, "acl", "policy", name)
+
+    def leader(self) -> str:
+        """``GET /v1/status/leader``: answered without a token, so it tells reachability."""
+        return self._get(str, "status", "leader")
 
     # ---- services -----------------------------------------------------------
 

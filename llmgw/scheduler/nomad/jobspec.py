@@ -176,9 +176,10 @@ class Template(_Wire, frozen=True):
     Envvars: bool = False
 
 
-class Task(_Wire, frozen=True):
+class Task(_Wire, frozen=True, kw_only=True):
     Name: str
     Driver: str
+    User: str = ""   # the Docker driver's `--user`; "" leaves the image's USER
     Config: dict[str, Any]
     Env: dict[str, str] = {}
     Services: list[Service] = []

@@ -25,17 +25,28 @@ rules, and what each one protects:
   would restart its progress clock mid-rollout; the next pass after it ends does it.
 * A job llmgw owns whose model left the catalog is **deregistered**. Jobs
   without llmgw's meta are never touched, whatever their name.
-* A job whose current version's **deployment failed** while it runs fewer
-  replicas than its count is **recovered**: the same count is submitted again
-  through ``/scale``, which Nomad registers as a new job version with no spec
-  change (nomad/job_endpoint.go ``Job.Scale`` always writes the job;
-  nomad/state/state_store.go ``upsertJobImpl`` bumps the version). Its running
-  allocations are updated in place, a new deployment starts, and the missing
-  ones are placed — which Nomad refuses for a failed deployment's version
-  (scheduler/reconciler/reconcile_cluster.go ``computeGroup``:
-  ``deploymentPlaceReady``). A failed deployment that left nothing missing (a
+* A job whose current version's **deployment failed while its replicas waited
+  for capacity** and that runs fewer replicas than its count is **recovered**:
+  the same count is submitted again through ``/scale``, which Nomad registers as
+  a new job version with no spec change (nomad/job_endpoint.go ``Job.Scale``
+  always writes the job; nomad/state/state_store.go ``upsertJobImpl`` bumps the
+  version). Its running allocations are updated in place, a new deployment
+  starts, and the missing ones are placed — which Nomad refuses for a failed
+  deployment's version (scheduler/reconciler/reconcile_cluster.go
+  ``computeGroup``: ``deploymentPlaceReady``).
+* A deployment that failed **because its replicas failed** is reported, never
+  retried. The deployment watcher counts every allocation of the deployment
+  that turned unhealthy — a task that died, or one not healthy by its
+  ``healthy_deadline`` (client/allocrunner/health_hook.go ``watchHealth``) — in
+  the group's ``UnhealthyAllocs`` (nomad/deploymentwatcher/deployment_watcher.go
+  ``handleAllocUpdate``), while replicas that waited for capacity were never
+  placed: ``PlacedAllocs`` < ``DesiredTotal`` with nothing unhealthy. Submitting
+  a broken version again would make one more version of the same spec, fail it
+  one progress deadline later and start over, forever. The report names the
+  failing task's last event and the way out: fix the model's definition, then
+  ``llmgw ctl rollout``. A failed deployment that left nothing missing (a
   rollout whose new replicas never turned healthy, the old ones still serving)
-  is reported, not retried: a broken version would be retried forever.
+  is reported the same way.
 
 Why keep deployments at all, when llmgw could run with ``Update.MaxParallel``
 0 and have none (nomad/structs/structs.go ``UpdateStrategy.IsEmpty``)? Because
@@ -213,11 +224,48 @@ def version_allocs(version: int, allocs: Iterable[wire.Allocation]) -> VersionAl
                          last_failure=last[1])
 
 
+# Events that follow a task's failure rather than say what it was
+# (nomad/structs/structs.go TaskNotRestarting, TaskRestarting, TaskKilling, TaskKilled,
+# TaskSiblingFailed): the failure itself is the event before them.
+_AFTERMATH = frozenset({"Not Restarting", "Restarting", "Killing", "Killed",
+                        "Sibling Task Failed"})
+
+
 def failure_text(a: wire.Allocation) -> str:
-    """The client's description and the engine's last event, as Nomad reported them."""
-    events = [e.DisplayMessage for state in (a.TaskStates or {}).values()
-              for e in (state.Events or ()) if e.DisplayMessage]
-    return "; ".join(p for p in (a.ClientDescription, events[-1] if events else "") if p)
+    """The client's description and the failing task's last event, as Nomad reported
+    them: the task whose state says it failed (else the last event of any task), and its
+    last event that says what happened — an exit, a driver failure — rather than what
+    followed (not restarting)."""
+    states = a.TaskStates or {}
+    failing = [(name, st) for name, st in sorted(states.items()) if st.Failed] or \
+        sorted(states.items())
+    last = ""
+    for name, st in failing:
+        events = [e for e in st.Events or () if e.DisplayMessage]
+        said = [e.DisplayMessage for e in events if e.Type not in _AFTERMATH] or \
+            [e.DisplayMessage for e in events]
+        if said:
+            last = f"task {name}: {said[-1]}" if st.Failed else said[-1]
+            if st.Failed:
+                break
+    return "; ".join(p for p in (a.ClientDescription, last) if p)
+
+
+def waited_for_capacity(d: wire.Deployment) -> bool:
+    """The deployment failed with replicas never placed and none unhealthy: what it lacked
+    was room, not a working version (``UnhealthyAllocs`` counts every replica of the
+    deployment that died or missed its healthy deadline)."""
+    g = (d.TaskGroups or {}).get(GROUP)
+    return g is not None and g.UnhealthyAllocs == 0 and g.PlacedAllocs < g.DesiredTotal
+
+
+def _broken(st: JobState, model: str) -> str:
+    """Why the version's replicas failed, and the way out."""
+    c = st.current
+    last = f" (last: {c.last_failure})" if c is not None and c.last_failure else \
+        "; `llmgw ctl replicas` shows each replica's last message"
+    return (f"its replicas failed{last}: submitting the same version again would fail "
+            f"again; fix the model's definition, then run `llmgw ctl rollout {model}`")
 
 
 def deployment_text(d: wire.Deployment) -> str:
@@ -239,6 +287,8 @@ def shortfall(st: JobState, waiting: str | None) -> str | None:
     head = f"runs {st.live} of {st.count} replicas"
     d = st.current_deployment
     if st.short and d is not None and d.Status == "failed":
+        if not waited_for_capacity(d):
+            return f"{head}: {deployment_text(d)}: {_broken(st, st.model)}"
         return (f"{head}: {deployment_text(d)}, and Nomad places no more replicas of a "
                 "failed deployment's version; llmgw submits the job again (same spec, a new "
                 "version) to place them")
@@ -290,7 +340,9 @@ def decide(catalog: Catalog, jobs: Mapping[str, JobState],
         if st.deployment_failed:
             d = st.current_deployment
             assert d is not None
-            if st.short and st.count and m.name not in out.scale:
+            if st.short and st.count and not waited_for_capacity(d):
+                out.deployment_failed[m.name] = f"{deployment_text(d)}: {_broken(st, m.name)}"
+            elif st.short and st.count and m.name not in out.scale:
                 out.recover[m.name] = st.count
                 out.deployment_failed[m.name] = (
                     f"{deployment_text(d)}; llmgw submitted the job again to place the "

@@ -377,9 +377,21 @@ def fetch_task(cfg: NomadConfig, url: str, dest: str, job: str,
                keys: tuple[str, ...] = (), *, name: str = FETCH_TASK,
                prestart: bool = True) -> js.Task:
     """The task running ``llmgw fetch`` into the node's cache: a replica's prestart
-    task, or the main task of a prefetch job."""
+    task, or the main task of a prefetch job.
+
+    It runs as ``fetch_user``, declared on the task, and the node's cache directory
+    must be owned by that uid. Nomad never creates or chowns a host volume's path: the
+    client only stats it when it starts (client/client.go ``setupNode``), and the
+    Docker driver bind-mounts it as it is. Declaring the user, rather than leaving the
+    fetcher image's own ``USER``, makes the one uid the docs ``chown`` to visible in
+    the job and independent of how the image was built; running the fetch as root
+    instead would let a container that talks to the network write anywhere on the
+    node's disk it is given, and a root-owned cache is what ``llmgw fetch`` would then
+    leave behind for the sweep. The fetch checks the directory before it downloads
+    and names its owner and its own uid when it cannot write (``llmgw.weights.fetch``);
+    ``llmgw nomad doctor`` says what Nomad's API can and cannot show of it."""
     return js.Task(
-        Name=name, Driver="docker",
+        Name=name, Driver="docker", User=cfg.fetch_user,
         Config={"image": cfg.fetcher_image, "command": "llmgw",
                 "args": ["fetch", url, dest, "--progress-file",
                          "${NOMAD_ALLOC_DIR}/" + PROGRESS_FILE.removeprefix("alloc/")]},

@@ -39,6 +39,7 @@ from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.client import NodeUnreachableError, NomadClient
 from llmgw.scheduler.nomad.discovery import checks_pass, endpoint_url
 from llmgw.scheduler.nomad.offload import Offloader
+from llmgw.scheduler.nomad.reconcile import failure_text
 from llmgw.scheduler.nomad.render import (
     ENGINE_TASK,
     FETCH_TASK,
@@ -99,9 +100,8 @@ def _message(a: wire.Allocation) -> tuple[int, str]:
     restarts = task.Restarts if task else 0
     if a.ClientStatus not in ("failed", "lost") and not (task and task.Failed):
         return restarts, ""
-    events = [e.DisplayMessage for e in (task.Events or ()) if e.DisplayMessage] if task else []
-    parts = [p for p in (a.ClientDescription, events[-1] if events else "") if p]
-    return restarts, "; ".join(parts)
+    # The task that failed says why: a fetch that could not write the cache, or the engine.
+    return restarts, failure_text(a)
 
 
 def _detail(a: wire.Allocation) -> _Detail:

@@ -41,8 +41,16 @@ allocation a node. A batch allocation that completed is not run again, and a new
 version of the job runs everywhere again (scheduler/reconciler/reconcile_cluster.go
 ``filterOldTerminalAllocs``), so each run is a new version (its ``llmgw_run`` meta).
 They do not carry ``llmgw_managed``: the reconciler must not take them for a model's
-service job, and their IDs (``llmgw.prefetch.<model>``, ``llmgw.cache-sweep``) cannot be
-a model's ``llmgw-<model>``.
+service job, and their IDs cannot be a model's ``llmgw-<model>``.
+
+**A prefetch's ID is a Variable path.** Its fetch reads the model's credentials from the
+Variable ``nomad/jobs/<job ID>``, the one path its workload identity may read without a
+policy (acl/acl.go ``matchingVariablesCapabilitySet``). Nomad refuses a Variable path
+with a dot (nomad/structs/variables.go ``validVariablePath``: ``[a-zA-Z0-9-_~/]``), so the
+ID is ``llmgw_prefetch_<model>``: valid as a path, and — the underscore — outside the
+``llmgw-`` prefix of the service jobs, whose Variables (``nomad/jobs/llmgw-*``) a
+prefetch's grant must not reach, and which ``llmgw-prefetch-<model>`` would share with a
+model named ``prefetch-<model>``. The sweep reads no Variable and keeps ``llmgw.cache-sweep``.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from llmgw.scheduler.nomad.render import (
 )
 from llmgw.weights import cache
 
-PREFETCH_PREFIX = "llmgw.prefetch."
+PREFETCH_PREFIX = "llmgw_prefetch_"
 SWEEP_JOB = "llmgw.cache-sweep"
 PREFETCH_GROUP = "fetch"
 SWEEP_GROUP = "sweep"
@@ -139,11 +147,28 @@ def changes(meta: Mapping[str, str] | None, wanted: Mapping[str, str], *,
     return out
 
 
+def _exit_code(e: wire.TaskEvent) -> int:
+    raw = (e.Details or {}).get("exit_code")
+    return int(raw) if raw is not None and raw.lstrip("-").isdigit() else e.ExitCode
+
+
 def fetched(a: wire.Allocation, task: str = FETCH_TASK) -> bool:
-    """The allocation's fetch task ran to its end and succeeded."""
+    """The allocation's fetch task exited 0: every file it fetched is verified and in
+    place under its final name.
+
+    Only the exit code says so. A stop kills a task mid-download and leaves it ``dead``
+    and not ``Failed``, its events ``Killing``, ``Terminated`` with the signal's exit code
+    (143 for SIGTERM), ``Killed`` (client/allocrunner/taskrunner/task_runner.go
+    ``handleKill``, ``emitExitResultEvent``): judged by state alone, such a node would be
+    marked warm with half the weights. ``llmgw fetch`` exits 0 only after it checked each
+    file — its sha256 (``--sha256`` or the mirror's ``.sha256``), or the length the mirror
+    announced where the mirror publishes no sum — and renamed it into place
+    (``llmgw.weights.fetch``)."""
     state = (a.TaskStates or {}).get(task)
-    return state is not None and state.State == "dead" and not state.Failed and any(
-        e.Type == "Terminated" for e in state.Events or ())
+    if state is None or state.State != "dead" or state.Failed:
+        return False
+    exits = [e for e in state.Events or () if e.Type == "Terminated"]
+    return bool(exits) and _exit_code(exits[-1]) == 0
 
 
 def _fits(need: Need, n: NodeView) -> bool:
@@ -216,7 +241,8 @@ def sweep_job(cfg: NomadConfig, node_ids: Sequence[str], keep: Iterable[str], si
         args += ["--max-bytes", str(int(cfg.cache_max))]
     for entry in sorted(set(keep)):
         args += ["--keep", entry]
-    task = js.Task(Name=SWEEP_GROUP, Driver="docker",
+    # The fetch's user (render.fetch_task): the one that owns what it evicts.
+    task = js.Task(Name=SWEEP_GROUP, Driver="docker", User=cfg.fetch_user,
                    Config={"image": cfg.fetcher_image, "command": "llmgw", "args": args},
                    Resources=js.Resources(CPU=_SWEEP_CPU_MHZ, MemoryMB=_SWEEP_MEMORY_MB),
                    VolumeMounts=[js.VolumeMount(Volume=CACHE_VOLUME, Destination=CACHE_DIR,

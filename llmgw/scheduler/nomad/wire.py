@@ -227,6 +227,10 @@ class TaskEvent(_R, frozen=True):
     Type: str = ""
     Time: int = 0
     DisplayMessage: str = ""
+    # An exit result's (``Terminated``): also in Details as "exit_code"
+    # (nomad/structs/structs.go ``SetExitCode``)
+    ExitCode: int = 0
+    Details: dict[str, str] | None = None
 
 
 class TaskState(_R, frozen=True):
@@ -403,3 +407,59 @@ class NodeMetaResponse(_R, frozen=True):
 
     Meta: dict[str, str] | None = None
     Dynamic: dict[str, str | None] | None = None
+
+
+# ---- ACL (§7; nomad/structs/acl.go) -----------------------------------------
+
+class AclToken(_R, frozen=True):
+    """``GET /v1/acl/token/self``: ``Type`` is ``client`` or ``management``; with ACLs
+    off, Nomad's ``acls-disabled`` token (AccessorID ``acls-disabled``)."""
+
+    AccessorID: str = ""
+    Name: str = ""
+    Type: str = ""
+    Policies: list[str] | None = None
+    Roles: list[dict[str, str]] | None = None
+
+
+class PathRule(_R, frozen=True):
+    PathSpec: str = ""
+    Capabilities: list[str] | None = None
+
+
+class VariablesRules(_R, frozen=True):
+    Paths: list[PathRule] | None = None
+
+
+class NamespaceRule(_R, frozen=True):
+    Name: str = ""
+    Policy: str = ""
+    Capabilities: list[str] | None = None
+    Variables: VariablesRules | None = None
+
+
+class HostVolumeRule(_R, frozen=True):
+    Name: str = ""
+    Policy: str = ""
+    Capabilities: list[str] | None = None
+
+
+class LevelRule(_R, frozen=True):
+    Policy: str = ""
+
+
+class PolicyRules(_R, frozen=True):
+    """acl.Policy as ``RulesJSON`` carries it: shorthand policies already expanded."""
+
+    Namespaces: list[NamespaceRule] | None = None
+    HostVolumes: list[HostVolumeRule] | None = None
+    Node: LevelRule | None = None
+
+
+class AclPolicy(_R, frozen=True):
+    """``GET /v1/acl/policy/:name``; ``RulesJSON`` is the server's parse of ``Rules``."""
+
+    Name: str = ""
+    Rules: str = ""
+    RulesJSON: PolicyRules | None = None
+    JobACL: dict[str, str] | None = None

@@ -31,7 +31,12 @@ hashicorp/nomad (the revision docs/nomad-api.md cites):
   nomad/node_endpoint.go: node read; nomad/client_meta_endpoint.go ``NodeMeta.Apply``:
   node write, ``Read``: node read; command/agent/fs_endpoint.go (``cat/``): read-fs
   in the allocation's namespace; nomad/variables_endpoint.go ``Apply``/``Read``:
-  the path's write/destroy/read). List answers spanning namespaces
+  the path's write/destroy/read). ``Job.Register`` also checks every host volume a
+  group mounts (nomad/job_endpoint.go ``doRegister`` → acl/acl.go
+  ``AllowHostVolumeOperation``): ``mount-readwrite`` for a writable volume,
+  ``mount-readonly`` or ``mount-readwrite`` for a read-only one, looked up by the
+  volume's ``Source`` exactly, then by the closest glob (``matchingHostVolumeCapabilitySet``);
+  ``Job.Plan`` and ``Job.Validate`` check none of it. List answers spanning namespaces
   (``/v1/allocations?namespace=*``, ``/v1/node/:id/allocations``) drop what the
   token may not read rather than refusing (nomad/alloc_endpoint.go ``List``,
   nomad/node_endpoint.go ``GetAllocs``).
@@ -45,6 +50,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +77,11 @@ NAMESPACE_CAPABILITIES = frozenset([
     "pause-allocation", "force-periodic-job", "delete-service-registration"])
 VARIABLE_CAPABILITIES = frozenset(["list", "read", "write", "destroy", "deny"])
 _NAMESPACE_NAME = re.compile(r"^[a-zA-Z0-9-*]{1,128}$")
+# acl/policy.go: validVolume, isHostVolumeCapabilityValid, expandHostVolumePolicy.
+_VOLUME_NAME = re.compile(r"^[a-zA-Z0-9-*]{1,128}$")
+HOST_VOLUME_CAPABILITIES = frozenset(["deny", "mount-readonly", "mount-readwrite"])
+EXPAND_HOST_VOLUME = {"deny": ["deny"], "read": ["mount-readonly"],
+                      "write": ["mount-readonly", "mount-readwrite"]}
 _LEVELS = ("deny", "read", "write", "scale")
 _TOKEN = re.compile(r'\s+|#[^\n]*|//[^\n]*|/\*.*?\*/|"(?:[^"\\]|\\.)*"|[{}\[\]=,]|[^\s{}\[\]=,"]+',
                     re.S)
@@ -143,6 +154,7 @@ class Namespace:
     name: str
     capabilities: set[str] = field(default_factory=set)
     variables: dict[str, set[str]] = field(default_factory=dict)
+    level: str = ""             # the shorthand ``policy`` as written
 
 
 @dataclass
@@ -152,6 +164,9 @@ class Policy:
     namespaces: list[Namespace] = field(default_factory=list)
     levels: dict[str, str] = field(default_factory=dict)   # node, agent, operator, …
     job_acl: Json | None = None                             # {"Namespace","JobID","Group","Task"}
+    host_volumes: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    #   (name, policy, capabilities with the policy expanded), in the order written
+    description: str = ""
 
 
 def _fields(entries: list[tuple[str, list[str], Any]], allowed: set[str], where: str) -> Json:
@@ -173,6 +188,7 @@ def parse_policy(name: str, rules: str) -> Policy:
             body = _fields(value, {"policy", "capabilities", "variables"}, f"namespace {labels[0]}")
             ns = Namespace(labels[0])
             level = body.get("policy", "")
+            ns.level = level
             if level and level not in _LEVELS:
                 raise NomadError(400, f"Invalid namespace policy: {level!r}")
             for cap in body.get("capabilities", []):
@@ -201,13 +217,50 @@ def parse_policy(name: str, rules: str) -> Policy:
             if level not in ("deny", "read", "write", "list"):
                 raise NomadError(400, f"Invalid {key} policy: {level!r}")
             policy.levels[key] = level
-        elif key in ("node_pool", "host_volume") and len(labels) == 1:
+        elif key == "host_volume" and len(labels) == 1:
+            body = _fields(value, {"policy", "capabilities"}, f"host_volume {labels[0]}")
+            name, level = labels[0], body.get("policy", "")
+            if not _VOLUME_NAME.match(name):
+                raise NomadError(400, f"Invalid host volume name: {name!r}")
+            if level and level not in _LEVELS:
+                raise NomadError(400, f"Invalid host volume policy: {level!r}")
+            written = list(body.get("capabilities", []))
+            for cap in written:
+                if cap not in HOST_VOLUME_CAPABILITIES:
+                    raise NomadError(400, f"Invalid host volume capability '{cap}'")
+            policy.host_volumes.append(
+                (name, level, [*written, *EXPAND_HOST_VOLUME.get(level, [])]))
+        elif key == "node_pool" and len(labels) == 1:
             _fields(value, {"policy", "capabilities"}, f"{key} {labels[0]}")
         else:
             raise NomadError(400, f"Invalid or duplicate policy keys: {key}")
-    if not policy.namespaces and not policy.levels:
+    if not policy.namespaces and not policy.levels and not policy.host_volumes:
         raise NomadError(400, f"Invalid policy: {rules}")
     return policy
+
+
+def rules_json(policy: Policy) -> Json:
+    """``RulesJSON`` of ``GET /v1/acl/policy/:name``: acl.Policy as the server parsed it
+    (nomad/acl_endpoint.go ``GetPolicy`` runs acl/policy.go ``Parse``, which appends each
+    shorthand's capabilities and ``list`` to a variables ``read``), go-codec field names."""
+    def ns_json(ns: Namespace) -> Json:
+        paths = [{"PathSpec": spec, "Capabilities": sorted(caps)}
+                 for spec, caps in ns.variables.items()]
+        return {"Name": ns.name, "Policy": ns.level, "Capabilities": sorted(ns.capabilities),
+                "Variables": {"Paths": paths} if paths else None}
+
+    def level(key: str) -> Json | None:
+        return {"Policy": policy.levels[key]} if key in policy.levels else None
+
+    return {
+        "Namespaces": [ns_json(ns) for ns in policy.namespaces] or None,
+        "NodePools": None,
+        "HostVolumes": [{"Name": n, "Policy": lvl, "Capabilities": caps}
+                        for n, lvl, caps in policy.host_volumes] or None,
+        "Agent": level("agent"), "Node": level("node"), "Operator": level("operator"),
+        "Quota": level("quota"), "Plugin": level("plugin"), "Raw": policy.rules,
+        "ExtraKeysHCL": None,
+    }
 
 
 # -- what a set of policies allows -------------------------------------------------------
@@ -236,13 +289,25 @@ class Acl:
     """Compiled policies (acl/acl.go ``NewACL``); ``management`` allows everything."""
 
     def __init__(self, policies: list[Policy], *, management: bool = False,
-                 claim: Claim | None = None) -> None:
+                 claim: Claim | None = None, token: Token | None = None) -> None:
         self.management = management
         self.claim = claim
+        self.token = token
+        self.policy_names = {p.name for p in policies}
         self.namespaces: dict[str, set[str]] = {}
         self.variables: dict[str, set[str]] = {}
         self.levels: dict[str, str] = {}
+        self.host_volumes: dict[str, set[str]] = {}
         for p in policies:
+            for name, _level, hv_caps in p.host_volumes:
+                held = self.host_volumes.setdefault(name, set())
+                if "deny" in held:
+                    continue        # deny always takes precedence (acl/acl.go NewACL)
+                if "deny" in hv_caps:
+                    held.clear()
+                    held.add("deny")
+                else:
+                    held.update(hv_caps)
             for ns in p.namespaces:
                 caps = self.namespaces.setdefault(ns.name, set())
                 if "deny" in caps:
@@ -274,6 +339,15 @@ class Acl:
         level = self.levels.get(key, "")
         return self.management or level == "write" or (level == "read" and not write)
 
+    def allow_host_volume(self, name: str, capability: str) -> bool:
+        """acl/acl.go ``AllowHostVolumeOperation``: the exact name, else the closest glob."""
+        if self.management:
+            return True
+        caps = self.host_volumes.get(name)
+        if caps is None:
+            caps = _closest(self.host_volumes, name)
+        return caps is not None and capability in caps
+
     def allow_variable(self, namespace: str, path: str, capability: str) -> bool:
         if self.management:
             return True
@@ -290,13 +364,40 @@ class Acl:
 
 # -- the store of policies and tokens ------------------------------------------------------
 
+@dataclass(frozen=True)
+class Token:
+    """An ACL token as nomad/structs/acl.go ``ACLToken`` holds it."""
+
+    accessor: str
+    secret: str
+    name: str
+    type: str                   # "client" or "management"
+    policies: tuple[str, ...] = ()
+    create_index: int = 0
+
+    def wire(self) -> Json:
+        return {"AccessorID": self.accessor, "SecretID": self.secret, "Name": self.name,
+                "Type": self.type, "Policies": list(self.policies) or None, "Roles": None,
+                "Global": False, "Hash": "", "CreateTime": "2025-01-01T00:00:00Z",
+                "ExpirationTime": None, "ExpirationTTL": 0,
+                "CreateIndex": self.create_index, "ModifyIndex": self.create_index}
+
+
+# nomad/structs/acl.go: the identities Nomad answers /v1/acl/token/self with when no
+# token is sent (ACLs on) and when ACLs are off.
+ANONYMOUS = Token(accessor="anonymous", secret="", name="Anonymous Token", type="client",
+                  policies=("anonymous",))
+ACLS_DISABLED = Token(accessor="acls-disabled", secret="", name="ACLs disabled token",
+                      type="client")
+
+
 @dataclass
 class Registry:
     """Policies by name, tokens by secret, and workload identities by secret."""
 
     management: set[str] = field(default_factory=set)
     policies: dict[str, Policy] = field(default_factory=dict)
-    tokens: dict[str, list[str]] = field(default_factory=dict)
+    tokens: dict[str, Token] = field(default_factory=dict)
     workloads: dict[str, Claim] = field(default_factory=dict)
 
     def apply(self, name: str, rules: str, *, namespace: str = "", job: str = "",
@@ -315,10 +416,22 @@ class Registry:
         self.policies[name] = policy
         return policy
 
-    def token(self, policies: list[str]) -> str:
-        secret = secrets.token_hex(16)
-        self.tokens[secret] = list(policies)
+    def token(self, policies: list[str], name: str = "", *, management: bool = False) -> str:
+        """``nomad acl token create``: secret and accessor are UUIDs, as Nomad makes them."""
+        secret = str(uuid.uuid4())
+        self.tokens[secret] = Token(accessor=str(uuid.uuid4()), secret=secret, name=name,
+                                    type="management" if management else "client",
+                                    policies=() if management else tuple(policies),
+                                    create_index=len(self.tokens) + 1)
         return secret
+
+    def token_of(self, secret: str) -> Token | None:
+        """The token behind a secret; the bootstrap secret the fake was started with too."""
+        if secret in self.management and secret not in self.tokens:
+            self.tokens[secret] = Token(accessor=str(uuid.uuid5(uuid.NAMESPACE_OID, secret)),
+                                        secret=secret, name="Bootstrap Token",
+                                        type="management")
+        return self.tokens.get(secret)
 
     def identity(self, claim: Claim) -> str:
         secret = "wi." + secrets.token_hex(16)
@@ -340,10 +453,12 @@ class Registry:
         return out
 
     def resolve(self, secret: str) -> Acl:
-        if secret in self.management:
-            return Acl([], management=True)
-        if secret in self.tokens:
-            return Acl([self.policies[n] for n in self.tokens[secret] if n in self.policies])
+        token = self.token_of(secret)
+        if token is not None and token.type == "management":
+            return Acl([], management=True, token=token)
+        if token is not None:
+            return Acl([self.policies[n] for n in token.policies if n in self.policies],
+                       token=token)
         claim = self.workloads.get(secret)
         if claim is not None:
             return Acl(self.for_workload(claim), claim=claim)
@@ -434,6 +549,33 @@ def authorize(registry: Registry, req: Any) -> Acl:
     if not acl.management:
         raise NomadError(403, "Permission denied")
     return acl
+
+
+def check_volumes(acl: Acl, job: Json) -> None:
+    """The volume permissions ``Job.Register`` checks after the job was admitted
+    (nomad/job_endpoint.go ``doRegister``, "Validate Volume Permissions"); NomadError(403)
+    when the token may not mount one. A CSI volume needs ``csi-mount-volume`` in the job's
+    namespace (``allowCSIMount``); any other type is refused."""
+    for tg in job.get("TaskGroups") or []:
+        volumes = tg.get("Volumes") or {}
+        for vol in volumes.values():
+            kind, source = vol.get("Type", ""), vol.get("Source", "")
+            if kind == "host":
+                ok = acl.allow_host_volume(source, "mount-readwrite") or (
+                    bool(vol.get("ReadOnly")) and acl.allow_host_volume(source,
+                                                                         "mount-readonly"))
+            elif kind == "csi":
+                ok = acl.allow_ns(job.get("Namespace", "default"), "csi-mount-volume")
+            else:
+                ok = False
+            if not ok:
+                raise NomadError(403, "Permission denied")
+        for task in tg.get("Tasks") or []:
+            for vm in task.get("VolumeMounts") or []:
+                vol = volumes.get(vm.get("Volume", "")) or {}
+                if vm.get("PropagationMode") == "bidirectional" and not acl.allow_host_volume(
+                        vol.get("Source", ""), "mount-readwrite"):
+                    raise NomadError(403, "Permission denied")
 
 
 def filter_answer(acl: Acl, req: Any, answer: Any) -> Any:

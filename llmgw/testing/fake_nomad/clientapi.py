@@ -10,12 +10,19 @@ again and applies it (client/meta_endpoint.go ``NodeMeta.Apply``):
   interpolated in constraints (nomad/structs/node.go ``NodeMetaApplyRequest.Validate``:
   400 ``"<key>" is invalid; metadata keys must be valid dotted hcl identifiers``);
 * the dynamic set is the old one with the request copied over it (``maps.Copy``); a
-  null value is kept in the dynamic set as an unset, and deletes the key from the
-  node's ``Meta`` — a static key included, until the agent restarts;
-* the answer is ``{"Meta": merged, "Dynamic": dynamic, "Static": static}``, and the node
-  is re-registered with the servers, where ``Node.Meta`` (and so the computed class,
-  constraints and affinities on ``${meta.*}``) changes. Nomad batches that update by up
-  to 10 s (api/node_meta.go ``Read``); the fake applies it at once.
+  null value deletes the key from the node's ``Meta`` — a static key included, until
+  the agent restarts — and from the dynamic set too unless the key is static, where the
+  null is kept so that the removal persists (client/meta_endpoint.go ``NodeMeta.Apply``);
+* the answer is ``{"Meta": merged, "Dynamic": dynamic, "Static": static}`` at once, from
+  the client's own copy of its node, and so is ``GET /v1/client/metadata``;
+* the **servers** learn it later. ``Apply`` only calls ``updateNode``, and the client's
+  ``watchNodeUpdates`` re-registers the node when a timer started by the first change
+  fires — ``nodeUpdateRetryIntv`` (5 s) plus ``helper.RandomStagger`` of it, so 5–10 s —
+  carrying every change made meanwhile (client/client.go ``watchNodeUpdates``,
+  ``retryIntv``). Until then ``GET /v1/node/:id`` shows the old ``Node.Meta`` and the
+  scheduler places by it (constraints, affinities, the computed class). The fake keeps
+  that delay on its clock: ``FakeNomad.advance`` past it lands the update, or a timer in
+  real time does.
 
 **Allocation files** (``/v1/client/fs/cat/:alloc_id?path=…``) read a file of the
 allocation's directory on its node: ``alloc/`` (shared by its tasks, ``NOMAD_ALLOC_DIR``)
@@ -27,7 +34,9 @@ directories: a test writes a file with ``FakeNomad.write_alloc_file``, as the ta
 from __future__ import annotations
 
 import json
+import random
 import re
+import threading
 from typing import Any
 
 from llmgw.testing.fake_nomad.cluster import Cluster, NomadError
@@ -60,23 +69,53 @@ def merged(static: dict[str, str], dynamic: dict[str, str | None]) -> dict[str, 
     return out
 
 
+# client/client.go: nodeUpdateRetryIntv, and retryIntv's RandomStagger of it.
+NODE_UPDATE_INTERVAL_NS = 5_000_000_000
+
+
 def apply(cluster: Cluster, node: Node, meta: dict[str, str | None]) -> None:
-    """Copy ``meta`` over the node's dynamic metadata; the caller holds the store's lock."""
-    store = cluster.store
+    """Copy ``meta`` over the node's dynamic metadata on its client and start the client's
+    re-register timer when none runs; the caller holds the store's lock."""
     if node.static_meta is None:
         node.static_meta = dict(node.meta)
-    node.dynamic_meta = {**node.dynamic_meta, **meta}
-    before = node.meta
-    node.meta = merged(node.static_meta, node.dynamic_meta)
-    node.modify_index = store.write("nodes")
-    if node.meta != before:
+    dynamic = {**node.dynamic_meta, **meta}
+    for key, value in meta.items():
+        if value is None and key not in node.static_meta:
+            del dynamic[key]
+    node.dynamic_meta = dynamic
+    node.client_meta = merged(node.static_meta, dynamic)
+    if not node.meta_due:   # watchNodeUpdates: later changes ride on the pending update
+        now = cluster.store.now()
+        node.meta_due = now + NODE_UPDATE_INTERVAL_NS + random.randrange(  # noqa: S311
+            NODE_UPDATE_INTERVAL_NS)
+        timer = threading.Timer((node.meta_due - now) / 1e9,
+                                lambda: cluster.submit(lambda: reregister(cluster)))
+        timer.daemon = True
+        cluster.timers.append(timer)
+        timer.start()
+
+
+def reregister(cluster: Cluster) -> None:
+    """Land every node update whose time has come: ``Node.Meta`` becomes the client's."""
+    store, changed = cluster.store, False
+    with store.cond:
+        now = store.now()
+        for node in store.nodes.values():
+            if not node.meta_due or node.meta_due > now or node.client_meta is None:
+                continue
+            node.meta_due = 0
+            changed |= node.meta != node.client_meta
+            node.meta = dict(node.client_meta)
+            node.modify_index = store.write("nodes")
+    if changed:
         # Node.Meta is part of the computed class (nomad/structs/node_class.go HashInclude):
         # evaluations waiting for a node like this one are tried again.
-        cluster.submit(cluster.unblock)
+        cluster.unblock()
 
 
 def _answer(node: Node) -> Json:
-    return {"Meta": node.meta, "Dynamic": node.dynamic_meta or None,
+    meta = node.client_meta if node.client_meta is not None else node.meta
+    return {"Meta": meta, "Dynamic": node.dynamic_meta or None,
             "Static": node.static_meta if node.static_meta is not None else node.meta}
 
 

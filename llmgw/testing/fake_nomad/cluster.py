@@ -83,8 +83,14 @@ class Workloads(Protocol):
 
 class Cluster:
     def __init__(self, nodes: list[Node], *, namespaces: set[str], auto_run: bool,
-                 workloads: Workloads | None = None) -> None:
-        self.store = Store(nodes, namespaces)
+                 workloads: Workloads | None = None,
+                 image_users: dict[str, int] | None = None) -> None:
+        from llmgw.testing.fake_nomad.volumes import missing
+
+        # A client whose host volume path is missing never starts (volumes.missing).
+        self.unstarted = {n.name: why for n in nodes if (why := missing(n)) is not None}
+        self.store = Store([n for n in nodes if n.name not in self.unstarted], namespaces)
+        self.image_users = dict(image_users or {})
         self.auto_run = auto_run
         self.workloads = workloads
         self.timers: list[threading.Timer] = []   # shutdown delays running (shutdown.py)

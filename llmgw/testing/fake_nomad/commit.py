@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmgw.testing.fake_nomad import checkwatch, deployments, shutdown
+from llmgw.testing.fake_nomad import checkwatch, deployments, shutdown, volumes
 from llmgw.testing.fake_nomad.gotext import quote
 from llmgw.testing.fake_nomad.reconcile import Plan
 from llmgw.testing.fake_nomad.records import (
@@ -51,13 +51,25 @@ from llmgw.testing.fake_nomad.wire import rfc3339
 if TYPE_CHECKING:
     from llmgw.testing.fake_nomad.cluster import Cluster
 
+
+def lifecycle_fail_at_start(cluster: Cluster, alloc_id: str, task: str, message: str) -> None:
+    from llmgw.testing.fake_nomad.lifecycle import fail_at_start
+
+    fail_at_start(cluster, alloc_id, task, message)
+
 Json = dict[str, Any]
 
 
 def event(kind: str, message: str, *, at: int | None = None, **details: str) -> Json:
+    """A TaskEvent (nomad/structs/structs.go). An exit result carries its code both as
+    ``ExitCode`` and in ``Details`` with the signal (``SetExitCode``, ``SetSignal``: the
+    Docker driver always reports signal 0, drivers/docker/handle.go ``run``)."""
+    if "exit_code" in details:
+        details.setdefault("signal", "0")
     return {"Type": kind, "Time": at if at is not None else time.time_ns(),
             "DisplayMessage": message, "Details": details or None, "Message": "",
-            "FailsTask": False, "ExitCode": 0}
+            "FailsTask": False, "ExitCode": int(details.get("exit_code", "0")),
+            "Signal": int(details.get("signal", "0"))}
 
 
 class Committer:
@@ -268,6 +280,7 @@ class Committer:
                 return
             idx = store.write("allocs", "service_registrations", "job_summary")
             now = store.now()
+            refused: list[tuple[Alloc, str, str]] = []
             for a in allocs:
                 a.client_status = "running"
                 a.client_description = "Tasks are running"
@@ -275,9 +288,16 @@ class Committer:
                 for name, t in a.tasks.items():
                     if t.stage in ("prestart", "sidecar"):
                         self._start_task(a, name, now)
-                if through_prestart:
+                why = self._cannot_write(a, "prestart")
+                if why is None and through_prestart:
                     self._start_main(a, idx, now)
-            self.judge_health([a.id for a in allocs])
+                    why = self._cannot_write(a, "main")
+                if why is not None:
+                    refused.append((a, *why))
+            failed = {a.id for a, _, _ in refused}
+            self.judge_health([a.id for a in allocs if a.id not in failed])
+        for a, task, message in refused:
+            lifecycle_fail_at_start(self.cluster, a.id, task, message)
 
     def finish_prestart(self, alloc_ids: list[str]) -> None:
         """The prestart tasks exit 0; the main tasks start and register their services."""
@@ -289,10 +309,27 @@ class Committer:
                 return
             idx = store.write("allocs", "service_registrations")
             now = store.now()
+            refused: list[tuple[Alloc, str, str]] = []
             for a in allocs:
                 a.modify_index, a.modify_time = idx, now
                 self._start_main(a, idx, now)
-            self.judge_health([a.id for a in allocs])
+                why = self._cannot_write(a, "main")
+                if why is not None:
+                    refused.append((a, *why))
+            failed = {a.id for a, _, _ in refused}
+            self.judge_health([a.id for a in allocs if a.id not in failed])
+        for a, task, message in refused:
+            lifecycle_fail_at_start(self.cluster, a.id, task, message)
+
+    def _cannot_write(self, a: Alloc, stage: str) -> tuple[str, str] | None:
+        """A started task of ``stage`` that cannot write its host volume (``volumes``)."""
+        node = self.store.nodes[a.node_id]
+        for name, t in a.tasks.items():
+            if t.stage == stage or (stage == "main" and t.stage == "poststart"):
+                why = volumes.refusal(a, node, name, self.cluster.image_users)
+                if why is not None:
+                    return name, why
+        return None
 
     @staticmethod
     def _start_task(a: Alloc, name: str, now: int) -> None:

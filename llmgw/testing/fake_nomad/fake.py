@@ -30,7 +30,12 @@ What the fake does on its own, and what is left to the test:
 * with ``workloads`` something real runs each main task that has services (a
   simulated engine, say): started when the task starts, its loopback address is what
   the task's services register, and stopped when the allocation's tasks die;
-* ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events;
+* ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events; new
+  dynamic node metadata reaches the servers (``node(name).meta``, placement) only when
+  the client's batched re-register lands, 5–10 s later on the fake's clock;
+* a host volume's directory has an owner and mode (``records.HostVolume``): a task
+  whose user (``User``, else its image's, from ``image_users``, else root) may not write
+  it fails at start; a node whose volume path is missing never registers (``volumes``);
 * ``inject`` answers matching requests with any status and body (errors, garbage);
   ``requests`` records every request received.
 """
@@ -44,6 +49,7 @@ from typing import Any
 
 from llmgw.testing.fake_nomad import (
     acl,
+    acl_routes,
     checkwatch,
     clientapi,
     deployments,
@@ -64,15 +70,16 @@ class FakeNomad:
                  acls: bool = False, strict: bool = True, auto_run: bool = True,
                  namespaces: Iterable[str] = ("default",), region: str = "global",
                  host: str = "127.0.0.1", port: int = 0,
-                 workloads: Workloads | None = None) -> None:
+                 workloads: Workloads | None = None,
+                 image_users: dict[str, int] | None = None) -> None:
         fleet = list(nodes) if nodes is not None else default_fleet()
         self._cluster = Cluster(fleet, namespaces=set(namespaces), auto_run=auto_run,
-                                workloads=workloads)
+                                workloads=workloads, image_users=image_users)
         self._acls = acl.Registry(management={acl_token} if acl_token else set()) \
             if acl_token is not None or acls else None
         self._api = Api(self._cluster, strict=strict, region=region, acls=self._acls)
         self._http = HttpApp(self._api, routes_jobs.ROUTES + routes_cluster.ROUTES
-                             + variables.ROUTES + clientapi.ROUTES)
+                             + variables.ROUTES + clientapi.ROUTES + acl_routes.ROUTES)
         self._host, self._port = host, port
         self._closed = False
 
@@ -118,8 +125,9 @@ class FakeNomad:
 
     def advance(self, seconds: float) -> None:
         """Move the fake's clock ``seconds`` ahead and fire what fell due meanwhile —
-        ``check_restart`` restarts, then progress deadlines of deployments — and wait for
-        the evaluations that follow."""
+        ``check_restart`` restarts, progress deadlines of deployments, shutdown delays, and
+        the clients' batched node updates (new dynamic metadata reaching the servers
+        5–10 s after it was written) — and wait for the evaluations that follow."""
         if seconds < 0:
             raise ValueError("the fake's clock only moves forward")
         with self._cluster.store.cond:
@@ -127,6 +135,7 @@ class FakeNomad:
         checkwatch.tick(self._cluster)
         deployments.expire(self._cluster)
         shutdown.fire(self._cluster)
+        clientapi.reregister(self._cluster)
         self._cluster.settle()
 
     # -- what was asked, and faults to answer with -------------------------------------
@@ -163,15 +172,18 @@ class FakeNomad:
         return self._acls
 
     def apply_policy(self, name: str, rules: str, *, namespace: str = "", job: str = "",
-                     group: str = "", task: str = "") -> None:
+                     group: str = "", task: str = "", description: str = "") -> None:
         """``nomad acl policy apply [-namespace … [-job … [-group … [-task …]]]] NAME FILE``;
         the rules are parsed as Nomad parses them (NomadError for what it refuses)."""
-        self._registry().apply(name, rules, namespace=namespace, job=job, group=group,
-                               task=task)
+        policy = self._registry().apply(name, rules, namespace=namespace, job=job,
+                                        group=group, task=task)
+        policy.description = description
 
-    def create_token(self, policies: Sequence[str]) -> str:
-        """``nomad acl token create -policy …``: the new token's secret."""
-        return self._registry().token(list(policies))
+    def create_token(self, policies: Sequence[str], *, name: str = "",
+                     management: bool = False) -> str:
+        """``nomad acl token create [-name …] -policy …`` (``-type management`` with
+        ``management``): the new token's secret, a UUID."""
+        return self._registry().token(list(policies), name, management=management)
 
     def workload_token(self, alloc_id: str, task: str) -> str:
         """The workload identity a task of a running allocation calls Nomad with."""
@@ -200,6 +212,11 @@ class FakeNomad:
             return dict(v.items) if v else None
 
     # -- reading the cluster ------------------------------------------------------------
+    @property
+    def unstarted(self) -> dict[str, str]:
+        """Nodes whose client refused to start (a host volume path missing), by name."""
+        return dict(self._cluster.unstarted)
+
     @property
     def nodes(self) -> list[Node]:
         with self._cluster.store.cond:
@@ -278,7 +295,9 @@ class FakeNomad:
                            meta=meta)
 
     def node_meta(self, name: str) -> dict[str, str | None]:
-        """The node's dynamic metadata, as ``/v1/client/metadata`` wrote it (unsets as None)."""
+        """The node's dynamic metadata on its client, as ``/v1/client/metadata`` wrote it
+        (unsets of static keys as None), at once; ``node(name).meta`` is what the servers
+        have, which lags by the client's re-register (``advance`` 10 s to land it)."""
         with self._cluster.store.cond:
             return dict(self._cluster.store.node_by_name(name).dynamic_meta)
 
@@ -316,7 +335,13 @@ class FakeNomad:
         lifecycle.finish_deployment(self._cluster, namespace, job_id, status)
 
     def add_node(self, node: Node) -> None:
-        """Register one more client node; waiting evaluations are retried."""
+        """Register one more client node; waiting evaluations are retried. A node whose
+        host volume path is missing never starts (ValueError with the client's words)."""
+        from llmgw.testing.fake_nomad.volumes import missing
+
+        why = missing(node)
+        if why is not None:
+            raise ValueError(f"the client of {node.name} does not start: {why}")
         store = self._cluster.store
         with store.cond:
             idx = store.write("nodes")

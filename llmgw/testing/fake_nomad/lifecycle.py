@@ -19,6 +19,7 @@ the consequences to the same machinery a real server runs:
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from llmgw.testing.fake_nomad import checkwatch, deployments
@@ -110,12 +111,14 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
         now = store.now()
         a.client_status, a.client_description = "failed", "Failed tasks"
         a.modify_index, a.modify_time = idx, now
+        code = re.search(r"Exit Code: (\d+)", reason)
         for name, t in a.tasks.items():
             state = a.task_states[name]
             if t.stage in ("main", "sidecar", "poststart") and state.state != "dead":
                 state.state, state.failed, state.finished_at = "dead", True, rfc3339(now)
                 state.events = [*state.events,
-                                event("Terminated", reason, at=now, exit_code="1"),
+                                event("Terminated", reason, at=now,
+                                      exit_code=code.group(1) if code else "1"),
                                 event("Not Restarting", "Exceeded allowed attempts 2 in interval "
                                                         "30m0s and mode is \"fail\"", at=now)]
         cluster.committer.remove_services(a.id)
@@ -129,6 +132,44 @@ def fail_alloc(cluster: Cluster, alloc_id: str, reason: str) -> None:
         cluster.register(revert, trigger="deployment-watcher")
     cluster.trigger(a.namespace, a.job_id, "alloc-failure")
     cluster.unblock()
+
+
+def fail_at_start(cluster: Cluster, alloc_id: str, task: str, message: str) -> None:
+    """``task`` exited 1 right after it started (``volumes``: it could not write its
+    cache), its restarts exhausted: it is failed, the tasks that had not started turn
+    dead, and the allocation fails as ``fail_alloc`` fails one."""
+    store, revert = cluster.store, None
+    with store.cond:
+        a = _alloc(cluster, alloc_id)
+        if a.client_terminal:
+            return
+        idx = store.write("allocs", "service_registrations", "job_summary", "deployment")
+        now = store.now()
+        a.client_status, a.client_description = "failed", "Failed tasks"
+        a.modify_index, a.modify_time = idx, now
+        for name, state in a.task_states.items():
+            if name == task:
+                state.state, state.failed, state.finished_at = "dead", True, rfc3339(now)
+                state.events = [*state.events,
+                                event("Terminated", f"Exit Code: 1, Exit Message: {message!r}",
+                                      at=now, exit_code="1"),
+                                event("Not Restarting", "Exceeded allowed attempts 2 in "
+                                      'interval 30m0s and mode is "fail"', at=now)]
+            elif state.state != "dead":
+                state.state, state.finished_at = "dead", rfc3339(now)
+                state.events = [*state.events, event("Sibling Task Failed",
+                                                     "Task's sibling failed", at=now)]
+        cluster.committer.remove_services(a.id)
+        cluster.exited(a.id)
+        d = store.deployments.get(a.deployment_id) if a.deployment_id else None
+        if d is not None and d.active and a.healthy is None:
+            a.healthy, a.health_time = False, rfc3339(now)
+            revert = deployments.turned_unhealthy(cluster, a, d, idx, now)
+    if revert is not None:
+        cluster.register(revert, trigger="deployment-watcher")
+    # No alloc-failure evaluation here: its replacement would fail at once again, and
+    # Nomad spaces them by the reschedule policy's delay (30 s, doubling), which the fake
+    # does not play. The next evaluation of the job places one, which fails the same way.
 
 
 def complete_alloc(cluster: Cluster, alloc_id: str) -> None:
@@ -184,11 +225,17 @@ def set_node(cluster: Cluster, name: str, *, status: str | None, eligible: bool 
             node.eligibility = "eligible" if eligible else "ineligible"
         if drain is not None:
             node.drain = drain
-        reclassed = meta is not None and meta != node.meta
+        reclassed = meta is not None and meta != (node.client_meta or node.meta)
         if meta is not None:
             # Node.Meta is part of the computed class (nomad/structs/node_class.go
-            # HashInclude), so a change re-runs feasibility for waiting evaluations.
-            node.meta = dict(meta)
+            # HashInclude), so a change re-runs feasibility for waiting evaluations. A
+            # restarted client registers at once, its dynamic metadata (kept in its state)
+            # over the new static set.
+            from llmgw.testing.fake_nomad.clientapi import merged
+
+            node.static_meta = dict(meta) if node.dynamic_meta else None
+            node.meta = merged(dict(meta), node.dynamic_meta)
+            node.client_meta, node.meta_due = None, 0
         node.modify_index, node.status_updated_at = idx, now
         on_node = [a for a in store.allocs.values() if a.node_id == node.id and not a.terminal]
         jobs: set[tuple[str, str]] = set()

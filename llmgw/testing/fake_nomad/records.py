@@ -90,8 +90,15 @@ class DeviceGroup(msgspec.Struct, kw_only=True):
 
 
 class HostVolume(msgspec.Struct, kw_only=True):
+    """A client's ``host_volume``: its path, and the directory there as the node has it.
+    Nomad's API shows only the path and ``read_only``; the owner and mode are the node's,
+    and decide whether a task's user can write through the mount."""
+
     path: str
     read_only: bool = False
+    owner: int = 10001      # what the README's `install -d -o 10001` makes
+    mode: int = 0o755
+    exists: bool = True
 
 
 class Node(msgspec.Struct, kw_only=True):
@@ -133,6 +140,11 @@ class Node(msgspec.Struct, kw_only=True):
     # once the first dynamic write set it apart (None until then), and the keys written.
     static_meta: dict[str, str] | None = None
     dynamic_meta: dict[str, str | None] = {}
+    # The client's own copy of its metadata, ahead of ``meta`` (the servers') until the
+    # client's batched re-register lands at ``meta_due`` (Unix ns on the fake's clock; 0:
+    # nothing pending). ``clientapi`` explains.
+    client_meta: dict[str, str] | None = None
+    meta_due: int = 0
 
     @property
     def schedulable(self) -> bool:

@@ -3,11 +3,13 @@
 Bodies go through ``decode`` (Go's decoder, strict or not), then the agent's checks
 (command/agent/job_endpoint.go ``jobUpdate``/``jobPlan``: ``Job must be specified``,
 ``Job ID hasn't been provided``, ``Job ID does not match name``), then canonicalisation
-and validation, as in Nomad. The unknown-job answers differ per endpoint on purpose
-(docs/nomad-api.md §7, §9.11): ``GET /v1/job/:id``, ``/summary``, ``/scale``, ``/services``
-are 404 ``job not found``; ``/allocations``, ``/evaluations``, ``/deployments`` are
-``[]``; ``/deployment`` is ``null``; ``/versions`` is 404 ``job versions not found``;
-``POST /scale`` is 404 ``job "x" not found``; ``DELETE`` is a 200 with an empty EvalID.
+and validation, as in Nomad; a register then has its host volumes checked against the
+token (``acl.check_volumes``), which a plan never has. The unknown-job answers differ per
+endpoint on purpose (docs/nomad-api.md §7, §9.11): ``GET /v1/job/:id``, ``/summary``,
+``/scale``, ``/services`` are 404 ``job not found``; ``/allocations``, ``/evaluations``,
+``/deployments`` are ``[]``; ``/deployment`` is ``null``; ``/versions`` is 404 ``job
+versions not found``; ``POST /scale`` is 404 ``job "x" not found``; ``DELETE`` is a 200
+with an empty EvalID.
 
 Sections marked § are those of docs/nomad-api.md.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmgw.testing.fake_nomad import wire
+from llmgw.testing.fake_nomad import acl, wire
 from llmgw.testing.fake_nomad.canonical import canonicalize
 from llmgw.testing.fake_nomad.cluster import NomadError, write_response
 from llmgw.testing.fake_nomad.decode import DecodeError, decode
@@ -71,6 +73,8 @@ def register(api: Api, req: Request) -> Response:
     if job.get("Type") == "system" and any("Scaling" in tg for tg in job.get("TaskGroups", [])):
         raise NomadError(400, "Task groups with job type system do not support scaling blocks")
     job, warnings = _valid_job(api, req, body, job)
+    if req.acl is not None:   # after admission, as doRegister orders it; Plan never checks
+        acl.check_volumes(req.acl, job)
     out = api.cluster.register(job, enforce_index=body.get("EnforceIndex", False),
                                job_modify_index=body.get("JobModifyIndex", 0),
                                eval_priority=body.get("EvalPriority", 0),

@@ -12,7 +12,8 @@ Conventions shared by every endpoint (docs/nomad-api.md "General wire convention
 * ACLs (when enabled): no token → ``403 Permission denied``; a token it does not know
   → ``403 ACL token not found``; a token whose policies lack the endpoint's capability
   → ``403 Permission denied`` (``acl``); ``/v1/status/*`` needs none. The token comes
-  from ``X-Nomad-Token`` or ``Authorization: Bearer``. (The check runs before body
+  from ``X-Nomad-Token`` or ``Authorization: Bearer``. ``/v1/acl/*`` answer for
+  themselves (``acl_routes``). (The check runs before body
   decoding; Nomad decodes first, so a malformed body with a bad token is a 400 there
   and a 403 here.)
 * a ``?region=`` other than the fake's region answers ``500 No path to region``.
@@ -297,8 +298,8 @@ class HttpApp:
         return ""
 
     def _acl(self, req: Request) -> Response | None:
-        if self.api.acls is None or req.path.startswith("/v1/status/"):
-            return None
+        if self.api.acls is None or req.path.startswith(("/v1/status/", "/v1/acl/")):
+            return None   # the ACL endpoints judge their caller themselves (acl_routes)
         req.acl = acl.authorize(self.api.acls, req)   # NomadError(403) when refused
         return None
 

@@ -11,10 +11,21 @@ each task runner handles its kill (client/allocrunner/taskrunner/task_runner.go
 with the event "Waiting for shutdown delay" (its state ``pending`` meanwhile), and only
 then is it signalled. The allocation stays ``running`` until its tasks are dead.
 
+The kill itself leaves the events a client records (client/allocrunner/alloc_runner.go
+``killTasks``; taskrunner/task_runner.go ``handleKill``, ``handleTaskExitResult``,
+``emitExitResultEvent``, ``shouldRestart``): ``Killing`` ("Sent interrupt. Waiting 30s
+before force killing", the task's ``kill_timeout``) on every task not yet finished,
+before its shutdown delay; then, for a task that had started, ``Terminated`` with the
+exit code the signal left — 143 for a process ended by SIGTERM, which the Docker driver
+reports with signal 0 — and ``Killed`` ("Task successfully killed"); a task that never
+started only turns ``dead``. ``Failed`` stays false: a killed fetch is not a failed one,
+and not a finished one either.
+
 The fake keeps the same order on its clock: ``begin`` removes the group's services and,
-if the group has a delay, waits it; then the tasks' services go and the longest task
-delay runs; then the tasks are killed and the allocation is ``complete``. A delay falls
-due on a timer in real time or when ``FakeNomad.advance`` moves the clock past it.
+if the group has a delay, waits it; then the tasks' services go, each task is told
+``Killing`` and the longest task delay runs; then the tasks are killed and the
+allocation is ``complete``. A delay falls due on a timer in real time or when
+``FakeNomad.advance`` moves the clock past it.
 """
 
 from __future__ import annotations
@@ -69,10 +80,23 @@ def begin(cluster: Cluster, a: Alloc, idx: int, now: int) -> bool:
     return _tasks(cluster, a, idx, now)
 
 
+# SIGTERM's exit code for a process that does not catch it (128 + 15).
+SIGTERM_EXIT = 143
+_DEFAULT_KILL_TIMEOUT = 5_000_000_000
+
+
 def _tasks(cluster: Cluster, a: Alloc, idx: int, now: int) -> bool:
     from llmgw.testing.fake_nomad.commit import event
+    from llmgw.testing.fake_nomad.gotext import duration
 
     _remove(cluster, a, group=False)
+    specs = {t["Name"]: t for t in _group(a).get("Tasks", [])}
+    for name, task_state in a.task_states.items():
+        if task_state.state != "dead" and not task_state.finished_at:
+            timeout = (specs.get(name) or {}).get("KillTimeout") or _DEFAULT_KILL_TIMEOUT
+            task_state.events = [*task_state.events, event(
+                "Killing", f"Sent interrupt. Waiting {duration(timeout)} before force killing",
+                at=now, kill_timeout=duration(timeout))]
     delay = _task_delay(a)
     if not delay:
         cluster.store.stopping.pop(a.id, None)
@@ -126,9 +150,12 @@ def kill(cluster: Cluster, a: Alloc, idx: int, now: int) -> None:
     a.client_description = "All tasks have completed"
     for state in a.task_states.values():
         if state.state != "dead":
+            if state.started_at:
+                state.events = [*state.events,
+                                event("Terminated", f"Exit Code: {SIGTERM_EXIT}", at=now,
+                                      exit_code=str(SIGTERM_EXIT)),
+                                event("Killed", "Task successfully killed", at=now)]
             state.state, state.finished_at = "dead", rfc3339(now)
-            state.events = [*state.events, event("Killed", "Task successfully killed",
-                                                 at=now)]
     a.modify_index, a.modify_time = idx, now
     cluster.committer.remove_services(a.id)
     cluster.store.stopping.pop(a.id, None)

@@ -6,10 +6,14 @@ the variable or ``404 variable not found`` (``variableQuery``); ``PUT``/``POST``
 (``variableUpsert``) — with ``?cas=<ModifyIndex>`` for check-and-set (``cas=0``: only if
 absent), a lost race answering ``409`` with the variable that won, its items only for a
 caller that may read it (nomad/variables_endpoint.go ``makeVariablesApplyResponse``);
-``DELETE`` answers ``204``. A path must match ``^[a-zA-Z0-9-_~/]{1,128}$`` and, under
-``nomad/``, lie below ``nomad/jobs``, ``nomad/sentinel`` or ``nomad/job-templates/<x>``
-(nomad/structs/variables.go ``ValidatePath``); items are at most 64 KiB in all
-(``VariableDecrypted.Validate``). Who may read or write which path is ``acl``'s.
+``DELETE`` answers ``204``. A path must match ``^[a-zA-Z0-9-_~/]{1,128}$`` (no dots) and,
+under ``nomad/``, lie below ``nomad/jobs``, ``nomad/sentinel`` or
+``nomad/job-templates/<x>`` (nomad/structs/variables.go ``validVariablePath``,
+``ValidatePath``); items are at most 64 KiB in all (``VariableDecrypted.Validate``).
+Either refusal is a **400**: nomad/variables_endpoint.go ``Apply`` wraps what
+``canonicalizeAndValidate`` returns in ``NewErrRPCCoded(http.StatusBadRequest, …)`` —
+after the permission check, so a token that may not write the path hears 403 first.
+Who may read or write which path is ``acl``'s.
 
 A task reads variables through its templates, with its workload identity
 (nomad/variables_endpoint.go ``authorize``: a workload sees its own ``nomad/jobs/<job>``
@@ -59,19 +63,19 @@ class Variable:
 
 
 def validate_path(path: str) -> None:
-    """nomad/structs/variables.go ``ValidatePath``; NomadError(500) as its RPC error."""
+    """nomad/structs/variables.go ``ValidatePath``; NomadError(400), as ``Apply`` codes it."""
     if not _PATH.match(path):
-        raise NomadError(500, f"invalid path {path!r}")
+        raise NomadError(400, f'invalid path "{path}"')
     parts = path.split("/")
     if parts[0] != "nomad":
         return
     if len(parts) == 1:
-        raise NomadError(500, '"nomad" is a reserved top-level directory path, but you may '
+        raise NomadError(400, '"nomad" is a reserved top-level directory path, but you may '
                               'write variables to "nomad/jobs", "nomad/job-templates", '
                               '"nomad/sentinel", or below')
     if parts[1] in ("jobs", "sentinel") or (parts[1] == "job-templates" and len(parts) == 3):
         return
-    raise NomadError(500, 'only paths at "nomad/jobs" or "nomad/job-templates" and below are '
+    raise NomadError(400, 'only paths at "nomad/jobs" or "nomad/job-templates" and below are '
                           'valid paths under the top-level "nomad" directory')
 
 
@@ -127,7 +131,7 @@ def write_var(api: Api, req: Request) -> Response:
                               "VariableDecrypted.Items of type string")
     validate_path(path)
     if sum(len(k) + len(v) for k, v in items.items()) > _MAX_SIZE:
-        raise NomadError(500, "variables are limited to 64KiB in total size")
+        raise NomadError(400, "variables are limited to 64KiB in total size")
     cas = _cas(req)
     with api.store.cond:
         table = _vars(api)
@@ -145,6 +149,7 @@ def write_var(api: Api, req: Request) -> Response:
 
 def delete_var(api: Api, req: Request) -> Response:
     path, ns = req.params["path"], _namespace(req)
+    validate_path(path)   # canonicalizeAndValidate checks a delete's path too
     cas = _cas(req)
     with api.store.cond:
         table = _vars(api)
