@@ -4,7 +4,8 @@ Each command lives in the module of its noun; this one only assembles them,
 and it is the one place where a command is attached to a group, so the
 whole tree reads here. ``ctl`` talks to a running llmgw through its API
 (``--url``/``LLMGW_URL``, ``--token``/``LLMGW_ADMIN_TOKEN``); ``serve``, ``keys``,
-``mirror``, ``fetch``, ``cache`` and ``jobspec`` work on this host.
+``mirror``, ``fetch``, ``cache`` and ``jobspec`` work on this host; ``nomad doctor``
+reads the Nomad cluster the configuration names.
 
 Command modules import their heavy dependencies inside the commands, so
 ``llmgw --help`` starts without loading the server.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import click
 
 from llmgw import __version__
-from llmgw.cli import cache, ctl, jobspec, keys, mirror, plan, replicas, serve, tenants
+from llmgw.cli import cache, ctl, jobspec, keys, mirror, nomad, plan, replicas, serve, tenants
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -42,3 +43,4 @@ main.add_command(keys.keys)
 main.add_command(mirror.mirror)
 main.add_command(mirror.fetch)
 main.add_command(cache.cache)
+main.add_command(nomad.nomad)

@@ -110,7 +110,7 @@ def requirements(namespace: str, cache_volume: str) -> list[Grant]:
               optional=True),
     ]
     out.extend(Grant(kind="variables", target=variables_glob(prefix), namespace=ns,
-                     any_of=(cap,), why=f"{cap} the credentials {what} reads from its Variable")
+                     any_of=(cap,), why=f"{cap} the Variable holding the credentials of {what}")
                for prefix, what in ((JOB_PREFIX, "a model's replicas"),
                                     (PREFETCH_PREFIX, "a prefetch"))
                for cap in ("read", "write"))

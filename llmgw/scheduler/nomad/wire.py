@@ -383,6 +383,14 @@ class HostVolume(_R, frozen=True):
     ReadOnly: bool = False
 
 
+class DriverInfo(_R, frozen=True):
+    """A task driver as the node fingerprinted it (nomad/structs/node.go ``DriverInfo``)."""
+
+    Detected: bool = False
+    Healthy: bool = False
+    HealthDescription: str = ""
+
+
 class Node(_R, frozen=True):
     """A node stub (``/v1/nodes?resources=true``) or a full node (``/v1/node/:id``,
     which adds ``Meta``)."""
@@ -399,6 +407,7 @@ class Node(_R, frozen=True):
     NodeResources: NodeResources | None = None
     ReservedResources: ReservedResources | None = None
     HostVolumes: dict[str, HostVolume] | None = None
+    Drivers: dict[str, DriverInfo] | None = None
     ModifyIndex: int = 0
 
 
