@@ -230,3 +230,32 @@ def test_doctor_reads_policies_as_the_fake_enforces_them(cluster, tmp_path):
         r = httpx.post(f"{cluster.address}/v1/jobs", json={"Job": job},
                        headers={"X-Nomad-Token": token})
         assert (said, r.status_code == 200) == (present, present), (got.output, r.text)
+
+
+async def test_the_readme_steps_end_with_doctor_green_and_a_model_serving(tmp_path):
+    """README "A production cluster": the policy applied by the command its file documents,
+    a token holding it, clients whose cache is owned by the fetch user; doctor is green,
+    then the first model's replica is placed, fetches, runs and serves."""
+    from .conftest import applied, catalog, config, cpu_model, eventually, make_backend
+    from .test_acl_policy import POLICY_FILE, documented_apply
+
+    with FakeNomad(default_fleet(), acl_token="root", namespaces=("default", "llm"),
+                   image_users={"ghcr.io/llmgw/llmgw:0.1.0": 10001}) as fake:
+        name, flags = documented_apply()
+        fake.apply_policy(name, POLICY_FILE.read_text(), **flags)
+        token = fake.create_token([name], name="llmgw")
+        got = _doctor(_server_yaml(tmp_path, fake, token))
+        assert got.exit_code == 0, got.output
+        m = cpu_model("embed")
+        backend = make_backend(fake, cfg=config(fake, [m], namespace="llm", token=token))
+        await backend.start()
+        try:
+            await applied(backend, catalog(m))
+            fake.settle()
+            [a] = fake.allocations("llmgw-embed", namespace="llm")
+            assert a.client_status == "running"
+            fake.set_check(a.id, "success")
+            await eventually(lambda: backend.endpoints("embed"), what="a healthy endpoint")
+            assert backend.status("embed").refused is None
+        finally:
+            await backend.close()
