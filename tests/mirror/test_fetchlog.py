@@ -164,7 +164,8 @@ def test_a_full_cache_is_reported_as_such_and_not_retried(tmp_path: Path,
 def test_an_unwritable_cache_says_which_user_must_write_it(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
-    """EACCES on the cache: the uid the fetch runs as, and the chown that fixes it."""
+    """EACCES on the cache: the directory's owner, the uid the fetch runs as, and the
+    chown that fixes it."""
     real_open = os.open
 
     def refuse(path: object, *args: object, **kw: object) -> int:
@@ -175,5 +176,6 @@ def test_an_unwritable_cache_says_which_user_must_write_it(tmp_path: Path,
     monkeypatch.setattr(fetch_module.os, "open", refuse)
     with pytest.raises(LlmgwError) as err:
         fetch_file("http://127.0.0.1:9/m.bin", tmp_path / "m.bin", backoff=0)
-    assert f"the fetch runs as uid {os.getuid()}" in err.value.message
-    assert f"`chown -R {os.getuid()}`" in err.value.message
+    assert f"{tmp_path} is owned by uid {tmp_path.stat().st_uid}" in err.value.message
+    assert f"this fetch runs as uid {os.getuid()}" in err.value.message
+    assert f"`sudo chown -R {os.getuid()} DIR`" in err.value.message
