@@ -283,6 +283,41 @@ def split_listen(listen: str) -> tuple[str, int]:
 MIN_HEALTHY_TIME = 30.0
 
 
+def _check_nomad_tls(scheduler: SchedulerConfig) -> None:
+    """The TLS settings llmgw connects to Nomad with can work together.
+
+    Each refusal here is a setting the client would otherwise drop or ignore
+    without a word, and Nomad would then refuse every call: servers with
+    ``verify_https_client`` accept no caller without a certificate from their CA
+    (helper/tlsutil/config.go ``IncomingTLSConfig``: RequireAndVerifyClientCert).
+    Checked only where the connection is made: NOMAD_* variables exported for an
+    operator's CLI must not stop a server that schedules locally.
+    """
+    if scheduler.kind != "nomad":
+        return
+    cfg = scheduler.nomad
+    pairs = (("client_cert", "NOMAD_CLIENT_CERT"), ("client_key", "NOMAD_CLIENT_KEY"))
+    (have, have_var), (lack, lack_var) = pairs if cfg.client_cert else pairs[::-1]
+    if bool(cfg.client_cert) != bool(cfg.client_key):
+        raise ConfigError(
+            f"scheduler.nomad.{have} (or {have_var}) is set but scheduler.nomad.{lack} (or "
+            f"{lack_var}) is not; a client certificate is presented with its key or not at "
+            "all, so set both (e.g. the pair `nomad tls cert create -cli` writes) or neither",
+            field=f"scheduler.nomad.{lack}")
+    set_ = [k for k in ("ca_cert", "client_cert", "client_key") if getattr(cfg, k)]
+    if set_ and urlsplit(cfg.address).scheme != "https":
+        raise ConfigError(
+            f"scheduler.nomad.address is {cfg.address} but {', '.join(set_)} "
+            f"{'is' if len(set_) == 1 else 'are'} set, which only an https:// address uses; a "
+            "Nomad with `tls { http = true }` answers https only, so write "
+            f"https://{urlsplit(cfg.address).netloc}", field="scheduler.nomad.address")
+    if cfg.tls_skip_verify and cfg.ca_cert:
+        raise ConfigError(
+            "scheduler.nomad.tls_skip_verify is true beside ca_cert: the CA is there to verify "
+            "the servers' certificate and skipping verification ignores it; drop "
+            "tls_skip_verify", field="scheduler.nomad.tls_skip_verify")
+
+
 def _check_nomad(cfg: NomadConfig) -> None:
     if cfg.memory_per_gpu <= 0:
         raise ConfigError("scheduler.nomad.memory_per_gpu: must be more than 0",
@@ -398,6 +433,7 @@ def check_config(cfg: ServerConfig, source: str) -> None:
     """Every cross-field and range check of ``cfg``; ConfigError naming ``source`` and key."""
     _check_tokens(cfg, f"{source} (or LLMGW_ADMIN_TOKENS)")
     for check in (lambda: split_listen(cfg.listen), lambda: _check_nomad(cfg.scheduler.nomad),
+                  lambda: _check_nomad_tls(cfg.scheduler),
                   lambda: _check_local(cfg.scheduler.local),
                   lambda: _check_gateway(cfg.gateway)):
         try:

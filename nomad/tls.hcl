@@ -1,19 +1,8 @@
 # TLS for a client agent (put it beside client-gpu.hcl or client-cpu.hcl in
 # /etc/nomad.d/; the agent loads every file there). Servers carry their own
-# tls block in server.hcl.
-#
-# Certificates, from the CA's machine (`nomad tls` ships with Nomad):
-#
-#   nomad tls ca create                       # nomad-agent-ca.pem, nomad-agent-ca-key.pem
-#   nomad tls cert create -server -region global  # for each server
-#   nomad tls cert create -client             # global-client-nomad.pem (+ -key.pem)
-#
-# and install them under the names below, the key readable by the agent only.
-# verify_server_hostname makes a client refuse anything but a server
-# certificate for this region (server.global.nomad), so a stolen client
-# certificate cannot pose as a server; verify_https_client refuses HTTP
-# callers without a certificate from this CA (llmgw presents one:
-# scheduler.nomad.client_cert/client_key).
+# tls block in server.hcl, with the same CA. The README's production steps
+# make the certificates (`nomad tls cert create -client` for this agent) and
+# say where each file goes; the key is readable by the agent only.
 
 tls {
   http = true
@@ -23,6 +12,16 @@ tls {
   cert_file = "/etc/nomad.d/tls/client.pem"
   key_file  = "/etc/nomad.d/tls/client-key.pem"
 
+  # RPC to the servers, not the HTTP API: this agent accepts only a server
+  # certificate of its region (server.global.nomad) from the server it calls
+  # (helper/tlsutil/config.go OutgoingTLSWrapper), so a stolen client
+  # certificate cannot pose as a server. The servers set it too (server.hcl).
   verify_server_hostname = true
-  verify_https_client    = true
+
+  # This agent's own HTTP API refuses callers without a certificate from this
+  # CA, as the servers' does. The CLI's `nomad alloc logs` and `alloc fs` call
+  # the node directly, expecting client.global.nomad (api/fs.go
+  # queryClientNode; api/api.go ClientConfig): the same `-cli` certificate
+  # serves both.
+  verify_https_client = true
 }

@@ -4,12 +4,15 @@ asyncio error that only reached a log (tests/asyncio_errors.py).
 Tests that need PostgreSQL read its DSN from LLMGW_TEST_POSTGRES and skip when
 it is unset, so the suite runs on a laptop without one. CI sets
 LLMGW_TEST_REQUIRE_ALL, which turns such a skip into a failure: a Postgres test
-that quietly did not run is a Postgres adapter nobody tested.
+that quietly did not run is a Postgres adapter nobody tested. The outside
+programs some tests drive (``promtool``, ``openssl``) are found with
+``require_tool``, which skips the same way and fails the same way in CI.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Generator
 
 import pytest
@@ -25,6 +28,17 @@ def postgres_url() -> str:
     if not url:
         pytest.skip(f"{POSTGRES_ENV} is not set")
     return url
+
+
+def require_tool(name: str, install: str) -> str:
+    """The path of program ``name``; skip without it, or fail where every test must run."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed; {install}"
+        if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
+            pytest.fail(f"{message} (LLMGW_TEST_REQUIRE_ALL is set: every test must run)")
+        pytest.skip(message)
+    return path
 
 
 @pytest.hookimpl(wrapper=True)

@@ -338,6 +338,21 @@ class Gateway:
                     yield ("llmgw_gateway_engine_kv_cache_usage", (model.name,),
                            sum(kv) / len(kv))
         yield from self.scaler.figures()
+        yield from self._scheduler_figures()
+        if self.budgets is not None:
+            for team, budget, share in self.budgets.shares(self.keys.teams()):
+                yield "llmgw_gateway_budget_used_ratio", (team, budget), share
+
+    def _scheduler_figures(self) -> Iterable[tuple[str, tuple[str, ...], float]]:
+        """What the alerting rules page on: a model short of what it should run, its crash
+        loop, and the scheduler out of reach. All from the backend's cache."""
+        yield "llmgw_scheduler_up", (), 1.0 if self.backend.health().ok else 0.0
+        for model in self.models.catalog:
+            if model.external:
+                continue
+            status = self.backend.status(model.name)
+            yield "llmgw_scheduler_desired_replicas", (model.name,), float(status.desired)
+            yield "llmgw_scheduler_crash_loop", (model.name,), 1.0 if status.crash_loop else 0.0
 
     def _local_load(self) -> dict[str, ModelLoad]:
         """This process's requests per model: in flight at its replicas, and queued."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -58,6 +58,7 @@ from llmgw.tenancy import (
     BudgetField,
     CostField,
     Limits,
+    RuntimeTeam,
     TeamCosts,
 )
 
@@ -205,9 +206,35 @@ class Budgets:
                     + (" (a sliding minute)" if field == "tokens_per_minute" else ""),
                     retry_after=max(1.0, at - now), resets_at=at)
 
-    def _check_cost(self, team: str, limits: Limits) -> None:
+    def shares(self, teams: Iterable[RuntimeTeam]) -> Iterator[tuple[str, str, float]]:
+        """(team, budget field, share used) of every budget ``teams`` set, as ``check``
+        counts it now: what the budget-near-exhaustion alert reads from /metrics. A cost
+        budget has a share only while the cost meter's figures are of its period."""
+        now = self.clock()
+        for t in teams:
+            for field in BUDGET_FIELDS:
+                limit = t.limits.budget(field)
+                if limit:
+                    yield t.name, field, self.used(field, t.name, None) / limit
+            for cost_field in COST_FIELDS:
+                cost_limit: float | None = getattr(t.limits, cost_field)
+                spent = self._spent(cost_field, t.name, now) if cost_limit else None
+                if cost_limit and spent is not None:
+                    yield t.name, cost_field, spent / cost_limit
+
+    def _spent(self, field: CostField, team: str, now: float) -> float | None:
+        """The team's cost so far in the period of ``field``; None while the meter's latest
+        figures are of a period that has ended (or there are none)."""
         costs = self.costs
         if costs is None:
+            return None
+        start = costs.day_start if field == "cost_per_day" else costs.month_start
+        if start != period_start(_cost_period(field), now):
+            return None
+        return (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
+
+    def _check_cost(self, team: str, limits: Limits) -> None:
+        if self.costs is None:
             return
         now = self.clock()
         for field in COST_FIELDS:
@@ -215,11 +242,8 @@ class Budgets:
             if limit is None:
                 continue
             period = _cost_period(field)
-            start = costs.day_start if field == "cost_per_day" else costs.month_start
-            if start != period_start(period, now):
-                continue          # the figures are of a period that has ended
-            spent = (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
-            if spent < limit:
+            spent = self._spent(field, team, now)
+            if spent is None or spent < limit:
                 continue
             at = resets_at(period, now)
             when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")

@@ -231,6 +231,10 @@ class KeyRing:
     def team(self, name: str) -> RuntimeTeam | None:
         return self._teams.get(name)
 
+    def teams(self) -> list[RuntimeTeam]:
+        """The runtime teams in force (the keys file has none: its keys carry no budget)."""
+        return list(self._teams.values())
+
     def _rebuild(self) -> None:
         old = {k.name: k for k in self._by_hash.values()}
         old_gates = {k.team_gate.name: k.team_gate for k in self._by_hash.values()

@@ -60,6 +60,20 @@ _LIVE = {
     "llmgw_gateway_desired_replicas": (
         "The scaler's desired replica count for a model, with the kind of its last decision "
         "(load, min, max, stabilising, loading, capacity).", ["model", "reason"]),
+    "llmgw_gateway_budget_used_ratio": (
+        "Share of a team's budget used in its current period: tokens as the budget check "
+        "counts them over tokens_per_minute, tokens_per_day or tokens_per_month, or the cost "
+        "meter's figure over cost_per_day or cost_per_month.", ["team", "budget"]),
+    # The scheduler's own view, as this process reads it (the relay's copy in a worker).
+    "llmgw_scheduler_desired_replicas": (
+        "Replicas the scheduler is asked to run for a scheduled model (scaling.min, or the "
+        "scaler's or an on-demand count).", ["model"]),
+    "llmgw_scheduler_crash_loop": (
+        "1 while the scheduler reports a scheduled model's replicas of its current version "
+        "failing over and over with none running, else 0.", ["model"]),
+    "llmgw_scheduler_up": (
+        "1 while the scheduler answers (Nomad is reachable, or the local scheduler runs), "
+        "else 0.", []),
 }
 
 

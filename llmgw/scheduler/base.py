@@ -210,6 +210,10 @@ class Routing(Protocol):
 
     def status(self, model: str) -> ModelStatus: ...
 
+    def health(self) -> BackendHealth:
+        """Whether the scheduler answers (Nomad reachable), from the backend's cache (no
+        I/O); the gateway exports it for alerting (``llmgw_scheduler_up``)."""
+
 
 class Control(Protocol):
     """What the control plane needs of a scheduler: apply the catalog, roll out,

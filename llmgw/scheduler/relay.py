@@ -2,17 +2,17 @@
 
 With ``llmgw serve --workers N`` exactly one process owns the scheduler: the
 embedded scheduler's engines are its child processes, and two schedulers
-would count the same cores twice. The gateway workers still need the four
-things ``Routing`` gives — the healthy endpoints (read on every request, so
-from memory), word when they change, the status of a model and
-``set_demand`` — so the control process serves them over a Unix socket and
+would count the same cores twice. The gateway workers still need what
+``Routing`` gives — the healthy endpoints (read on every request, so from
+memory), word when they change, the status of a model, the scheduler's
+health and ``set_demand`` — so the control process serves them over a Unix socket and
 each worker keeps a copy:
 
 * ``GET /_relay/routing?after=V&wait=S`` answers the endpoints and status of
-  every scheduled model as of version ``V + 1`` or later, holding the request
-  up to ``S`` seconds until there is one (a long poll, as Nomad's blocking
-  queries, so a change reaches the workers at once and an idle fleet costs
-  one request per ``S`` per worker);
+  every scheduled model, and the scheduler's health, as of version ``V + 1``
+  or later, holding the request up to ``S`` seconds until there is one (a
+  long poll, as Nomad's blocking queries, so a change reaches the workers at
+  once and an idle fleet costs one request per ``S`` per worker);
 * ``POST /_relay/demand`` calls ``set_demand`` on the real scheduler and
   answers its error, if any, in the control API's error shape.
 
@@ -42,13 +42,16 @@ from llmgw.errors import (
     RefusedError,
     UnavailableError,
 )
-from llmgw.scheduler.base import ModelStatus, Routing
+from llmgw.scheduler.base import BackendHealth, ModelStatus, Routing
 
 log = logging.getLogger("llmgw.relay")
 
 PREFIX = "/_relay"
 # How long one long poll is held; the worker asks again at once after it.
 POLL = 20.0
+# A worker's view of the scheduler's health before its first snapshot arrives.
+_UNREAD = BackendHealth(ok=False, message="the control process has not yet told this gateway "
+                                          "worker the scheduler's state")
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +59,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: dict[str, list[str]]
     status: dict[str, ModelStatus]
     profiles: dict[str, str] = {}       # endpoint → the profile it runs, where known
+    health: BackendHealth = _UNREAD
 
 
 class _Demand(msgspec.Struct, frozen=True):
@@ -125,13 +129,14 @@ class RoutingRelay:
         status = {n: self.backend.status(n) for n in names}
         profiles = {url: p for urls in endpoints.values() for url in urls
                     if (p := self.backend.profile_of(url)) is not None}
+        health = self.backend.health()
         old = self._snapshot
         # The first snapshot is version 1 even when empty: a worker that has
         # none (version 0) is answered at once.
         if (old.version == 0 or endpoints != old.endpoints or status != old.status
-                or profiles != old.profiles):
+                or profiles != old.profiles or health != old.health):
             self._snapshot = Snapshot(version=old.version + 1, endpoints=endpoints,
-                                      status=status, profiles=profiles)
+                                      status=status, profiles=profiles, health=health)
             self._changed.set()
             self._changed = asyncio.Event()
 
@@ -263,6 +268,11 @@ class RelayRouting:
 
     def status(self, model: str) -> ModelStatus:
         return self._snapshot.status.get(model, ModelStatus())
+
+    def health(self) -> BackendHealth:
+        """As the control process last said: a worker cut off from it keeps that view,
+        as it keeps routing to the endpoints it last knew."""
+        return self._snapshot.health
 
     async def set_demand(self, model: str, replicas: int) -> None:
         try:

@@ -47,7 +47,7 @@ from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.connection import uvicorn_options
 from llmgw.gateway.app import Gateway
-from llmgw.scheduler.base import ModelStatus, Routing
+from llmgw.scheduler.base import BackendHealth, ModelStatus, Routing
 from llmgw.scheduler.local.engines import EngineLaunch
 from llmgw.scheduler.local.supervisor import InFlight, PortPool, ReplicaRunner, Timing
 from llmgw.store.sqlite import SqliteStore
@@ -96,6 +96,9 @@ class SimFleet:
 
     def status(self, model: str) -> ModelStatus:
         return ModelStatus(desired=len(self.runners), ready=len(self.endpoints(model)))
+
+    def health(self) -> BackendHealth:
+        return BackendHealth(ok=True, message=f"{len(self.runners)} simulated replicas")
 
     # -- replicas -----------------------------------------------------------
 
@@ -235,6 +238,9 @@ class Fixed:
     def status(self, model: str) -> ModelStatus:
         n = len(self.endpoints(model))
         return ModelStatus(desired=n, ready=n)
+
+    def health(self) -> BackendHealth:
+        return BackendHealth(ok=True, message="fixed replicas")
 
 
 def free_port() -> int:

@@ -25,6 +25,7 @@ import pytest
 import uvicorn
 
 from llmgw.errors import NotFoundError
+from llmgw.scheduler.base import BackendHealth
 from llmgw.scheduler.relay import POLL, RelayRouting, RoutingRelay
 from tests.gateway.doubles import FakeBackend
 
@@ -84,6 +85,18 @@ async def test_a_worker_sees_the_schedulers_endpoints_and_their_changes(tmp_path
         await routing.wait_changed(5.0)
         await _until(lambda: len(routing.endpoints("m")) == 2, "the new endpoint", 5.0)
         assert routing.profile_of("http://10.0.0.2:8000") == "small"
+
+
+async def test_a_worker_sees_whether_the_scheduler_is_reachable(tmp_path: Path) -> None:
+    """The scheduler's health crosses the relay, so a worker's /metrics reports an outage of
+    Nomad the control process sees (llmgw_scheduler_up), and its end."""
+    backend = FakeBackend()
+    backend.scheduler_health = BackendHealth(ok=False, message="cannot reach Nomad", since=1.0)
+    async with relayed(backend, ["m"], tmp_path) as routing:
+        await asyncio.wait_for(routing.synced.wait(), 10)
+        assert routing.health() == backend.scheduler_health
+        backend.scheduler_health = BackendHealth(ok=True, message="Nomad at http://n:4646")
+        await _until(lambda: routing.health().ok, "the end of the outage", 10.0)
 
 
 async def test_set_demand_from_a_worker_reaches_the_scheduler_and_errors_come_back(

@@ -72,6 +72,8 @@ class FakeBackend(_BackendBase):
         self.on_demand: Callable[[str, int], Awaitable[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.profiles: dict[str, str] = {}      # endpoint → the profile it runs
+        self.crash_looping: set[str] = set()     # models whose status says crash_loop
+        self.scheduler_health = BackendHealth(ok=True)
 
     def set_endpoints(self, model: str, urls: list[str]) -> None:
         self._endpoints[model] = list(urls)
@@ -99,7 +101,11 @@ class FakeBackend(_BackendBase):
 
     def status(self, model: str) -> ModelStatus:
         return ModelStatus(desired=self.desired.get(model, 0),
-                           ready=len(self._endpoints.get(model, [])))
+                           ready=len(self._endpoints.get(model, [])),
+                           crash_loop=model in self.crash_looping)
+
+    def health(self) -> BackendHealth:
+        return self.scheduler_health
 
 
 class FileBackend(_BackendBase):

@@ -187,3 +187,54 @@ async def test_a_nearly_spent_budget_quickens_the_ledger(tmp_path: Path) -> None
         assert ledger.hurried
     finally:
         await store.close()
+
+
+async def test_each_team_budget_reports_the_share_used(tmp_path: Path) -> None:
+    """For every budget a team sets, the share of it used: tokens of the period (as the
+    check counts them) over the limit, and the cost meter's figure of the current period
+    over a cost budget; a team without budgets, and last period's cost figures, give none."""
+    from llmgw.tenancy import RuntimeTeam, TeamCosts
+
+    store = SqliteStore(f"sqlite:///{tmp_path / 'b.db'}")
+    await store.open()
+    try:
+        ledger = Ledger(store, interval=1, capacity=100, retention=86400)
+        budgets = Budgets(store, ledger)
+        ledger.record(UsageRecord(
+            id="a", at=time.time(), key="k", team="ml", model="m", replica="r",
+            gpu_class="", prompt_tokens=70, cached_tokens=0, completion_tokens=0, status=200,
+            latency=0.1, ttft=None))
+        now = time.time()
+        budgets.costs = TeamCosts(day_start=period_start("tokens_per_day", now),
+                                  month_start=period_start("tokens_per_month", now) - 1,
+                                  day={"ml": 2.5}, month={"ml": 9.0})
+        teams = [RuntimeTeam(name="ml", limits=Limits(
+                     tokens_per_day=100, tokens_per_month=1000, cost_per_day=10.0,
+                     cost_per_month=10.0)),
+                 RuntimeTeam(name="web", limits=Limits(rpm=60))]
+        assert sorted(budgets.shares(teams)) == [
+            ("ml", "cost_per_day", 0.25), ("ml", "tokens_per_day", 0.7),
+            ("ml", "tokens_per_month", 0.07)]
+    finally:
+        await store.close()
+
+
+async def test_metrics_show_how_much_of_each_team_budget_is_used(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """/metrics carries llmgw_gateway_budget_used_ratio by team and budget, what the
+    budget-near-exhaustion alert (deploy/llmgw-rules.yml) reads."""
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    key = await make_key(gw.store, "k", "ml")
+
+    async def accepted() -> bool:
+        return (await gw.chat("m", key=key)).status_code == 200
+
+    await until(accepted, "the key to be accepted")          # 8 of 10 tokens
+
+    async def reported() -> bool:
+        text = (await gw.client.get("/metrics")).text
+        return 'llmgw_gateway_budget_used_ratio{budget="tokens_per_day",team="ml"} 0.8' in text
+
+    await until(reported, "the team's share of its budget on /metrics")

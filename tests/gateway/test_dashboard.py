@@ -31,7 +31,7 @@ _RANGE = re.compile(r"\[[^\]]*\]")
 _GRAFANA_VAR = re.compile(r"\$\{[^}]*\}|\$\w+")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _OFFSET = re.compile(r"\boffset\s+-?\w+|@\s*\S+")
-_NUMBER = re.compile(r"(?<![A-Za-z_:])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_:])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
                        "and", "or", "unless", "offset", "inf", "nan", "Inf", "NaN"})
@@ -112,6 +112,7 @@ def used() -> dict[str, str]:
     ("sum(rate(a_total[1m] offset 1h)) / on(instance) group_left(node) b * 1e3 > bool 0.5",
      {"a_total", "b"}),
     ('up{job="llmgw-engines", model=~"${model:regex}"}', {"up"}),
+    ("model:llmgw_gateway_ttft_seconds:p95_5m > 10", {"model:llmgw_gateway_ttft_seconds:p95_5m"}),
 ])
 def test_metric_names_are_read_from_promql_as_prometheus_would(expr: str, names: set[str]):
     """Functions, aggregations, grouping labels, matchers, ranges, numbers and Grafana

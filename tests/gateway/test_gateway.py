@@ -11,6 +11,7 @@ import pytest
 from llmgw.config import load_config
 from llmgw.errors import ConfigError
 from llmgw.gateway.keys import add_key, revoke_key
+from llmgw.scheduler.base import BackendHealth
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
 
 
@@ -285,6 +286,30 @@ async def test_metrics_count_requests_tokens_and_replicas(make_gateway: GatewayF
     ]
     for line in expected:
         assert line in text, line
+
+
+async def test_metrics_carry_the_schedulers_view_that_alerts_read(
+        make_gateway: GatewayFactory, engines) -> None:
+    """Each scheduled model's desired replica count and crash loop, and whether the
+    scheduler is reachable, are on /metrics for the alerting rules (deploy/llmgw-rules.yml);
+    an external model has no scheduler figures."""
+    engine = await engines()
+    gw = await make_gateway([chat_model("m"), chat_model("ext", upstream=[engine.url])])
+    gw.backend.desired["m"] = 3
+    gw.backend.set_endpoints("m", [engine.url])
+    gw.backend.crash_looping.add("m")
+    text = (await gw.client.get("/metrics")).text
+    for line in ('llmgw_scheduler_desired_replicas{model="m"} 3.0',
+                 'llmgw_scheduler_crash_loop{model="m"} 1.0',
+                 'llmgw_gateway_healthy_replicas{model="m"} 1.0',
+                 "llmgw_scheduler_up 1.0"):
+        assert line in text, line
+    assert 'llmgw_scheduler_desired_replicas{model="ext"}' not in text
+    gw.backend.crash_looping.clear()
+    gw.backend.scheduler_health = BackendHealth(ok=False, message="cannot reach Nomad")
+    text = (await gw.client.get("/metrics")).text
+    assert 'llmgw_scheduler_crash_loop{model="m"} 0.0' in text
+    assert "llmgw_scheduler_up 0.0" in text
 
 
 async def test_an_internal_error_is_a_500_and_the_gateway_keeps_serving(

@@ -9,7 +9,6 @@ proxy's HTML, a leaderless cluster, a TLS server with an unknown CA.
 from __future__ import annotations
 
 import json
-import shutil
 import ssl
 import subprocess
 import threading
@@ -21,11 +20,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from llmgw.config import NomadConfig
-from llmgw.errors import BackendPermissionError, BackendUnavailableError, NotFoundError
+from llmgw.config import NomadConfig, load_config
+from llmgw.errors import (
+    BackendPermissionError,
+    BackendUnavailableError,
+    ConfigError,
+    NotFoundError,
+)
 from llmgw.scheduler.nomad.client import NomadClient, NomadRejectedError, ScaleBlockedError
 from llmgw.scheduler.nomad.render import render_job
 
+from ..conftest import require_tool
 from .shapes import GPU_CLASSES
 from .test_render import EMBED
 
@@ -194,8 +199,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+    require_tool("openssl", "apt-get install openssl")
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem",
              "-out", "ca.pem", "-days", "2", "-subj", "/CN=nomad-test-ca", cwd=d)
@@ -237,3 +241,57 @@ def test_tls_verification_is_on_without_a_ca(tls_server: Scripted, pki: Path):
                 client_key=str(pki / "client-key.pem"))
     with pytest.raises(BackendUnavailableError, match="NOMAD_CACERT"):
         c.jobs("llmgw-")
+
+
+def test_tls_without_a_client_certificate_is_refused_and_names_the_settings(
+        tls_server: Scripted, pki: Path):
+    """Servers with verify_https_client refuse a caller that presents no certificate; the
+    error says llmgw presented none and which settings (and variables) give it one."""
+    c = _client(tls_server.url, ca_cert=str(pki / "ca.pem"))
+    with pytest.raises(BackendUnavailableError) as err:
+        c.jobs("llmgw-")
+    msg = err.value.message
+    assert tls_server.url in msg
+    assert "no client certificate" in msg
+    for name in ("client_cert", "client_key", "NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY",
+                 "verify_https_client"):
+        assert name in msg
+
+
+def _nomad_config(tmp_path: Path, env: dict[str, str], **nomad: object) -> Path:
+    path = tmp_path / "server.yaml"
+    path.write_text(json.dumps({"scheduler": {"kind": "nomad", "nomad": nomad}}))
+    return path
+
+
+@pytest.mark.parametrize(("nomad", "env", "names"), [
+    ({"address": "https://nomad.internal:4646", "client_cert": "/etc/llmgw/nomad-cli.pem"},
+     {}, ("client_cert", "client_key")),
+    ({"address": "https://nomad.internal:4646"},
+     {"NOMAD_CLIENT_KEY": "/etc/llmgw/nomad-cli-key.pem"},
+     ("client_key", "client_cert", "NOMAD_CLIENT_CERT")),
+    ({"address": "http://nomad.internal:4646", "ca_cert": "/etc/llmgw/nomad-ca.pem"},
+     {}, ("http://nomad.internal:4646", "ca_cert", "https://")),
+    ({"address": "https://nomad.internal:4646", "ca_cert": "/etc/llmgw/nomad-ca.pem",
+      "tls_skip_verify": True}, {}, ("tls_skip_verify", "ca_cert")),
+], ids=["cert-without-key", "key-without-cert-from-env", "tls-on-http", "skip-beside-ca"])
+def test_tls_settings_that_cannot_work_together_are_refused_at_load(
+        tmp_path: Path, nomad: dict[str, object], env: dict[str, str], names: tuple[str, ...]):
+    """A client certificate without its key (or the reverse) would be dropped silently and
+    every call refused by servers that verify clients; a CA or certificate on an http://
+    address is never used; tls_skip_verify beside a CA contradicts it. Each is a
+    ConfigError at load naming the settings."""
+    with pytest.raises(ConfigError) as err:
+        load_config(_nomad_config(tmp_path, env, **nomad), env=env)
+    for name in names:
+        assert name in err.value.message
+    assert (err.value.field or "").startswith("scheduler.nomad.")
+
+
+def test_nomad_tls_variables_do_not_stop_a_server_that_schedules_locally(tmp_path: Path):
+    """NOMAD_CACERT exported for an operator's CLI, with no https address, is no error for a
+    server whose scheduler is local: it never connects to Nomad."""
+    path = tmp_path / "server.yaml"
+    path.write_text(json.dumps({"scheduler": {"kind": "local"}}))
+    cfg = load_config(path, env={"NOMAD_CACERT": "/home/ops/.nomad/nomad-ca.pem"})
+    assert cfg.scheduler.nomad.ca_cert == "/home/ops/.nomad/nomad-ca.pem"

@@ -14,11 +14,15 @@ registered, read with the documented policy's token.
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -27,6 +31,7 @@ import yaml
 from llmgw.catalog.build import build_catalog
 from llmgw.testing.fake_nomad import FakeNomad, default_fleet
 
+from ..conftest import require_tool
 from .conftest import applied, config, cpu_model, gpu_model, make_backend
 from .shapes import GPU_CLASSES
 
@@ -212,3 +217,80 @@ def test_the_dev_setup_labels_replicas_the_same_way_and_scrapes_llmgw_where_it_l
     grafana = COMPOSE["services"]["grafana"]
     assert "./deploy/grafana/llmgw.json:/var/lib/grafana/dashboards/llmgw.json:ro" in \
         grafana["volumes"]
+
+
+# A nomad_sd_configs entry's own fields (discovery/nomad/nomad.go in prometheus/prometheus,
+# SDConfig); everything else in it is the inlined HTTP client configuration (token, TLS),
+# which a scrape job inlines too.
+NOMAD_SD_FIELDS = {"server", "namespace", "region", "refresh_interval", "allow_stale",
+                   "tag_separator"}
+
+
+def _without_nomad_discovery(cfg: dict[str, Any], files: Path) -> dict[str, Any]:
+    """deploy/prometheus.yml as Debian's promtool can check it: each job's Nomad discovery
+    becomes a static target at the server's address with the discovery's HTTP client
+    settings on the job, and every file it names is an empty file under ``files``."""
+    out = copy.deepcopy(cfg)
+    for job in out["scrape_configs"]:
+        sds = job.pop("nomad_sd_configs", None)
+        if sds is None:
+            continue
+        [sd] = sds
+        unknown = {k for k in sd if k not in NOMAD_SD_FIELDS} - {
+            "authorization", "tls_config", "basic_auth", "oauth2", "proxy_url",
+            "follow_redirects", "enable_http2", "http_headers", "no_proxy",
+            "proxy_from_environment", "proxy_connect_header"}
+        assert not unknown, (job["job_name"], unknown)
+        job.update({k: v for k, v in sd.items() if k not in NOMAD_SD_FIELDS})
+        job["static_configs"] = [{"targets": [urlsplit(sd["server"]).netloc]}]
+
+    def relocate(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (str(files / Path(v).name) if k.endswith("_file") and k != "rule_files"
+                        and isinstance(v, str) else relocate(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [relocate(v) for v in node]
+        return node
+
+    out = relocate(out)
+    files.mkdir(exist_ok=True)
+    for job in out["scrape_configs"]:
+        for name in (job.get("authorization", {}).get("credentials_file"),
+                     *job.get("tls_config", {}).values()):
+            if isinstance(name, str):
+                Path(name).touch()
+    return out
+
+
+def test_the_scrape_config_passes_promtool_with_nomad_discovery_set_aside(tmp_path: Path):
+    """Debian's promtool has no Nomad discovery, so each nomad_sd_configs entry is checked in
+    halves: its own fields against those Prometheus's SDConfig reads, and its token and TLS
+    settings by promtool on a job with a static target. The rest of the file, the rule
+    files it loads beside it included, promtool checks as written."""
+    promtool = require_tool("promtool", "apt-get install prometheus (Debian's, as .ci/run)")
+    checked = _without_nomad_discovery(PROMETHEUS, tmp_path / "files")
+    for name in PROMETHEUS["rule_files"]:
+        shutil.copy(ROOT / "deploy" / name, tmp_path / name)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(checked))
+    done = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+    assert re.search(r"SUCCESS: \d+ rules found", done.stdout), done.stdout
+
+
+def test_promtool_would_catch_a_client_certificate_without_its_key(tmp_path: Path):
+    """The check above is not a formality: a discovery that presents a certificate without
+    its key (so Prometheus could never answer verify_https_client) fails it."""
+    promtool = require_tool("promtool", "apt-get install prometheus (Debian's, as .ci/run)")
+    broken = copy.deepcopy(PROMETHEUS)
+    broken.pop("rule_files")
+    for job in broken["scrape_configs"]:
+        for sd in job.get("nomad_sd_configs", []):
+            sd["tls_config"] = {k: v for k, v in sd["tls_config"].items() if k != "key_file"}
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(_without_nomad_discovery(broken, tmp_path / "files")))
+    done = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "key" in (done.stdout + done.stderr).lower()

@@ -167,11 +167,23 @@ class NomadClient:
             "check it with `nomad node status`")
 
     def _unreachable(self, where: str, reason: object) -> BackendUnavailableError:
+        check = ("check scheduler.nomad.address (or NOMAD_ADDR) and that the Nomad agent is "
+                 "running")
+        if self.address.startswith("https://"):
+            check += (", and the TLS settings: ca_cert (NOMAD_CACERT) is the CA that signed "
+                      "the servers' certificate, which must name the address's host")
+            # Under TLS 1.3 a server that wants a certificate refuses after the handshake,
+            # so what the client sees is a reset or an alert, not a certificate error:
+            # say what llmgw sent rather than guess from the exception.
+            if self.cfg.client_cert and self.cfg.client_key:
+                check += (f"; llmgw presents {self.cfg.client_cert}, which must be signed by "
+                          "the CA of the servers' ca_file")
+            else:
+                check += ("; llmgw presents no client certificate, and servers with "
+                          "verify_https_client = true refuse every caller without one: set "
+                          "client_cert and client_key (NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY)")
         return BackendUnavailableError(
-            f"cannot reach Nomad at {self.address} ({where}): {_short(reason)}; check "
-            "scheduler.nomad.address (or NOMAD_ADDR), that the Nomad agent is running, and "
-            "for https the CA (ca_cert / NOMAD_CACERT)"
-        )
+            f"cannot reach Nomad at {self.address} ({where}): {_short(reason)}; {check}")
 
     def _error(self, exc: nomad_errors.BaseNomadException, where: str,
                job_write: bool, forwarded: bool = False) -> LlmgwError:
