@@ -22,15 +22,21 @@ from urllib.parse import urlsplit
 import msgspec
 
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import Capability, GpuClass, Model, Profile, Scaling
+from llmgw.catalog.model import (
+    MAX_NAME,
+    NAME_PATTERN,
+    Capability,
+    GpuClass,
+    Model,
+    Profile,
+    Scaling,
+)
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
 
-# llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
-# limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
-# (docs/nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
-NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$")
-MAX_NAME = 57
+# The model name rule of ``ModelName`` (which the decoder and the OpenAPI document
+# use), for models built in code and for the message that says what is wrong.
+NAME_RE = re.compile(NAME_PATTERN)
 
 
 def check_name(name: str, what: str = "model name") -> None:

@@ -18,8 +18,19 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.catalog.rules import rule
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Duration, Size
+
+# llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
+# limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
+# (docs/nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
+NAME_PATTERN = r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$(?!\n)"
+MAX_NAME = 57
+MODEL_NAME = rule(NAME_PATTERN, "a model name: 1 to 57 lowercase letters, digits and '-', "
+                                "starting with a letter and not ending with '-' (it becomes "
+                                "the Nomad job and service name llmgw-<name>)")
+ModelName = Annotated[str, MODEL_NAME]
 
 Engine = Literal["vllm", "llama.cpp"]
 RoutingPolicy = Literal["prefix-affinity", "least-outstanding", "round-robin"]
@@ -184,13 +195,13 @@ class Model(_Spec, frozen=True):
     which the gateway translates to chat completions.
     """
 
-    name: str
+    name: ModelName
     source: Source | None = None
     engine: Engine | None = None
     profiles: list[Profile] = []
     scaling: Scaling = Scaling()
     routing: RoutingSpec = RoutingSpec()
-    fallbacks: list[str] = []
+    fallbacks: list[ModelName] = []
     upstream: list[str] = []
     served_name: str | None = None
     timeouts: Timeouts = Timeouts()
