@@ -18,11 +18,12 @@ what it will get. Schemathesis checks the two against each other in CI
 Every rule a request's types state is in the document, taken from the types
 the decoder uses (``msgspec.Meta`` on a field, ``llmgw.catalog.rules`` for
 names): Litestar states a field's own constraints but drops those of a list's
-items, which ``_state_item_rules`` copies from msgspec's schema of the same
-struct, and a struct whose fields exclude each other (``EXCLUSIVE``) says so
-with ``not``. What remains is what no JSON Schema can say, because it depends
-on the world rather than the request: ``BEYOND_SCHEMA`` names those
-operations, and their 400 says what they check.
+items and a bound of zero, which ``_state_field_rules`` copies from msgspec's
+own view of the struct (``msgspec.inspect``), and a struct whose fields
+exclude each other (``EXCLUSIVE``) says so with ``not``. What remains is what
+no JSON Schema can say, because it depends on the world rather than the
+request: ``BEYOND_SCHEMA`` names those operations, and their 400 says what
+they check.
 """
 
 from __future__ import annotations
