@@ -50,10 +50,11 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.catalog.rules import rule
 from llmgw.errors import ConfigError, DefinitionError
 from llmgw.store.base import StoredKey, StoredTeam
 
@@ -62,7 +63,10 @@ log = logging.getLogger("llmgw.tenancy")
 # The admission class of a key's requests when a model is saturated.
 Priority = Literal["interactive", "batch"]
 
-TEAM_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+TEAM_NAME = rule(r"^[a-z][a-z0-9-]{0,62}$(?!\n)",
+                 "a team name: 1 to 63 lowercase letters, digits and '-', starting with a letter")
+TeamName = Annotated[str, TEAM_NAME]
+TEAM_RE = re.compile(TEAM_NAME.pattern or "")
 # Team of the keys declared in the keys file (not a valid team name, so no clash).
 FILE_TEAM = "-"
 # 10^13 tokens is beyond any fleet's month; a larger budget is a typo.
@@ -70,6 +74,10 @@ MAX_TOKENS = 10**13
 MAX_RPM = 10**8
 MAX_LOG_DAYS = 3650
 MAX_COST = 10**9
+# What the type of each limit admits; ``check_limits`` says the same of limits built in code.
+Rpm = Annotated[int, msgspec.Meta(ge=1, le=MAX_RPM)]
+Tokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS)]
+Cost = Annotated[float, msgspec.Meta(gt=0, le=MAX_COST)]
 CostField = Literal["cost_per_day", "cost_per_month"]
 COST_FIELDS: tuple[CostField, ...] = ("cost_per_day", "cost_per_month")
 DEFAULT_LOG_DAYS = 30
@@ -82,20 +90,21 @@ BUDGET_FIELDS: tuple[BudgetField, ...] = ("tokens_per_minute", "tokens_per_day",
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """What a team allows, or how a key narrows its team."""
 
-    models: list[str] | None = None
-    rpm: int | None = None
-    tokens_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    tokens_per_month: int | None = None
+    models: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]],
+                      msgspec.Meta(min_length=1)] | None = None
+    rpm: Rpm | None = None
+    tokens_per_minute: Tokens | None = None
+    tokens_per_day: Tokens | None = None
+    tokens_per_month: Tokens | None = None
     priority: Priority | None = None
     # Request logs, set on a team only: "metadata" keeps each request's record;
     # "bodies" also its prompt and answer. Kept for log_retention_days (30).
     log_requests: Literal["off", "metadata", "bodies"] | None = None
-    log_retention_days: int | None = None
+    log_retention_days: Annotated[int, msgspec.Meta(ge=1, le=MAX_LOG_DAYS)] | None = None
     # Cost budgets, set on a team only, in the currency of the configured prices
     # (``llmgw.control.costs``): the team's attributed GPU and CPU time per UTC day/month.
-    cost_per_day: float | None = None
-    cost_per_month: float | None = None
+    cost_per_day: Cost | None = None
+    cost_per_month: Cost | None = None
 
     def has_budget(self) -> bool:
         return (self.tokens_per_minute is not None or self.tokens_per_day is not None
@@ -188,11 +197,16 @@ def decode_limits(data: bytes) -> Limits:
     return _decode_limits.decode(data) if data else Limits()
 
 
-def check_team_name(name: str) -> None:
+def check_team_name(name: str, field: str = "name") -> None:
     if not TEAM_RE.match(name):
-        raise DefinitionError(
-            f"team name {name!r}: use lowercase letters, digits and '-', starting with a "
-            "letter, at most 63 characters", field="name")
+        raise DefinitionError(f"team name {name!r}: must be {TEAM_NAME.description}",
+                              field=field)
+
+
+def check_key_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise DefinitionError(f"key name {name!r}: must be {KEY_NAME.description}",
+                              field="name")
 
 
 class RuntimeTeam(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,7 +259,11 @@ def from_store(teams: Sequence[StoredTeam], keys: Sequence[StoredKey]
 # ---------------------------------------------------------------- keys and the keys file
 
 KEY_PREFIX = "sk-llmgw-"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+KEY_NAME = rule(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$(?!\n)",
+                "a key name: 1 to 64 letters, digits, '_', '.', '@' or '-', starting with a "
+                "letter or digit")
+KeyName = Annotated[str, KEY_NAME]
+NAME_RE = re.compile(KEY_NAME.pattern or "")
 
 
 class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,

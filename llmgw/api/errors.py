@@ -20,6 +20,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
+from llmgw.catalog.rules import explain
 from llmgw.errors import LlmgwError
 
 log = logging.getLogger("llmgw.api")
@@ -63,6 +64,12 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
     if extra and isinstance(extra[0], dict):
         first = extra[0]
         message, key = str(first.get("message", exc.detail)), str(first.get("key") or "")
+        where = first.get("source") or "body"
+        source = str(getattr(where, "value", where))   # Litestar's ParamType, a str enum
+        if source in ("path", "query"):
+            # A parameter: its name, and its rule in words (``llmgw.api.params``).
+            return error_response(400, "invalid_request",
+                                  f"{source} parameter {key}: {explain(message)}", key or None)
         if key == "data" or key.startswith("data."):
             key = key[5:]  # Litestar names the body parameter; the body is the root
         unknown = _UNKNOWN.match(message)
@@ -73,7 +80,8 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
             # Litestar's word for a handler's body that was not sent at all.
             return error_response(400, "invalid_request", EMPTY_BODY)
         where = f"request body: {key}" if key else "request body"
-        return error_response(400, "invalid_request", f"{where}: {message}", key or None)
+        return error_response(400, "invalid_request", f"{where}: {explain(message)}",
+                              key or None)
     return error_response(400, "invalid_request", f"request body: {exc.detail}")
 
 

@@ -7,10 +7,11 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar import Request, delete, get, post, put
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.params import FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT
 
 from llmgw.api.auth import actor
+from llmgw.api.params import ModelPath, ModelQuery
 from llmgw.catalog.decode import decode_json
 from llmgw.catalog.model import Model, Profile
 from llmgw.catalog.units import Size
@@ -77,7 +78,7 @@ async def list_models(ctx: Ctx) -> list[ModelView]:
 
 
 @get("/models/{name:str}", summary="Show one model")
-async def show_model(ctx: Ctx, name: FromPath[str]) -> ModelView:
+async def show_model(ctx: Ctx, name: ModelPath) -> ModelView:
     m = find_model(ctx, name)
     return model_view(ctx, m, await replicas_of(ctx, name), await scaler_decisions(ctx))
 
@@ -94,19 +95,19 @@ async def add_model(
 
 
 @delete("/models/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Remove a runtime model")
-async def remove_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str]) -> None:
+async def remove_model(ctx: Ctx, request: Request[Any, Any, Any], name: ModelPath) -> None:
     await ctx.models.remove(name, actor(request))
 
 
 @put("/models/{name:str}/scale", summary="Change a runtime model's scaling")
-async def scale_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+async def scale_model(ctx: Ctx, request: Request[Any, Any, Any], name: ModelPath,
                       data: JSONBody[ScaleRequest]) -> ScalingInForce:
     data = await strict_body(request, ScaleRequest)
     return ScalingInForce.of(await ctx.models.scale(name, data.min, data.max, actor(request)))
 
 
 @put("/models/{name:str}/resources", summary="Set a runtime model's cores and memory")
-async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: ModelPath,
                           data: JSONBody[ResourcesRequest]) -> ResourcesAnswer:
     data = await strict_body(request, ResourcesRequest)
     p: Profile = await ctx.models.resources(name, data.cpu_cores, data.memory, data.profile,
@@ -116,26 +117,26 @@ async def model_resources(ctx: Ctx, request: Request[Any, Any, Any], name: FromP
 
 @post("/models/{name:str}/rollout", status_code=HTTP_200_OK,
       summary="Replace a model's replicas with ones running its current profile")
-async def rollout_model(ctx: Ctx, name: FromPath[str]) -> RolloutAnswer:
+async def rollout_model(ctx: Ctx, name: ModelPath) -> RolloutAnswer:
     return await roll_out(ctx, name)
 
 
 @post("/models/{name:str}/prefetch", status_code=HTTP_200_OK,
       summary="Fetch a model's weights onto nodes ahead of its replicas")
-async def prefetch_model(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+async def prefetch_model(ctx: Ctx, request: Request[Any, Any, Any], name: ModelPath,
                          data: JSONBody[PrefetchRequest]) -> Prefetch:
     data = await strict_body(request, PrefetchRequest)
     return await start_prefetch(ctx, name, data)
 
 
 @get("/models/{name:str}/prefetch", summary="A model's prefetch, node by node")
-async def prefetch_status(ctx: Ctx, name: FromPath[str]) -> Prefetch:
+async def prefetch_status(ctx: Ctx, name: ModelPath) -> Prefetch:
     return await prefetch_progress(ctx, name)
 
 
 @get("/replicas", summary="Replicas of every model, or of one")
 async def list_replicas(
-    ctx: Ctx, model: FromQuery[str | None] = None,
+    ctx: Ctx, model: ModelQuery = None,
 ) -> list[ReplicaView]:
     if model is not None:
         find_model(ctx, model)

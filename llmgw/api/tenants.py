@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, delete, get, post, put
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.params import FromQuery, JSONBody
 from litestar.status_codes import HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from llmgw.api.auth import actor
 from llmgw.api.models import strict_body
+from llmgw.api.params import KeyPath, LogLimit, TeamPath, TeamQuery
 from llmgw.control import tenants as t
 from llmgw.control.context import Ctx
 from llmgw.tenancy import Limits
@@ -28,7 +29,7 @@ async def create_team(ctx: Ctx, request: Request[Any, Any, Any],
 
 
 @put("/teams/{name:str}/limits", summary="Replace a team's limits")
-async def set_team_limits(ctx: Ctx, request: Request[Any, Any, Any], name: FromPath[str],
+async def set_team_limits(ctx: Ctx, request: Request[Any, Any, Any], name: TeamPath,
                           data: JSONBody[Limits]) -> t.TeamView:
     data = await strict_body(request, Limits)
     return await t.set_team_limits(ctx, name, data)
@@ -36,12 +37,12 @@ async def set_team_limits(ctx: Ctx, request: Request[Any, Any, Any], name: FromP
 
 @delete("/teams/{name:str}", status_code=HTTP_204_NO_CONTENT,
         summary="Revoke a team and every key of it")
-async def revoke_team(ctx: Ctx, name: FromPath[str]) -> None:
+async def revoke_team(ctx: Ctx, name: TeamPath) -> None:
     await t.revoke_team(ctx, name)
 
 
 @get("/keys", summary="List the runtime keys (never the keys themselves)")
-async def list_keys(ctx: Ctx, team: FromQuery[str | None] = None) -> list[t.KeyView]:
+async def list_keys(ctx: Ctx, team: TeamQuery = None) -> list[t.KeyView]:
     return await t.list_keys(ctx, team)
 
 
@@ -54,14 +55,14 @@ async def create_key(ctx: Ctx, request: Request[Any, Any, Any],
 
 
 @delete("/keys/{name:str}", status_code=HTTP_204_NO_CONTENT, summary="Revoke a runtime key")
-async def revoke_key(ctx: Ctx, name: FromPath[str]) -> None:
+async def revoke_key(ctx: Ctx, name: KeyPath) -> None:
     await t.revoke_key(ctx, name)
 
 
 @get("/teams/{name:str}/logs",
      summary="A team's request logs, newest first (teams that set log_requests)")
-async def team_logs(ctx: Ctx, name: FromPath[str], before: FromQuery[float | None] = None,
-                    limit: FromQuery[int] = 100) -> list[t.LoggedRequest]:
+async def team_logs(ctx: Ctx, name: TeamPath, before: FromQuery[float | None] = None,
+                    limit: LogLimit = 100) -> list[t.LoggedRequest]:
     return await t.request_logs(ctx, name, before, limit)
 
 

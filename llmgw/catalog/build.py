@@ -21,16 +21,22 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.engines import SCHEDULED, Capability
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import Capability, GpuClass, Model, Profile, Scaling
+from llmgw.catalog.model import (
+    MAX_NAME,
+    NAME_PATTERN,
+    GpuClass,
+    Model,
+    Profile,
+    Scaling,
+)
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
 
-# llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
-# limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
-# (docs/nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
-NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$")
-MAX_NAME = 57
+# The model name rule of ``ModelName`` (which the decoder and the OpenAPI document
+# use), for models built in code and for the message that says what is wrong.
+NAME_RE = re.compile(NAME_PATTERN)
 
 
 def check_name(name: str, what: str = "model name") -> None:
@@ -238,19 +244,6 @@ def _check_profile(
             )
 
 
-# What each kind of model serves when its entry does not say. A vLLM replica
-# runs one task — generation, or pooling (embeddings, rerank, score), or
-# speech recognition — decided by the checkpoint, so only generation is
-# assumed and a pooling or ASR model declares what it does. Both llama.cpp
-# servers (llama-cpp-python's embedded, the C++ llama-server on Nomad) answer
-# chat and completions; embeddings need a flag (and, in llama-cpp-python,
-# turn generation off), so they are declared too. An external upstream is
-# any OpenAI-compatible server: the three classic endpoints.
-_DEFAULT_CAPABILITIES: dict[str, tuple[Capability, ...]] = {
-    "vllm": ("chat", "completions", "responses"),
-    "llama.cpp": ("chat", "completions"),
-    "external": ("chat", "completions", "embeddings"),
-}
 # What no llama.cpp server can answer, and what the embedded one (llama-cpp-
 # python 0.3, llama_cpp/server/app.py: /v1/chat/completions, /v1/completions,
 # /v1/embeddings) cannot either; the C++ llama-server adds /v1/rerank,
@@ -260,9 +253,9 @@ _EMBEDDED_LLAMA_CPP: frozenset[str] = frozenset({"chat", "completions", "embeddi
 
 
 def default_capabilities(m: Model) -> list[Capability]:
-    """What ``m`` serves when its entry names no ``capabilities``."""
-    kind = "external" if m.external else (m.engine or "vllm")
-    return list(_DEFAULT_CAPABILITIES[kind])
+    """What ``m`` serves when its entry names no ``capabilities``: its dialect's defaults
+    (``llmgw.catalog.engines``), the same for a scheduled and an external replica."""
+    return list(m.speaks.capabilities)
 
 
 def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
@@ -279,7 +272,8 @@ def _check_capabilities(m: Model, runtime: Runtime) -> list[Capability]:
             raise DefinitionError(f"capabilities[{i}]: {cap!r} is listed twice",
                                   field=f"capabilities[{i}]")
     if m.engine == "llama.cpp":
-        embedded = runtime.scheduler == "local"
+        # The embedded server is the one llmgw starts; an external llama.cpp may be either.
+        embedded = runtime.scheduler == "local" and not m.external
         for i, cap in enumerate(caps):
             if cap in _NEVER_LLAMA_CPP or (embedded and cap not in _EMBEDDED_LLAMA_CPP):
                 server = ("the embedded llama.cpp server (llama-cpp-python) answers chat, "
@@ -341,13 +335,14 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
     """Validate one model on its own and return it with defaults applied."""
     check_name(m.name)
     if m.external:
-        for key in ("source", "engine"):
-            if getattr(m, key) is not None:
-                raise DefinitionError(
-                    f"{key}: an external model (upstream) is not scheduled; remove {key} "
-                    "or remove upstream",
-                    field=key,
-                )
+        # engine names the dialect of the upstream servers (llmgw.catalog.engines); source
+        # and profiles would say how to run it, and nothing is run.
+        if m.source is not None:
+            raise DefinitionError(
+                "source: an external model (upstream) is not scheduled; remove source "
+                "or remove upstream",
+                field="source",
+            )
         if m.profiles:
             raise DefinitionError(
                 "profiles: an external model (upstream) is not scheduled; remove profiles "
@@ -365,6 +360,10 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
             )
         if m.engine is None:
             raise DefinitionError("engine: choose vllm or llama.cpp", field="engine")
+        if m.engine not in SCHEDULED:
+            raise DefinitionError(
+                f"engine: {m.engine} is the dialect of an external model (upstream: its "
+                "servers' URLs); llmgw runs vllm or llama.cpp itself", field="engine")
         _check_source(m, runtime or Runtime())
         if not m.profiles:
             raise DefinitionError(

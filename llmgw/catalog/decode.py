@@ -11,6 +11,9 @@ The hooks are where text becomes a typed value — ``Size``, ``Duration``,
 ``Source`` — and the only place their parsers are called. ``encode`` and
 ``to_builtins`` turn those values back into the text they were written as;
 every encoder of catalog or configuration structs goes through them.
+
+A pattern a field must match reads as its sentence in these errors
+(``llmgw.catalog.rules.explain``), not as msgspec's regex.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from llmgw.catalog.rules import explain
 from llmgw.catalog.source import Source, parse_source
 from llmgw.catalog.units import Duration, Size
 from llmgw.errors import ConfigError, DefinitionError
@@ -79,6 +83,7 @@ def _error(exc: msgspec.ValidationError | msgspec.DecodeError, source: str,
     if unknown:
         path = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
         reason = "unknown field; check the spelling against the documented keys"
+    reason = explain(reason)
     where = f"{source}: {path}" if path else source
     return err(f"{where}: {reason}", field=path or None)
 

@@ -18,18 +18,22 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.catalog.engines import DIALECTS, Capability, Dialect, Engine, dialect_of
+from llmgw.catalog.rules import rule
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Duration, Size
 
-Engine = Literal["vllm", "llama.cpp"]
-RoutingPolicy = Literal["prefix-affinity", "least-outstanding", "round-robin"]
+# llmgw-<name> must be a valid Nomad job ID and service name, which Nomad
+# limits to [a-z0-9-], at most 63 characters, starting and ending alphanumeric
+# (docs/nomad-api.md §1.2, "Service.Name"). "llmgw-" takes six of the 63.
+NAME_PATTERN = r"^[a-z](?:[a-z0-9-]{0,55}[a-z0-9])?$(?!\n)"
+MAX_NAME = 57
+MODEL_NAME = rule(NAME_PATTERN, "a model name: 1 to 57 lowercase letters, digits and '-', "
+                                "starting with a letter and not ending with '-' (it becomes "
+                                "the Nomad job and service name llmgw-<name>)")
+ModelName = Annotated[str, MODEL_NAME]
 
-# What a model's replicas answer themselves, one word per family of
-# endpoints: chat (/v1/chat/completions), completions, responses
-# (/v1/responses), embeddings, rerank (/v1/rerank), score (/v1/score), audio
-# (/v1/audio/transcriptions and /translations), speech (/v1/audio/speech).
-Capability = Literal["chat", "completions", "responses", "embeddings", "rerank", "score",
-                     "audio", "speech"]
+RoutingPolicy = Literal["prefix-affinity", "least-outstanding", "round-robin"]
 
 
 class _Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True,
@@ -115,8 +119,9 @@ class RoutingSpec(_Spec, frozen=True):
     request is answered 429 with Retry-After.
 
     ``engine_metrics``: scrape each replica's ``/metrics`` (queue and cache
-    state); on by default for scheduled models, off for external ones (set it
-    for an external vLLM).
+    state); on by default where the engine publishes them (vLLM, SGLang,
+    llama.cpp — scheduled, or external with ``engine`` set), off for an
+    external model that speaks ``openai``.
 
     ``resume_streams``: how many times one streaming request that breaks
     after it started is continued on another replica (``llmgw.gateway.resume``
@@ -174,9 +179,12 @@ class HealthCheck(_Spec, frozen=True):
 class Model(_Spec, frozen=True):
     """A catalog entry.
 
-    A scheduled model has ``source``, ``engine`` and ``profiles``. An external
-    model has only ``upstream``: base URLs of OpenAI-compatible servers that
-    llmgw routes to without scheduling anything.
+    A scheduled model has ``source``, ``engine`` (``vllm`` or ``llama.cpp``)
+    and ``profiles``. An external model has ``upstream`` instead: base URLs of
+    OpenAI-compatible servers that llmgw routes to without scheduling
+    anything; its ``engine`` (``vllm``, ``llama.cpp``, ``sglang`` or
+    ``openai``, the default) names their dialect, which decides the defaults
+    and behaviours a replica of that engine gets (``llmgw.catalog.engines``).
 
     ``capabilities`` lists what the replicas serve themselves; the gateway
     refuses other endpoints with 400 before any replica is asked, except
@@ -184,13 +192,13 @@ class Model(_Spec, frozen=True):
     which the gateway translates to chat completions.
     """
 
-    name: str
+    name: ModelName
     source: Source | None = None
     engine: Engine | None = None
     profiles: list[Profile] = []
     scaling: Scaling = Scaling()
     routing: RoutingSpec = RoutingSpec()
-    fallbacks: list[str] = []
+    fallbacks: list[ModelName] = []
     upstream: list[str] = []
     served_name: str | None = None
     timeouts: Timeouts = Timeouts()
@@ -210,10 +218,22 @@ class Model(_Spec, frozen=True):
         return self.served_name or self.name
 
     @property
+    def dialect(self) -> Engine:
+        """The dialect the replicas speak (``llmgw.catalog.engines``): the engine, or
+        ``openai`` for an external model that names none."""
+        return dialect_of(self.engine, self.external)
+
+    @property
+    def speaks(self) -> Dialect:
+        """What the replicas' server does beyond OpenAI's API (``llmgw.catalog.engines``)."""
+        return DIALECTS[self.dialect]
+
+    @property
     def scrapes_engine(self) -> bool:
-        """Whether the gateway reads this model's replicas' ``/metrics``."""
+        """Whether the gateway reads this model's replicas' ``/metrics``: by default when
+        their engine publishes the figures it reads."""
         flag = self.routing.engine_metrics
-        return not self.external if flag is None else flag
+        return self.speaks.metrics if flag is None else flag
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

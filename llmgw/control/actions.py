@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 
@@ -19,7 +19,7 @@ from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Model
 from llmgw.control.context import AppContext
 from llmgw.control.views import find_model
-from llmgw.errors import BackendUnavailableError, DefinitionError, NotFoundError, RefusedError
+from llmgw.errors import BackendUnavailableError, NotFoundError, RefusedError
 from llmgw.scheduler.base import Prefetch
 
 # A rollout registers one job (or marks local replicas); a minute without an
@@ -60,22 +60,31 @@ async def roll_out(ctx: AppContext, name: str) -> RolloutAnswer:
 
 class PrefetchRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Onto the named nodes (names or IDs), or onto ``count`` nodes the scheduler chooses:
-    able to run the model, not holding its weights yet, with room for a replica first."""
+    able to run the model, not holding its weights yet, with room for a replica first.
 
-    nodes: list[str] | None = None
+    One or the other, never both: ``__post_init__`` refuses both as they are decoded,
+    and the OpenAPI document states it from ``EXCLUSIVE`` (``llmgw.api.contract``).
+    """
+
+    EXCLUSIVE: ClassVar[tuple[str, ...]] = ("nodes", "count")
+
+    nodes: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]],
+                     msgspec.Meta(min_length=1)] | None = None
     count: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        given = [f for f in self.EXCLUSIVE if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give {' or '.join(self.EXCLUSIVE)}, not both")
 
 
 async def start_prefetch(ctx: AppContext, name: str, req: PrefetchRequest) -> Prefetch:
     m = find_model(ctx, name)
-    if req.nodes and req.count is not None:
-        raise DefinitionError("give nodes or count, not both", field="count")
     if m.external:
         raise RefusedError(f"model {name!r} is external (upstream); no node holds its weights")
     try:
         async with asyncio.timeout(ROLLOUT_TIMEOUT):
-            return await ctx.backend.prefetch(name, nodes=req.nodes or None,
-                                              count=req.count if not req.nodes else None)
+            return await ctx.backend.prefetch(name, nodes=req.nodes, count=req.count)
     except TimeoutError:
         raise BackendUnavailableError(
             f"the scheduler did not take the prefetch of {name!r} within "

@@ -40,12 +40,14 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+import anyio.to_thread
 import msgspec
 
 from llmgw.catalog.model import GpuClass
 from llmgw.config import CostsConfig
 from llmgw.control.context import AppContext
-from llmgw.errors import DefinitionError, LlmgwError, StoreUnavailableError
+from llmgw.control.usage import instant_at, report_span
+from llmgw.errors import LlmgwError, StoreUnavailableError
 from llmgw.scheduler.base import Holding
 from llmgw.store.base import ReplicaTime, Store, StoredHolding, hour_of
 from llmgw.tenancy import COSTS_REPORT, TeamCosts
@@ -53,7 +55,6 @@ from llmgw.tenancy import COSTS_REPORT, TeamCosts
 log = logging.getLogger("llmgw.control.costs")
 
 LEASE = "cost-meter"
-MAX_SPAN = 367 * 86400
 
 
 class CostMeter:
@@ -225,20 +226,22 @@ async def cost_report(ctx: AppContext, since: datetime | None,
     if not ctx.store.is_open:
         raise StoreUnavailableError("the store is not open, so costs cannot be read; "
                                     "`/readyz` says why")
-    end = until.timestamp() if until is not None else time.time()
-    start = since.timestamp() if since is not None else end - 30 * 86400
-    lo, hi = hour_of(start), -hour_of(-end)      # whole hours
-    if hi <= lo:
-        raise DefinitionError(f"until ({until}) must be after since ({since})", field="until")
-    if hi - lo > MAX_SPAN:
-        raise DefinitionError(f"the span from since to until is over {MAX_SPAN // 86400} days; "
-                              "ask for less", field="since")
-    times = held_time(await ctx.store.holdings(lo, hi), lo, hi, time.time())
-    tokens = [(t.hour, t.team, t.model, t.tokens)
-              for t in await ctx.store.team_model_tokens(lo, hi)]
-    teams, models, unpriced = attribute(times, tokens, dict(ctx.config.gpu_classes),
-                                        ctx.config.costs)
-    return CostReport(since=datetime.fromtimestamp(lo, UTC), until=datetime.fromtimestamp(hi, UTC),
+    # Any span, as a usage report answers it (``llmgw.control.usage``): the reads are
+    # ranges of the data there is, and the hours split below are the holdings' own.
+    lo, hi = report_span(since, until, 3600, 30 * 86400)
+    holdings = await ctx.store.holdings(lo, hi) if hi > lo else []
+    rows = await ctx.store.team_model_tokens(lo, hi) if hi > lo else []
+    now = time.time()
+
+    def priced() -> tuple[list[TeamCost], list[ModelCost], list[str]]:
+        times = held_time(holdings, lo, hi, now)
+        tokens = [(t.hour, t.team, t.model, t.tokens) for t in rows]
+        return attribute(times, tokens, dict(ctx.config.gpu_classes), ctx.config.costs)
+
+    # Years of a large fleet's holdings are many card-hours to split: off the event loop
+    # that also serves the gateway.
+    teams, models, unpriced = await anyio.to_thread.run_sync(priced)
+    return CostReport(since=instant_at(lo), until=instant_at(hi),
                       total=sum(m.cost for m in models),
                       overhead_account=ctx.config.costs.overhead_account, teams=teams,
                       models=models, unpriced=unpriced)

@@ -17,8 +17,10 @@ from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
 from llmgw.store.base import Store, StoredKey, StoredTeam
 from llmgw.tenancy import (
-    NAME_RE,
+    KeyName,
     Limits,
+    TeamName,
+    check_key_name,
     check_limits,
     check_narrowing,
     check_team_name,
@@ -31,13 +33,13 @@ from llmgw.tenancy import (
 
 
 class TeamRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    name: str
+    name: TeamName
     limits: Limits = msgspec.field(default_factory=Limits)
 
 
 class KeyRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    name: str
-    team: str
+    name: KeyName
+    team: TeamName
     limits: Limits = msgspec.field(default_factory=Limits)
 
 
@@ -131,10 +133,7 @@ async def revoke_team(ctx: AppContext, name: str) -> None:
 
 
 async def create_key(ctx: AppContext, request: KeyRequest, by: str) -> CreatedKey:
-    if not NAME_RE.match(request.name):
-        raise DefinitionError(
-            f"key name {request.name!r}: use letters, digits, '_', '.', '@' or '-' "
-            "(at most 64, starting with a letter or digit)", field="name")
+    check_key_name(request.name)
     store = _store(ctx)
     team = await _team(store, request.team)
     check_narrowing(decode_limits(team.settings), request.limits, f"key {request.name!r}")
@@ -168,12 +167,18 @@ class LoggedRequest(msgspec.Struct, kw_only=True):
     response: str | None
 
 
+# The most request logs one read returns (the API's ``limit`` parameter says so too).
+MAX_LOGS = 1000
+
+
 async def request_logs(ctx: AppContext, team: str, before: float | None,
                        limit: int) -> list[LoggedRequest]:
-    if not 1 <= limit <= 1000:
-        raise DefinitionError(f"limit {limit} must be 1 to 1000", field="limit")
-    logs = await _store(ctx).request_logs(team, before if before is not None else time.time()
-                                          + 1, limit)
+    if not 1 <= limit <= MAX_LOGS:
+        raise DefinitionError(f"limit {limit} must be 1 to {MAX_LOGS}", field="limit")
+    store = _store(ctx)
+    await _team(store, team)   # no such team (or revoked): 404, as every read of a team
+    logs = await store.request_logs(team, before if before is not None else time.time() + 1,
+                                    limit)
     return [LoggedRequest(id=g.id, at=g.at, key=g.key, entry=msgspec.Raw(g.record),
                           request=None if g.request is None
                           else g.request.decode("utf-8", "replace"),

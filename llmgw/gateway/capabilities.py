@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from llmgw.catalog.model import Capability, Model
+from llmgw.catalog.engines import Capability
+from llmgw.catalog.model import Model
 from llmgw.gateway.errors import InvalidRequestError
 
 ENDPOINT_CAPABILITY: dict[str, Capability] = {

@@ -24,13 +24,16 @@ from typing import Any
 
 import msgspec
 
+from llmgw.catalog.engines import Engine, speaks
+
 _fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encode = msgspec.json.Encoder().encode
 
 
-def needs_rewrite(engine: str | None, path: str, body: bytes) -> bool:
-    """Cheap test, run on every attempt: could ``body`` need a rewrite for ``engine``?"""
-    return engine == "llama.cpp" and b'"json_schema"' in body and \
+def needs_rewrite(engine: Engine | None, path: str, body: bytes) -> bool:
+    """Cheap test, run on every attempt: could ``body`` need a rewrite for a replica speaking
+    ``engine`` (``Dialect.schema_as_json_object``: llama.cpp, scheduled or external)?"""
+    return speaks(engine).schema_as_json_object and b'"json_schema"' in body and \
         path.startswith("/v1/chat/completions")
 
 

@@ -48,7 +48,6 @@ from llmgw.tenancy import (
     DEFAULT_LOG_DAYS,
     FILE_TEAM,
     KEY_PREFIX,
-    NAME_RE,
     BudgetField,
     KeyEntry,
     KeysFile,
@@ -56,6 +55,7 @@ from llmgw.tenancy import (
     Priority,
     RuntimeKey,
     RuntimeTeam,
+    check_key_name,
     effective,
     generate_key,
     hash_key,
@@ -103,10 +103,7 @@ def _locked(path: Path) -> Iterator[KeysFile]:
 def add_key(path: str | Path, name: str, models: Sequence[str] = (),
             rpm: int | None = None, priority: Priority = "interactive") -> str:
     """Create a key named ``name``; returns the key, which is not stored anywhere."""
-    if not NAME_RE.match(name):
-        raise DefinitionError(
-            f"key name {name!r}: use letters, digits, '_', '.', '@' or '-' "
-            "(at most 64, starting with a letter or digit)", field="name")
+    check_key_name(name)
     if rpm is not None and rpm < 1:
         raise DefinitionError(f"--rpm {rpm}: a limit must be at least 1 request per minute; "
                               "omit --rpm for no limit", field="rpm")

@@ -415,8 +415,8 @@ class Forwarder:
 
     def body_for(self, req: ForwardRequest, model: Model) -> bytes:
         served = model.engine_model_name
-        if needs_rewrite(model.engine, req.path, req.body):
-            key = f"{served}\0{model.engine}"
+        if needs_rewrite(model.dialect, req.path, req.body):
+            key = f"{served}\0{model.dialect}"
             body = req.bodies.get(key)
             if body is None:
                 body = req.bodies[key] = for_llama_cpp(req.body, served)
@@ -550,7 +550,7 @@ class Forwarder:
                     break
                 tried.add(url)
                 attempts += 1
-                if model.engine == "vllm" and splice.text and counted != len(splice.text):
+                if model.speaks.tokenize and splice.text and counted != len(splice.text):
                     counted = len(splice.text)
                     tokens = await self._token_count(url, model, "".join(splice.text))
                     if tokens is not None:
@@ -579,7 +579,8 @@ class Forwarder:
             return 200
 
     async def _token_count(self, url: str, model: Model, text: str) -> int | None:
-        """The tokens of ``text`` by vLLM's ``/tokenize`` on ``url``; None if it cannot say.
+        """The tokens of ``text`` by the engine's ``/tokenize`` on ``url`` (vLLM's and SGLang's
+        take and answer the same fields); None if it cannot say.
 
         Bounded by the model's connect timeout plus a few seconds: tokenizing
         is quick, and without the count the resumption still goes on.
@@ -711,8 +712,8 @@ class Forwarder:
         limit = model.routing.resume_streams
         if not req.stream or limit <= 0 or req.variant is not None:
             return None
-        kind = resume_kind(req.path, req.body, model.engine)
-        return None if kind is None else Splice(kind, limit)
+        kind = resume_kind(req.path, req.body, model.dialect)
+        return None if kind is None else Splice(kind, limit, model.dialect)
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
                       chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,

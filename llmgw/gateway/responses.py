@@ -39,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from llmgw.catalog.engines import Engine, speaks
 from llmgw.gateway.errors import InvalidRequestError
 
 Json = dict[str, Any]
@@ -219,7 +220,7 @@ def _tool_choice(choice: Any) -> Any:
                "tool_choice")
 
 
-def _response_format(text: Any, engine: str | None) -> Json | None:
+def _response_format(text: Any, engine: Engine | None) -> Json | None:
     if not isinstance(text, dict):
         raise _bad("must be an object", "text")
     fmt = text.get("format")
@@ -232,7 +233,7 @@ def _response_format(text: Any, engine: str | None) -> Json | None:
         return {"type": "json_object"}
     if kind == "json_schema":
         assert isinstance(fmt, dict)
-        if engine == "llama.cpp":
+        if speaks(engine).schema_as_json_object:
             # llama-cpp-python 0.3 accepts only {"type": "json_object", "schema": …}
             # (llama_types.ChatCompletionRequestResponseFormat).
             return {"type": "json_object", "schema": fmt.get("schema")}
@@ -241,7 +242,7 @@ def _response_format(text: Any, engine: str | None) -> Json | None:
     raise _bad("type must be text, json_object or json_schema", "text.format")
 
 
-def chat_request(raw: Json, items: list[Json], served: str, engine: str | None) -> Json:
+def chat_request(raw: Json, items: list[Json], served: str, engine: Engine | None) -> Json:
     """The chat completion request that answers the Responses request ``raw``.
 
     ``items`` is the whole conversation to send (earlier turns resolved from

@@ -187,9 +187,8 @@ class _Variants:
                                            served)
                 made = (PATH, _encode(body))
             else:
-                engine = None if model.external else model.engine
                 made = ("/v1/chat/completions",
-                        _encode(chat_request(self.raw, self.items, served, engine)))
+                        _encode(chat_request(self.raw, self.items, served, model.dialect)))
             self._made[model.name] = made
         return made
 

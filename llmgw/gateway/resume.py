@@ -17,15 +17,18 @@ with one final ``finish_reason``.
 Only what stays exact is resumed. This module decides that from the request
 and from every event delivered, with no I/O:
 
-* chat only on vLLM. llama-cpp-python's server (0.3) declares no
+* chat only where the engine continues a final assistant message
+  (``Dialect.continues_chat`` in ``llmgw.catalog.engines``: vLLM and SGLang,
+  scheduled or external; SGLang has no ``add_generation_prompt`` field and
+  is not sent one). llama-cpp-python's server (0.3) declares no
   ``continue_final_message`` in ``CreateChatCompletionRequest``, ignores
   unknown fields, and renders its chat template with the generation prompt
   always added (``Jinja2ChatFormatter``): asked to continue, it would answer
-  afresh after the partial message, and the client would get both. Rendering
-  the template in the gateway and going through the completions path was
-  rejected too: the gateway does not have the model's template. Completions
-  are resumed on every engine, since appending to the prompt is what a
-  completion means.
+  afresh after the partial message, and the client would get both; OpenAI's
+  API has no such field either. Rendering the template in the gateway and
+  going through the completions path was rejected too: the gateway does not
+  have the model's template. Completions are resumed on every engine, since
+  appending to the prompt is what a completion means.
 * one choice (``n`` 1, no ``best_of``), no ``logprobs`` (the continuation's
   would be for a different prompt), no tools or functions (a tool call's
   arguments cannot be re-opened), no ``response_format`` or guided decoding
@@ -38,7 +41,7 @@ and from every event delivered, with no I/O:
 Tokens delivered are counted as one per event that carries text (vLLM
 sends one event per decoding step), or as the engine reports them in the
 stream (``stream_options.continuous_usage_stats``); before a vLLM replica
-continues, its ``/tokenize`` counts the delivered text, which catches events
+continues, its ``/tokenize`` counts the delivered text (``Dialect.tokenize``), which catches events
 that carried several tokens (a lagging consumer gets them merged). Only if
 that count is unavailable and events were merged can the continuation run
 past ``max_tokens``, by the difference; the text itself is never duplicated
@@ -50,6 +53,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from llmgw.catalog.engines import Engine, speaks
 
 Kind = Literal["chat", "completions"]
 
@@ -81,10 +86,11 @@ _ALLOWED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def resume_kind(path: str, body: bytes, engine: str | None) -> Kind | None:
-    """The kind of continuation a streaming request to ``engine`` allows, or None."""
+def resume_kind(path: str, body: bytes, engine: Engine | None) -> Kind | None:
+    """The kind of continuation a streaming request to a replica speaking ``engine`` (None:
+    OpenAI's API) allows, or None."""
     if path == "/v1/chat/completions":
-        if engine != "vllm":
+        if not speaks(engine).continues_chat:
             return None
         kind: Kind = "chat"
     elif path == "/v1/completions":
@@ -181,9 +187,10 @@ class Splice:
     half an event with the client.
     """
 
-    def __init__(self, kind: Kind, limit: int) -> None:
+    def __init__(self, kind: Kind, limit: int, engine: Engine | None) -> None:
         self.kind: Kind = kind
         self.limit = limit
+        self.engine = engine
         self.resumes = 0
         self.text: list[str] = []
         self.tokens = 0
@@ -309,7 +316,8 @@ class Splice:
             messages.append({"role": "assistant", "content": text})
             fields["messages"] = msgspec.Raw(_encode(messages))
             fields["continue_final_message"] = msgspec.Raw(b"true")
-            fields["add_generation_prompt"] = msgspec.Raw(b"false")
+            if speaks(self.engine).generation_prompt_flag:
+                fields["add_generation_prompt"] = msgspec.Raw(b"false")
         else:
             prompt = msgspec.json.decode(fields["prompt"])
             fields["prompt"] = msgspec.Raw(_encode(prompt + text))

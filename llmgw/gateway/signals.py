@@ -2,19 +2,26 @@
 
 The gateway routes on what it can count itself (requests in flight from this
 process) and on what only the engine knows: requests running and waiting
-across every gateway, KV-cache usage and prefix-cache hits. vLLM and
+across every gateway, KV-cache usage and prefix-cache hits. vLLM, SGLang and
 llama.cpp's server publish those on ``/metrics`` in Prometheus' text format;
 ``parse_metrics`` reads just the lines it needs (a vLLM page is mostly
 histogram buckets, and a full parser would spend most of its time on them).
 
-* running: ``vllm:num_requests_running``, ``llamacpp:requests_processing``;
-* waiting: ``vllm:num_requests_waiting``, ``llamacpp:requests_deferred``;
+* running: ``vllm:num_requests_running``, ``sglang:num_running_reqs``,
+  ``llamacpp:requests_processing``;
+* waiting: ``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``,
+  ``llamacpp:requests_deferred``;
 * KV cache used (0..1): ``vllm:kv_cache_usage_perc`` (``gpu_cache_usage_perc``
-  before vLLM 0.10), ``llamacpp:kv_cache_usage_ratio``;
+  before vLLM 0.10), ``sglang:token_usage`` (the share of the KV pool's
+  tokens in use, srt/metrics/collector.py), ``llamacpp:kv_cache_usage_ratio``;
 * prefix cache, in tokens: ``vllm:prefix_cache_queries_total`` and
-  ``vllm:prefix_cache_hits_total`` (llama.cpp has none).
+  ``vllm:prefix_cache_hits_total`` (SGLang publishes a hit rate, not the
+  counts; llama.cpp has neither).
 
-llama.cpp's server publishes ``/metrics`` only when started with ``--metrics``.
+llama.cpp's server publishes ``/metrics`` only when started with ``--metrics``,
+SGLang's only with ``--enable-metrics``. Which models are scraped follows their
+dialect (``Model.scrapes_engine``): an external vLLM, SGLang or llama.cpp
+server is, as a scheduled replica is; an OpenAI-compatible service is not.
 
 Values are summed over label sets (one engine process serves one model, but
 a data-parallel vLLM reports one series per engine core).
@@ -43,9 +50,11 @@ from llmgw.gateway.routing import Balancer, EngineSample
 
 log = logging.getLogger("llmgw.gateway.signals")
 
-_RUNNING = (b"vllm:num_requests_running", b"llamacpp:requests_processing")
-_WAITING = (b"vllm:num_requests_waiting", b"llamacpp:requests_deferred")
-_KV = (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc",
+_RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs",
+            b"llamacpp:requests_processing")
+_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs",
+            b"llamacpp:requests_deferred")
+_KV = (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc", b"sglang:token_usage",
        b"llamacpp:kv_cache_usage_ratio")
 _QUERIES = (b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total")
 _HITS = (b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total")
@@ -142,7 +151,7 @@ class SignalScraper:
         sample = parse_metrics(body) if status == 200 else None
         if sample is None:
             self._failed(url, f"HTTP {status}" if status != 200 else
-                         "no vLLM or llama.cpp queue figures on the page")
+                         "no vLLM, SGLang or llama.cpp queue figures on the page")
             return
         self.balancer.observe(url, sample, self.clock())
         if self._failing.pop(url, None) is not None:

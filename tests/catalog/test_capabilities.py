@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from llmgw.catalog import Model, Runtime, build_catalog
@@ -17,6 +19,40 @@ def test_each_kind_of_model_gets_its_engines_default_capabilities() -> None:
     assert catalog.models["big"].capabilities == ["chat", "completions", "responses"]
     assert catalog.models["small"].capabilities == ["chat", "completions"]
     assert catalog.models["hosted"].capabilities == ["chat", "completions", "embeddings"]
+
+
+@pytest.mark.parametrize(("engine", "capabilities", "scraped"), [
+    ("vllm", ["chat", "completions", "responses"], True),
+    ("llama.cpp", ["chat", "completions"], True),
+    ("sglang", ["chat", "completions"], True),
+    ("openai", ["chat", "completions", "embeddings"], False),
+    (None, ["chat", "completions", "embeddings"], False),
+])
+def test_an_external_model_gets_the_defaults_of_the_engine_it_names(
+        engine: str | None, capabilities: list[str], scraped: bool) -> None:
+    """An upstream that says its engine serves and is scraped as a scheduled replica of it;
+    one that names none speaks OpenAI's API and is not scraped."""
+    entry: dict[str, object] = {"name": "fleet", "upstream": ["http://10.0.0.9:8000"]}
+    if engine is not None:
+        entry["engine"] = engine
+    built = build_catalog([decode_json(json.dumps(entry), Model)]).models["fleet"]
+    assert built.capabilities == capabilities
+    assert built.dialect == (engine or "openai")
+    assert built.scrapes_engine is scraped
+    quiet = decode_json(json.dumps({**entry, "routing": {"engine_metrics": False}}), Model)
+    assert not quiet.scrapes_engine
+
+
+def test_an_external_llama_cpp_is_not_held_to_the_embedded_servers_endpoints() -> None:
+    """Under the local scheduler an external llama.cpp (which may be the C++ llama-server)
+    may claim rerank, which only the embedded server lacks; speech no llama.cpp serves."""
+    entry = {"name": "ext", "upstream": ["http://10.0.0.9:8080"], "engine": "llama.cpp"}
+    ok = decode_json(json.dumps({**entry, "capabilities": ["chat", "rerank"]}), Model)
+    assert build_catalog([ok], runtime=Runtime(scheduler="local")).models["ext"].capabilities \
+        == ["chat", "rerank"]
+    bad = decode_json(json.dumps({**entry, "capabilities": ["speech"]}), Model)
+    with pytest.raises(DefinitionError, match="cannot be served by a llama.cpp replica"):
+        build_catalog([bad], runtime=Runtime(scheduler="local"))
 
 
 def test_declared_capabilities_replace_the_defaults() -> None:

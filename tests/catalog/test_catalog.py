@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from llmgw.catalog import Model, Profile, Scaling, build_catalog, fingerprint
-from llmgw.catalog.decode import decode_model_file, decode_yaml, to_builtins
+from llmgw.catalog.decode import convert, decode_model_file, decode_yaml, to_builtins
 from llmgw.catalog.model import GpuClass
 from llmgw.catalog.source import Source
 from llmgw.catalog.units import Duration, Size
@@ -152,13 +152,29 @@ def test_a_gpu_profile_needs_a_known_gpu_class() -> None:
 
 
 def test_an_external_model_needs_no_source_and_cannot_have_profiles() -> None:
-    """Upstream models are routed to, never scheduled."""
+    """Upstream models are routed to, never scheduled: an engine names their dialect, but a
+    source or profiles (how to run one) are refused."""
     ext = Model(name="ext", upstream=["http://10.0.0.1:8000"])
     assert build_catalog([ext]).models["ext"].external
-    with pytest.raises(DefinitionError, match="external model"):
-        build_catalog([msgspec.structs.replace(ext, engine="vllm")])
+    assert build_catalog([msgspec.structs.replace(ext, engine="vllm")]).models["ext"].external
+    with pytest.raises(DefinitionError, match="external model") as err:
+        build_catalog([msgspec.structs.replace(ext, engine="vllm",
+                                               profiles=[Profile(name="p", gpus=1)])])
+    assert err.value.field == "profiles"
+    with pytest.raises(DefinitionError, match="external model") as err:
+        build_catalog([convert({"name": "ext", "upstream": ["http://10.0.0.1:8000"],
+                                "engine": "vllm", "source": "hf://org/repo"}, Model)])
+    assert err.value.field == "source"
     with pytest.raises(DefinitionError, match="not an http"):
         build_catalog([Model(name="ext", upstream=["ftp://x"])])
+
+
+@pytest.mark.parametrize("engine", ["sglang", "openai"])
+def test_a_scheduled_model_cannot_run_a_dialect_llmgw_does_not_start(engine: str) -> None:
+    """sglang and openai name what an external server speaks; llmgw runs vllm or llama.cpp."""
+    with pytest.raises(DefinitionError, match="dialect of an external model") as err:
+        build_catalog([msgspec.structs.replace(cpu_model("a"), engine=engine)])
+    assert err.value.field == "engine"
 
 
 def test_a_scheduled_model_needs_source_engine_and_profiles() -> None:

@@ -136,6 +136,8 @@ async def client(store: Store, backend: RecordingBackend,
 
 async def test_the_costs_route_prices_time_and_attributes_it(
         client: AsyncTestClient, store: Store) -> None:
+    """Cost over a span is the priced holdings shared by tokens, for any span: every instant
+    there is counts the same hour, and a year before the data costs nothing."""
     await store.put_holdings([held("x", "big", 2, HOUR, HOUR + 3600)], HOUR + 3600)
     await store.record_usage([UsageRecord(
         id=f"r{i}", at=HOUR + i, key="k", team=team, model="big", replica="r",
@@ -149,9 +151,17 @@ async def test_the_costs_route_prices_time_and_attributes_it(
     assert [(t["team"], t["cost"], t["tokens"]) for t in body["teams"]] == [
         ("ml", 3.0, 300), ("web", 1.0, 100)]
     assert body["models"][0]["cost_per_million_tokens"] == 10000.0
+    # Every instant there is costs what the data in it costs: the same hour, priced alike.
     r = await client.get("/api/v1/costs", headers=ADMIN, params={
-        "since": "2026-03-15T00:00:00Z", "until": "2026-03-14T00:00:00Z"})
-    assert r.status_code == 400
+        "since": "0001-01-01T00:00:00Z", "until": "9999-12-31T23:59:59Z"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["since"], r.json()["until"]) == ("0001-01-01T00:00:00Z",
+                                                      "9999-12-31T23:59:59Z")
+    assert r.json()["total"] == 4.0
+    r = await client.get("/api/v1/costs", headers=ADMIN, params={"since": "2000-01-01T00:00:00Z",
+                                                                 "until": "2001-01-01T00:00:00Z"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["total"], r.json()["teams"]) == (0, [])
 
 
 async def test_the_meter_publishes_each_teams_cost_this_day_and_month(store: Store) -> None:

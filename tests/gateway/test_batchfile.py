@@ -155,6 +155,9 @@ def test_llama_cpp_gets_json_object_with_schema_and_nothing_else_changes() -> No
            b'"json_schema":{"name":"x","schema":{"type":"object"}}}}'
     assert needs_rewrite("llama.cpp", "/v1/chat/completions", body)
     assert not needs_rewrite("vllm", "/v1/chat/completions", body)
+    assert not needs_rewrite("sglang", "/v1/chat/completions", body)
+    assert not needs_rewrite("openai", "/v1/chat/completions", body)
+    assert not needs_rewrite(None, "/v1/chat/completions", body)
     assert not needs_rewrite("llama.cpp", "/v1/chat/completions", b'{"model":"m"}')
     out = for_llama_cpp(body, "served")
     assert b'"temperature":1.50' in out

@@ -35,3 +35,17 @@ def test_the_capability_table_has_a_row_for_every_endpoint() -> None:
     for path in ENDPOINT_CAPABILITY:
         short = path.rsplit("/", 1)[-1]
         assert any(f"`{path}`" in row or f"`/{short}`" in row for row in rows), path
+
+
+def test_the_engine_table_has_a_column_for_every_engine() -> None:
+    """An engine added to llmgw.catalog.engines without its column in the README fails here."""
+    from typing import get_args
+
+    from llmgw.catalog.engines import DIALECTS, Engine
+
+    table = README.read_text().split("beyond the request it forwards", 1)[1].split("\n\n", 2)[1]
+    header = table.splitlines()[0]
+    names = {"vllm": "vLLM", "llama.cpp": "llama.cpp", "sglang": "SGLang", "openai": "`openai`"}
+    assert set(get_args(Engine)) == set(DIALECTS) == set(names)
+    for engine in get_args(Engine):
+        assert f"| {names[engine]} |" in header or f"| {names[engine]}" in header, engine

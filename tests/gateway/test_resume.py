@@ -124,6 +124,74 @@ async def test_a_broken_chat_stream_is_continued_with_exactly_the_missing_text(
     assert await metric(gw, 'llmgw_gateway_streams_resumed_total{model="m"}') == 1
 
 
+def external(engine: str | None, urls: list[str]) -> Model:
+    entry: dict[str, Any] = {"name": "m", "upstream": urls,
+                             "routing": {"policy": "least-outstanding"}}
+    if engine is not None:
+        entry["engine"] = engine
+    return convert(entry, Model)
+
+
+async def test_an_external_vllm_upstream_resumes_a_broken_chat_stream(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """A vLLM fleet run outside llmgw (upstream, engine: vllm) has its broken chat stream
+    continued on its other server as a scheduled vLLM replica's is: continue_final_message,
+    add_generation_prompt false, the budget from its /tokenize."""
+    other, breaking = await sims(), await sims()
+    seen = Recorder(other)
+    gw = await make_gateway([external("vllm", [other.url, breaking.url])],
+                            backend=FakeBackend())
+    breaking.break_streams(5)
+    text = await stream(gw, "/v1/chat/completions", messages=PROMPT, max_tokens=12)
+    assert breaking.requests == 1, "the first pick should be the server that breaks"
+    evs = events(text)
+    assert content(evs) == "".join(f"t{i} " for i in range(12))
+    assert finishes(evs) == ["length"]
+    assert "error" not in text
+    continued = seen.bodies[0]
+    assert continued["continue_final_message"] is True
+    assert continued["add_generation_prompt"] is False
+    assert continued["max_tokens"] == 7
+    assert "/tokenize" in other.paths
+    assert await metric(gw, 'llmgw_gateway_streams_resumed_total{model="m"}') == 1
+
+
+async def test_an_external_sglang_upstream_is_asked_to_continue_without_vllms_flag(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """SGLang continues a final assistant message with continue_final_message alone: it has
+    no add_generation_prompt field, so none is sent (the simulated engine has vLLM's face,
+    so only the request it is sent is checked here)."""
+    other, breaking = await sims(), await sims()
+    seen = Recorder(other)
+    gw = await make_gateway([external("sglang", [other.url, breaking.url])],
+                            backend=FakeBackend())
+    breaking.break_streams(4)
+    await stream(gw, "/v1/chat/completions", messages=PROMPT, max_tokens=10)
+    continued = seen.bodies[0]
+    assert continued["continue_final_message"] is True
+    assert "add_generation_prompt" not in continued
+    assert continued["messages"][-1] == {"role": "assistant", "content": "t0 t1 t2 t3 "}
+    assert continued["max_tokens"] == 6
+
+
+async def test_an_external_upstream_that_names_no_engine_gets_only_openais_api(
+        make_gateway: GatewayFactory, sims: SimFactory) -> None:
+    """No engine is OpenAI's API: a broken chat stream ends with the error event (no
+    continue_final_message is sent), a broken completion is continued by its prompt alone,
+    and /tokenize is never asked."""
+    other, breaking = await sims(), await sims()
+    gw = await make_gateway([external(None, [other.url, breaking.url])],
+                            backend=FakeBackend())
+    breaking.break_streams(3)
+    text = await stream(gw, "/v1/chat/completions", messages=PROMPT, max_tokens=8)
+    assert '"code":"stream_interrupted"' in text
+    assert other.requests == 0
+    breaking.break_streams(3)
+    evs = events(await stream(gw, "/v1/completions", prompt="Once", max_tokens=8))
+    assert content(evs) == "".join(f"t{i} " for i in range(8))
+    assert "/tokenize" not in other.paths + breaking.paths
+
+
 async def test_a_broken_completion_stream_continues_from_its_prompt_and_usage_adds_up(
         make_gateway: GatewayFactory, sims: SimFactory) -> None:
     """A completion is continued with the delivered text appended to its prompt, and the
@@ -260,10 +328,13 @@ async def test_a_resumption_never_goes_to_a_fallback_model(make_gateway: Gateway
 
 
 def test_only_requests_that_stay_exact_are_resumable() -> None:
-    """resume_kind: chat on vLLM, completions everywhere, nothing with extra choices."""
+    """resume_kind: chat on vLLM and SGLang, completions everywhere, nothing with extra
+    choices."""
     chat = json.dumps({"model": "m", "messages": PROMPT, "stream": True}).encode()
     assert resume_kind("/v1/chat/completions", chat, "vllm") == "chat"
+    assert resume_kind("/v1/chat/completions", chat, "sglang") == "chat"
     assert resume_kind("/v1/chat/completions", chat, "llama.cpp") is None
+    assert resume_kind("/v1/chat/completions", chat, "openai") is None
     assert resume_kind("/v1/chat/completions", chat, None) is None
     prompt = json.dumps({"model": "m", "prompt": "x", "n": 1}).encode()
     assert resume_kind("/v1/completions", prompt, None) == "completions"
@@ -277,7 +348,7 @@ def test_only_requests_that_stay_exact_are_resumable() -> None:
 
 def test_the_splice_passes_only_whole_events_and_stops_at_a_tool_call() -> None:
     """Bytes of half an event are held back; a tool call makes the stream unresumable."""
-    splice = Splice("chat", 2)
+    splice = Splice("chat", 2, "vllm")
     first = b'data: {"id":"a","choices":[{"index":0,"delta":{"content":"hi "}}]}\n\n'
     assert splice.feed(first[:20]) == b""
     assert splice.feed(first[20:]) == first
@@ -292,7 +363,7 @@ def test_the_splice_passes_only_whole_events_and_stops_at_a_tool_call() -> None:
 def test_the_splice_reads_events_separated_by_crlf() -> None:
     """A server framing events with CRLF (sse-starlette's default) is read event by event
     too, and its [DONE] ends the stream."""
-    splice = Splice("completions", 2)
+    splice = Splice("completions", 2, "vllm")
     first = b'data: {"id":"c","choices":[{"index":0,"text":"t0 "}]}\r\n\r\n'
     done = b"data: [DONE]\r\n\r\n"
     assert splice.feed(first[:-1]) == b""

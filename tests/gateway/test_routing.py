@@ -219,8 +219,9 @@ def test_headroom_follows_max_concurrency_and_the_engine_queue() -> None:
     assert bal.headroom(A, 1, None, 5) == UNLIMITED   # no queue: room until told otherwise
 
 
-def test_parse_metrics_reads_vllm_and_llama_cpp_pages() -> None:
-    """The queue figures are read from either engine's page, summed over label sets."""
+def test_parse_metrics_reads_vllm_llama_cpp_and_sglang_pages() -> None:
+    """The queue figures are read from vLLM's, llama.cpp's and SGLang's pages, summed over
+    label sets."""
     vllm = (b'# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n'
             b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
             b'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
@@ -234,6 +235,11 @@ def test_parse_metrics_reads_vllm_and_llama_cpp_pages() -> None:
                                prefix_hits=60.0)
     llama = b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n"
     assert parse_metrics(llama) == EngineSample(running=1, waiting=2)
+    sglang = (b'sglang:num_running_reqs{model_name="m",engine_type="unified"} 8.0\n'
+              b'sglang:num_queue_reqs{model_name="m",engine_type="unified"} 4.0\n'
+              b'sglang:token_usage{model_name="m",engine_type="unified"} 0.25\n'
+              b'sglang:cache_hit_rate{model_name="m",engine_type="unified"} 0.5\n')
+    assert parse_metrics(sglang) == EngineSample(running=8, waiting=4, kv_usage=0.25)
 
 
 @pytest.mark.parametrize("page", [b"", b"not prometheus at all", b"\xff\xfe\x00",
