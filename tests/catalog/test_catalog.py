@@ -262,10 +262,10 @@ def test_a_broken_declared_model_stops_the_server_before_it_starts(tmp_path: obj
 def test_environment_overrides_connection_settings(tmp_path: object) -> None:
     """LLMGW_DATABASE_URL and NOMAD_ADDR win over the file."""
     cfg = load_config("examples/server.yaml", env={
-        "LLMGW_DATABASE_URL": "sqlite:///x.db", "NOMAD_ADDR": "http://n:4646",
+        "LLMGW_DATABASE_URL": "sqlite:///x.db", "NOMAD_ADDR": "https://n:4646",
         "LLMGW_ADMIN_TOKENS": "alice=s3cret-alice,plain-token-1"})
     assert cfg.database == "sqlite:///x.db"
-    assert cfg.scheduler.nomad.address == "http://n:4646"
+    assert cfg.scheduler.nomad.address == "https://n:4646"
     assert cfg.admin_token_names() == {"s3cret-alice": "alice", "plain-token-1": "admin-1"}
 
 
