@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import Runtime, build_catalog
 from llmgw.catalog.decode import decode_yaml
 from llmgw.catalog.model import GpuClass, Model
@@ -202,6 +203,8 @@ class ServerConfig(_Conf, frozen=True):
     # replaced with the model's name (e.g. a Grafana URL with ``var-model={model}``).
     dashboard_url: str | None = None
     models: list[Model] = []
+    # LoRA adapters served on the models above (``llmgw.catalog.adapter``).
+    adapters: list[Adapter] = []
 
     @property
     def runtime(self) -> Runtime:
@@ -418,11 +421,15 @@ def check_config(cfg: ServerConfig, source: str) -> None:
             field="database",
         )
     try:
-        build_catalog(cfg.models, cfg.gpu_classes, cfg.runtime)
+        build_catalog(cfg.models, cfg.gpu_classes, cfg.runtime, adapters=cfg.adapters)
     except DefinitionError as exc:
         index = next((i for i, m in enumerate(cfg.models) if f"model {m.name!r}" in exc.message),
                      None)
         where = f"models[{index}]" if index is not None else "models"
+        found = next((i for i, a in enumerate(cfg.adapters)
+                      if exc.message.startswith(f"adapter {a.name!r}")), None)
+        if found is not None:
+            where = f"adapters[{found}]"
         raise ConfigError(f"{source}: {where}: {exc.message}", field=exc.field) from None
 
 

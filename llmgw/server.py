@@ -95,7 +95,7 @@ class Server:
         self.models = ModelService(
             config.models, dict(config.gpu_classes), self.store,
             placement_check=self.backend.check_placement, config_name=config_name,
-            runtime=config.runtime,
+            runtime=config.runtime, declared_adapters=config.adapters,
         )
         if source_check is None:
             from llmgw.weights.check import model_source_checker

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter, check_adapters, check_lora
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import Capability, GpuClass, Model, Profile, Scaling
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
@@ -96,9 +97,27 @@ class Catalog:
     models: Mapping[str, Model]
     gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
     provenance: Mapping[str, Provenance] = field(default_factory=dict)
+    # LoRA adapters by name (``llmgw.catalog.adapter``), and which were added at run time.
+    adapters: Mapping[str, Adapter] = field(default_factory=dict)
+    adapter_provenance: Mapping[str, Provenance] = field(default_factory=dict)
 
     def get(self, name: str) -> Model | None:
         return self.models.get(name)
+
+    def served(self, name: str) -> tuple[Model, Adapter | None] | None:
+        """What a request's ``model`` names: a model, or an adapter and its base."""
+        model = self.models.get(name)
+        if model is not None:
+            return model, None
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            return None
+        base = self.models.get(adapter.base)
+        return (base, adapter) if base is not None else None
+
+    def adapters_of(self, base: str) -> list[Adapter]:
+        return sorted((a for a in self.adapters.values() if a.base == base),
+                      key=lambda a: a.name)
 
     def origin(self, name: str) -> Provenance:
         return self.provenance.get(name, DECLARED)
@@ -413,6 +432,16 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
                               field="scaling.scale_down_delay")
     _check_routing(m)
     _check_health(m)
+    if m.lora is not None or any(p.lora is not None for p in m.profiles):
+        if m.external:
+            raise DefinitionError(
+                "lora: an external model (upstream) is not run by llmgw, so llmgw cannot "
+                "size its adapter slots; remove lora", field="lora")
+        if m.lora is not None:
+            check_lora(m.lora, "lora")
+        for j, p in enumerate(m.profiles):
+            if p.lora is not None:
+                check_lora(p.lora, f"profiles[{j}].lora")
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(
@@ -430,8 +459,11 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
 def build_catalog(
     models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None,
     runtime: Runtime | None = None, provenance: Mapping[str, Provenance] | None = None,
+    adapters: Iterable[Adapter] = (),
+    adapter_provenance: Mapping[str, Provenance] | None = None,
 ) -> Catalog:
-    """Validate ``models`` together and return the catalog they make.
+    """Validate ``models`` (and the ``adapters`` served on them) together and return the
+    catalog they make.
 
     Raises DefinitionError naming the model and the field of the first problem.
     """
@@ -458,7 +490,12 @@ def build_catalog(
                 )
     _refuse_cycles(built)
     kept = {name: p for name, p in (provenance or {}).items() if name in built}
-    return Catalog(models=built, gpu_classes=classes, provenance=kept)
+    rt = runtime or Runtime()
+    served = check_adapters(adapters, built, scheduler=rt.scheduler, mirror=rt.mirror)
+    kept_adapters = {name: p for name, p in (adapter_provenance or {}).items()
+                     if name in served}
+    return Catalog(models=built, gpu_classes=classes, provenance=kept, adapters=served,
+                   adapter_provenance=kept_adapters)
 
 
 def _refuse_cycles(models: Mapping[str, Model]) -> None:

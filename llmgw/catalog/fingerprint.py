@@ -31,6 +31,10 @@ def fingerprint(model: Model, profile: Profile) -> str:
         "served_name": model.engine_model_name,
         "profile": profile,
     }
+    if model.lora is not None and profile.lora is None:
+        # The model's adapter capacity is a launch input (the engine's LoRA flags);
+        # which adapters exist is not: they are loaded into running replicas.
+        launch["lora"] = model.lora
     digest = hashlib.sha256(encode(launch, sort_keys=True)).hexdigest()
     return f"sha256:{digest[:16]}"
 
