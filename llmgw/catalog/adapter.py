@@ -191,17 +191,20 @@ def check_adapters(adapters: Iterable[Adapter], models: Mapping[str, Model], *,
     the adapter and the field of the first problem."""
     from llmgw.catalog.build import check_name
 
+    def check_one(a: Adapter) -> None:
+        check_name(a.name, "adapter name")
+        if a.name in models:
+            raise DefinitionError(
+                f"name: {a.name!r} is a model's name; clients put either in `model`, so "
+                "an adapter needs a name of its own", field="name")
+        base = _refuse_base(a, models, scheduler)
+        _refuse_rank(a, base)
+        _refuse_source(a, base, scheduler, mirror)
+
     out: dict[str, Adapter] = {}
     for a in adapters:
         try:
-            check_name(a.name, "adapter name")
-            if a.name in models:
-                raise DefinitionError(
-                    f"name: {a.name!r} is a model's name; clients put either in `model`, so "
-                    "an adapter needs a name of its own", field="name")
-            base = _refuse_base(a, models, scheduler)
-            _refuse_rank(a, base)
-            _refuse_source(a, base, scheduler, mirror)
+            check_one(a)
         except DefinitionError as exc:
             raise DefinitionError(f"adapter {a.name!r}: {exc.message}", field=exc.field) \
                 from None

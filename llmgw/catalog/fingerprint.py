@@ -25,7 +25,7 @@ from llmgw.catalog.model import Model, Profile
 
 def fingerprint(model: Model, profile: Profile) -> str:
     """``sha256:`` and the first 16 hex digits of the hash of the launch inputs."""
-    launch = {
+    launch: dict[str, object] = {
         "source": model.source,
         "engine": model.engine,
         "served_name": model.engine_model_name,

@@ -14,10 +14,11 @@ from llmgw.catalog.units import Size
 from llmgw.config import ServerConfig, check_config
 from llmgw.errors import ConfigError, DefinitionError
 
+DEFAULT_LORA = Lora()
 GPUS = {"l40s": GpuClass(device="NVIDIA L40S", memory=Size.parse("46068MiB"))}
 
 
-def base(name: str = "qwen", *, lora: Lora | None = Lora(), engine: str = "vllm",
+def base(name: str = "qwen", *, lora: Lora | None = DEFAULT_LORA, engine: str = "vllm",
          profile_lora: Lora | None = None) -> Model:
     return Model(name=name, source=Source.parse("http://mirror.internal/qwen/"),
                  engine=engine,  # type: ignore[arg-type]
@@ -44,7 +45,9 @@ def test_an_adapter_is_found_by_name_with_its_base() -> None:
     """A request's model may name an adapter; the catalog answers with it and its base."""
     catalog = build_catalog([base()], GPUS, adapters=[adapter(), adapter("qwen-chat")])
     found = catalog.served("qwen-sql")
-    assert found is not None and found[0].name == "qwen" and found[1] == adapter()
+    assert found is not None
+    assert found[0].name == "qwen"
+    assert found[1] == adapter()
     assert [a.name for a in catalog.adapters_of("qwen")] == ["qwen-chat", "qwen-sql"]
     assert catalog.served("qwen") == (catalog.models["qwen"], None)
 
@@ -52,19 +55,22 @@ def test_an_adapter_is_found_by_name_with_its_base() -> None:
 def test_an_adapter_whose_base_does_not_exist_is_refused_naming_base() -> None:
     """The base must be a model of the catalog."""
     err = refused([adapter(base="llama")])
-    assert err.field == "base" and "there is no model 'llama'" in err.message
+    assert err.field == "base"
+    assert "there is no model 'llama'" in err.message
 
 
 def test_an_adapter_named_like_a_model_is_refused() -> None:
     """Clients put either name in `model`, so the two share one name space."""
     err = refused([adapter("qwen")])
-    assert err.field == "name" and "is a model's name" in err.message
+    assert err.field == "name"
+    assert "is a model's name" in err.message
 
 
 def test_a_base_without_a_lora_block_cannot_serve_adapters() -> None:
     """Enabling LoRA costs every replica memory, so it is asked for, never implied."""
     err = refused([adapter()], [base(lora=None)])
-    assert err.field == "base" and "serves no adapters: add a `lora:` block" in err.message
+    assert err.field == "base"
+    assert "serves no adapters: add a `lora:` block" in err.message
 
 
 def test_an_external_base_and_the_embedded_llama_cpp_server_are_refused() -> None:
@@ -75,13 +81,15 @@ def test_an_external_base_and_the_embedded_llama_cpp_server_are_refused() -> Non
                 profiles=[Profile(name="cpu", cpu_cores=2, memory=Size.parse("4GiB"))],
                 lora=Lora())
     err = refused([adapter(source=Source.parse("/adapters/sql.gguf"))], [cpp])
-    assert err.field == "base" and "llama-cpp-python" in err.message
+    assert err.field == "base"
+    assert "llama-cpp-python" in err.message
 
 
 def test_a_rank_above_the_profiles_maximum_is_refused_naming_rank() -> None:
     """vLLM refuses to load an adapter of a rank above --max-lora-rank; llmgw says so first."""
     err = refused([adapter(rank=32)])
-    assert err.field == "rank" and "exceeds the maximum rank" in err.message
+    assert err.field == "rank"
+    assert "exceeds the maximum rank" in err.message
     assert "'l40s' (16" in err.message
     build_catalog([base(profile_lora=Lora(max_rank=64))], GPUS, adapters=[adapter(rank=32)])
 
@@ -94,7 +102,8 @@ def test_a_nomad_adapter_must_be_fetchable_by_a_node() -> None:
     assert "mirror" in refused([adapter(source=Source.parse("hf://org/sql-lora"))],
                                runtime=nomad).message
     file = refused([adapter(source=Source.parse("http://mirror.internal/sql.safetensors"))])
-    assert file.field == "source" and "end the URL with '/'" in file.message
+    assert file.field == "source"
+    assert "end the URL with '/'" in file.message
 
 
 def test_lora_sizes_fill_in_defaults_and_a_profile_block_wins() -> None:
@@ -102,10 +111,12 @@ def test_lora_sizes_fill_in_defaults_and_a_profile_block_wins() -> None:
     m = base(lora=Lora(slots=2))
     assert lora_sizes(m, m.profiles[0]) is not None
     sizes = lora_sizes(m, m.profiles[0])
-    assert sizes is not None and (sizes.slots, sizes.max_rank, sizes.cpu_slots) == (2, 16, 8)
+    assert sizes is not None
+    assert (sizes.slots, sizes.max_rank, sizes.cpu_slots) == (2, 16, 8)
     p = base(profile_lora=Lora(slots=8, max_rank=32, cpu_slots=8))
     sizes = lora_sizes(p, p.profiles[0])
-    assert sizes is not None and (sizes.slots, sizes.max_rank, sizes.cpu_slots) == (8, 32, 8)
+    assert sizes is not None
+    assert (sizes.slots, sizes.max_rank, sizes.cpu_slots) == (8, 32, 8)
     assert lora_sizes(base(lora=None), None) is None
 
 
