@@ -48,7 +48,7 @@ def make_trace(seed: int, *, adapters: list[str], s: float = 1.1, rate: float = 
                max_tokens: int = 24) -> list[AdapterSession]:
     """Sessions arriving at ``rate`` per second for ``duration`` seconds, each on an
     adapter drawn by Zipf(``s``) popularity, ranked in the order of ``adapters``."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (a reproducible trace, not a secret)
     cumulative = list(itertools.accumulate(zipf_weights(len(adapters), s)))
     out: list[AdapterSession] = []
     t = 0.0

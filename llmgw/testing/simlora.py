@@ -143,7 +143,8 @@ class LoraEngine:
         if name in self.registered:
             return _error(400, "InvalidUserInput",
                           f"The lora adapter '{name}' has already been loaded.")
-        if self.check_paths and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        config = os.path.join(path, "adapter_config.json")
+        if self.check_paths and not await asyncio.to_thread(os.path.isfile, config):
             return _error(404, "NotFoundError",
                           f"No adapter found for {path}: adapter_config.json is missing")
         self.load_calls += 1
