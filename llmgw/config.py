@@ -149,6 +149,9 @@ class GatewayConfig(_Conf, frozen=True):
     # A streaming request held for a replica (admission queue, on-demand start) gets an
     # SSE comment this often, so proxies and clients do not time it out; 0: never.
     keepalive_interval: Duration = Duration(5, "5s")
+    # How long a request for a LoRA adapter is held while the adapter loads into a replica
+    # (or waits for an adapter slot to free); beyond it, 503.
+    adapter_load_wait: Duration = Duration(120, "2m")
     # The usage ledger: one record per request, written to the store in batches.
     ledger: bool = True
     # How often the ledger's buffer is written (also the lag of token budgets).
@@ -341,7 +344,7 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                 "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
-                "budget_interval", "ledger_buffer", "usage_retention"):
+                "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:
