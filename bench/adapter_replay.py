@@ -92,14 +92,14 @@ class _EndpointsOnly:
     async def set_demand(self, model: str, replicas: int) -> None:
         return None
 
-    async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait_changed(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
 
 
 class RandomPlacer(AdapterManager):
     """(a) A random live replica; load the adapter there on a miss."""
 
-    rng = random.Random(0)  # noqa: S311 (a benchmark's choice, not a secret)
+    rng = random.Random(0)
 
     async def place(self, req: ForwardRequest, model: Model, urls: Sequence[str],
                     tried: set[str]) -> str | None:

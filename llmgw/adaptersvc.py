@@ -7,7 +7,7 @@ statements, and gained nothing: an adapter change must take the same catalog
 lock and bump the same catalog version as a model change — a base's removal
 is refused while an adapter names it, which is only sound if both are read
 in one transaction — and every process must reload on it. A catalog name
-cannot contain ':' (``llmgw.catalog.build.NAME_RE``), so no model row can be
+cannot contain ':' (``llmgw.catalog.names.NAME_RE``), so no model row can be
 mistaken for an adapter row, and an older llmgw reading the table skips such
 a row with a warning rather than serving it.
 

@@ -45,6 +45,7 @@ from typing import Annotated
 import msgspec
 
 from llmgw.catalog.model import Lora, Model, Profile, _Spec
+from llmgw.catalog.names import check_name
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, Source, UrlSource
 from llmgw.errors import DefinitionError
 
@@ -189,8 +190,6 @@ def check_adapters(adapters: Iterable[Adapter], models: Mapping[str, Model], *,
                    scheduler: str = "local", mirror: str | None = None) -> dict[str, Adapter]:
     """Validate ``adapters`` against the models they are served on; DefinitionError naming
     the adapter and the field of the first problem."""
-    from llmgw.catalog.build import check_name
-
     def check_one(a: Adapter) -> None:
         check_name(a.name, "adapter name")
         if a.name in models:
