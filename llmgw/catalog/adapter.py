@@ -27,14 +27,16 @@ What each engine can do with an adapter (README "Adapters"):
   serving LoRA Adapters"), and a request picks its adapter by ``model``.
 * llama.cpp's server (llama-server, on Nomad) loads the adapters it is given
   at start (``--lora FILE``, ``--lora-scaled FILE SCALE``); ``/lora-adapters``
-  only changes their scales, and a request's ``lora`` field sets the scales for
-  that request (tools/server/README.md). It cannot load a new adapter while it
-  runs, so a llama.cpp base starts with every adapter of the catalog and an
-  adapter change there restarts its replicas — the one exception to the rule
-  above, refused rather than done silently (``check_adapters``).
+  only changes their scales, and a request's ``lora`` field (a list of
+  ``{id, scale}``) sets the scales for that request (tools/server/README.md).
+  It cannot load an adapter while it runs: serving one would restart every
+  replica of the base at each adapter change, against the rule above.
 * llama-cpp-python's server (the embedded mode's llama.cpp) takes one
-  ``lora_path`` per model at start and no per-request selection; an adapter
-  would be a second copy of the base in memory. It is refused as a base.
+  ``lora_path`` per model entry at start (its ``ModelSettings``) and selects
+  none per request; each adapter would be another copy of the base.
+
+So a llama.cpp base is refused (``check_adapters``), saying why; serve the
+base with vLLM to serve its fine-tunes.
 """
 
 from __future__ import annotations
@@ -134,11 +136,14 @@ def _refuse_base(adapter: Adapter, models: Mapping[str, Model], scheduler: str) 
             f"base: model {base.name!r} is external (upstream): llmgw cannot load adapters "
             "into a server it does not run; declare the adapter on that server and add it "
             "as a model of its own", field="base")
-    if base.engine == "llama.cpp" and scheduler == "local":
+    if base.engine == "llama.cpp":
+        server = ("the embedded llama.cpp server (llama-cpp-python) takes one adapter per "
+                  "model at start and selects none per request" if scheduler == "local" else
+                  "llama-server loads adapters only at start (--lora), so every adapter "
+                  "change would restart the base's replicas")
         raise DefinitionError(
-            f"base: model {base.name!r} runs on the embedded llama.cpp server "
-            "(llama-cpp-python), which takes one adapter per model at start and none per "
-            "request; serve the base with vLLM, or on Nomad (llama-server)", field="base")
+            f"base: model {base.name!r} runs on llama.cpp, and {server}; serve the base "
+            "with vLLM to serve adapters", field="base")
     if base.lora is None and not any(p.lora is not None for p in base.profiles):
         raise DefinitionError(
             f"base: model {base.name!r} serves no adapters: add a `lora:` block to it "
@@ -223,3 +228,20 @@ def decode_adapter_file(data: bytes | str, *, source: str) -> Adapter:
     from llmgw.catalog.decode import decode_yaml
 
     return decode_yaml(data, Adapter, source=source)
+
+
+# The switch vLLM's API server reads before it mounts /v1/load_lora_adapter and
+# /v1/unload_lora_adapter (vllm/envs.py, VLLM_ALLOW_RUNTIME_LORA_UPDATING; the
+# routes are added in vllm/entrypoints/openai/api_server.py only when it is set).
+RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def vllm_lora_launch(model: Model, profile: Profile) -> tuple[list[str], dict[str, str]]:
+    """The vLLM flags and environment a replica of ``profile`` serves adapters with
+    (none when the model has no ``lora`` block). Both schedulers use this one list."""
+    sizes = lora_sizes(model, profile)
+    if sizes is None:
+        return [], {}
+    return (["--enable-lora", "--max-loras", str(sizes.slots),
+             "--max-lora-rank", str(sizes.max_rank),
+             "--max-cpu-loras", str(sizes.cpu_slots)], dict(RUNTIME_LORA_ENV))

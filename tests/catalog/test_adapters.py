@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from llmgw.catalog.adapter import Adapter, lora_sizes
@@ -73,7 +74,7 @@ def test_a_base_without_a_lora_block_cannot_serve_adapters() -> None:
     assert "serves no adapters: add a `lora:` block" in err.message
 
 
-def test_an_external_base_and_the_embedded_llama_cpp_server_are_refused() -> None:
+def test_an_external_base_and_llama_cpp_bases_are_refused() -> None:
     """Neither can load an adapter llmgw gives it."""
     external = Model(name="qwen", upstream=["http://10.0.0.1:8000"])
     assert "is external" in refused([adapter()], [external]).message
@@ -83,6 +84,9 @@ def test_an_external_base_and_the_embedded_llama_cpp_server_are_refused() -> Non
     err = refused([adapter(source=Source.parse("/adapters/sql.gguf"))], [cpp])
     assert err.field == "base"
     assert "llama-cpp-python" in err.message
+    on_nomad = msgspec.structs.replace(cpp, source=Source.parse("http://m/q.gguf"))
+    err = refused([adapter()], [on_nomad], runtime=Runtime(scheduler="nomad"))
+    assert "llama-server loads adapters only at start (--lora)" in err.message
 
 
 def test_a_rank_above_the_profiles_maximum_is_refused_naming_rank() -> None:
