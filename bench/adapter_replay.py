@@ -1,6 +1,6 @@
 """LoRA adapter routing on a replayed Zipf trace: random, sticky hashing, and llmgw's.
 
-    .venv/bin/python bench/adapter_replay.py [--seeds 1,2,3] [--duration 40] [--rate 4]
+    .venv/bin/python bench/adapter_replay.py [--seeds 1,2,3] [--duration 100] [--rate 4]
 
 Four simulated vLLM replicas (``llmgw.testing.simengine``) with four adapter
 slots each (``--max-loras 4``, ``--max-cpu-loras 4``: vLLM's default host
@@ -20,8 +20,8 @@ proxy, retries and keep-alive), so only the placement differs:
 * **llmgw**: ``llmgw.gateway.adapters`` — to a holder by queue, load on the
   best placed replica with LRU eviction and residency, spread when hot.
 
-Half-way through each run the replica that is loading an adapter at that
-moment (else the busiest) is killed; discovery drops it a second later, as
+Half-way through each run the first replica seen loading an adapter (within
+20 s; else the busiest) is killed; discovery drops it a second later, as
 Nomad deregistration would. The figures: adapter loads per 1,000 requests
 (every read of an adapter from disk the engines did, the engines' own
 count), the share of requests that found their adapter loaded, TTFT p50 and
@@ -205,7 +205,11 @@ async def _session(http: aiohttp.ClientSession, url: str, s: AdapterSession, t0:
 async def _fault(engines: list[SimEngine], backend: _EndpointsOnly, at: float) -> str:
     await asyncio.sleep(at)
     live = [e for e in engines if e.url in backend.urls]
-    loading = [e for e in live if e.lora._reading]
+    # Wait (up to 20 s) for a replica to be loading an adapter, and kill that one.
+    deadline = time.monotonic() + 20.0
+    while not (loading := [e for e in live if e.lora._reading]) and \
+            time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
     victim = loading[0] if loading else max(live, key=lambda e: e.running + e.waiting)
     await victim.stop()
     await asyncio.sleep(1.0)          # discovery notices a second later
@@ -280,7 +284,7 @@ def _pct(values: list[float], q: float) -> float:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--duration", type=float, default=100.0)
     parser.add_argument("--rate", type=float, default=4.0, help="new sessions per second")
     parser.add_argument("--policies", default="random,chwbl,llmgw")
     args = parser.parse_args()

@@ -27,6 +27,7 @@ from litestar import Litestar
 
 from llmgw import admin
 from llmgw.api.app import create_app
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.control.context import AppContext
@@ -85,6 +86,7 @@ class Server:
         backend: Backend | None = None,
         on_event: Callable[[LocalEvent], None] | None = None,
         source_check: Callable[[Model], Awaitable[None]] | None = None,
+        adapter_check: Callable[[Adapter], Awaitable[None]] | None = None,
         reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None,
         watch_interval: float = 0.5,
         control_only: bool = False,
@@ -106,9 +108,16 @@ class Server:
 
             reservation_check = reservation_checker(
                 embedded=config.scheduler.kind == "local", mirror=config.mirror)
+        if adapter_check is None:
+            from llmgw.weights.adaptercheck import check_adapter_source
+
+            async def adapter_check(adapter: Adapter) -> None:
+                await check_adapter_source(adapter, mirror=config.mirror)
+
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
                               store=self.store, source_check=source_check,
-                              reservation_check=reservation_check)
+                              reservation_check=reservation_check,
+                              adapter_check=adapter_check)
         self.api = control_app(self.ctx)
         self.api.on_startup.append(self.start)
         self.api.on_shutdown.append(self.close)
@@ -118,6 +127,7 @@ class Server:
         from llmgw.gateway.app import Gateway
 
         self.gateway = Gateway(config, self.models, self.backend, self.store)
+        self.ctx.adapters_loaded = self.gateway.adapters.loaded_where
         # With gateway workers (llmgw serve --workers N) this process is the
         # control plane only: the workers serve /v1 and read the scheduler
         # through the relay (llmgw.workers).

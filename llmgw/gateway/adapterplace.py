@@ -97,6 +97,9 @@ class Placement:
             h = self._held[url] = Held()
         return h
 
+    def urls(self) -> list[str]:
+        return list(self._held)
+
     def loaded(self, url: str) -> list[str]:
         h = self._held.get(url)
         return list(h.loaded) if h is not None else []

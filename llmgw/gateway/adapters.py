@@ -219,6 +219,14 @@ class AdapterManager:
             self.placement.used(choice.url, adapter.name, self.clock())
             return choice.url
 
+    def loaded_where(self) -> dict[str, list[str]]:
+        """Adapter → the replicas known to hold it (the admin page and the API show it)."""
+        out: dict[str, list[str]] = {}
+        for url in self.placement.urls():
+            for name in self.placement.loaded(url):
+                out.setdefault(name, []).append(url)
+        return out
+
     def missing(self, url: str, adapter: str) -> None:
         """The engine at ``url`` answered 404 for ``adapter``: it is not loaded there."""
         self.placement.unloaded(url, adapter)
