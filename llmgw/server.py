@@ -147,7 +147,8 @@ class Server:
             self.store, self.backend.holdings,
             f"{socket.gethostname()}:{os.getpid()}:{id(self):x}",
             float(config.costs.meter_interval), gpu_classes=dict(config.gpu_classes),
-            costs=config.costs)
+            costs=config.costs,
+            bases=lambda: {a.name: a.base for a in self.models.catalog.adapters.values()})
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
         self._serving = False
