@@ -57,7 +57,7 @@ from llmgw.errors import DefinitionError
 # two adapters alternating on a replica reload on every request. The CPU cache
 # holds four times the slots: an adapter evicted from a slot comes back from
 # host memory in milliseconds instead of from disk, and at rank 16 on an 8B
-# base an adapter is ~42 MiB of host memory (``llmgw.planner.lora``).
+# base an adapter is 80 MiB of host memory (``llmgw.planner.lora``).
 DEFAULT_SLOTS = 4
 DEFAULT_MAX_RANK = 16
 CPU_SLOTS_PER_SLOT = 4
