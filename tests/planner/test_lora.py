@@ -6,7 +6,7 @@ from llmgw.planner.arch import architecture_from_config
 from llmgw.planner.candidates import PoolSpec
 from llmgw.planner.lora import adapter_params, lora_memory, slot_bytes_per_gpu
 from tests.planner.fixtures import load_config
-from tests.planner.test_plan import H100, MiB, pick, plan
+from tests.planner.test_plan import MiB, pick, plan
 
 
 def test_one_llama_8b_slot_at_rank_16_is_the_published_lora_size() -> None:
@@ -29,7 +29,8 @@ def test_tensor_parallel_ranks_hold_their_shard_and_the_replicated_factor() -> N
 
 def test_the_plan_counts_adapter_slots_in_the_fit_and_shows_them() -> None:
     """The reservation shrinks the context that fits, and enough of it does not fit."""
-    pools = [PoolSpec(name="h100", gpus_per_node=1, gpu_memory=H100)]
+    # An L4's 24 GB: small enough that the context is bounded by memory, not the model.
+    pools = [PoolSpec(name="l4", gpus_per_node=1, gpu_memory=23034 * MiB)]
     plain = pick(plan("llama-3.1-8b-instruct", pools), "bf16", 1)
     with_lora = pick(plan("llama-3.1-8b-instruct", pools, lora_slots=4, lora_rank=16),
                      "bf16", 1)
