@@ -209,7 +209,7 @@ class AdapterManager:
                 await asyncio.sleep(0.05)
                 continue
             if choice.spread_to is not None:
-                self._spawn(self.load(choice.spread_to, adapter, choice.spread_evict))
+                self._spawn(self._try_load(choice.spread_to, adapter, choice.spread_evict))
             if choice.load:
                 why = await self._try_load(choice.url, adapter, choice.evict)
                 if why is not None:

@@ -48,7 +48,9 @@ models:
         gpus: 1
         cpu_cores: 1
         memory: 1GiB
-        env: {{PYTHONPATH: "{shim}", LLMGW_SIM_SPEC: '{{"step_time": 0.002, "lora_load_time": 0.3}}'}}
+        env:
+          PYTHONPATH: "{shim}"
+          LLMGW_SIM_SPEC: '{{"step_time": 0.002, "lora_load_time": 0.3}}'
 adapters:
   - name: qwen-sql
     base: qwen
