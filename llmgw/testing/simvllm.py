@@ -80,3 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     args, spec = spec_from_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args, spec))
+
+
+if __name__ == "__main__":
+    main()
