@@ -93,7 +93,7 @@ async def on_nomad(replicas: int) -> AsyncIterator[tuple[NomadBackend, FakeNomad
 
 
 async def test_the_rendered_job_serves_two_adapters_through_the_openai_client(
-        make_gateway: GatewayFactory) -> None:
+        make_gateway: GatewayFactory) -> None:  # noqa: F811 (the fixture imported above)
     """vLLM with --enable-lora and the switch; each adapter answers as itself, loaded from
     the node cache path of its mirror URL."""
     async with on_nomad(1) as (backend, _, workloads):
