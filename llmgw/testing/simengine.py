@@ -186,6 +186,7 @@ class SimEngine:
         self.metrics_broken = False      # /metrics answers 500 (a scrape that fails)
         self.requests = 0                # inference requests received
         self.paths: list[str] = []       # every path requested, in order
+        self.asked: list[str] = []       # the ``model`` of each inference request, in order
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._running: list[_Seq] = []
         self._cache: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -390,6 +391,7 @@ class SimEngine:
         max_tokens = limit if isinstance(limit, int) and limit > 0 else \
             self.spec.default_max_tokens
         model = body.get("model", self.name)
+        self.asked.append(str(model))
         adapter = model if model in self.lora.registered else None
         if self.lora.enabled and adapter is None and model != self.name:
             return web.json_response({"object": "error", "type": "NotFoundError",

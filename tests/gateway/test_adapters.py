@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llmgw.catalog.adapter import Adapter
@@ -234,3 +235,19 @@ async def test_a_key_without_the_adapter_in_its_allow_list_is_refused(
     listed = (await gw.client.get("/v1/models", headers={
         "Authorization": f"Bearer {token}"})).json()["data"]
     assert [c["id"] for c in listed] == ["qwen"]
+
+
+async def test_a_responses_request_names_the_adapter_to_the_engine(
+        make_gateway: GatewayFactory, sims: Sims, tmp_path: Path) -> None:
+    """A Responses request for an adapter reaches the engine as the adapter, not its base."""
+    [engine] = await sims(1)
+    sql = Adapter(name="qwen-sql", base="qwen",
+                  source=Source.parse(str(adapter_dir(tmp_path, "sql"))))
+    model = msgspec.structs.replace(base(), capabilities=["chat", "completions"])
+    gw = await make_gateway([model], **FAST)
+    gw.catalogs.catalog = build_catalog([model], adapters=[sql])
+    gw.backend.set_endpoints("qwen", [engine.url])
+    r = await gw.client.post("/v1/responses", json={"model": "qwen-sql", "input": "hi",
+                                                    "max_output_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert engine.asked == ["qwen-sql"]
