@@ -115,7 +115,8 @@ class AdapterManager:
                  replicas: Callable[[Model], list[str]], clock: Callable[[], float], *,
                  scheduler: str = "local", mirror: str | None = None,
                  profile_of: Callable[[str], str | None] = lambda _: None,
-                 load_wait: float = 120.0, interval: float = 1.0) -> None:
+                 load_wait: float = 120.0, interval: float = 1.0,
+                 on_load: Callable[[str, str, str], None] = lambda *_: None) -> None:
         self.balancer = balancer
         self.catalog = catalog
         self.replicas = replicas
@@ -125,6 +126,8 @@ class AdapterManager:
         self.profile_of = profile_of
         self.load_wait = load_wait
         self.interval = interval
+        # (base, adapter, outcome) of every load asked for: the gateway's metric.
+        self.on_load = on_load
         self.placement = Placement()
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -294,6 +297,7 @@ class AdapterManager:
                 raise AdapterUnavailableError(f"the engine answered HTTP {status}: {text}")
         finally:
             placement.ended_load(url, adapter.name, self.clock(), ok=ok)
+            self.on_load(adapter.base, adapter.name, "loaded" if ok else "refused")
 
     async def unload(self, url: str, name: str) -> None:
         self.placement.unloaded(url, name)

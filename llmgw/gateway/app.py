@@ -183,7 +183,9 @@ class Gateway:
             self.balancer, lambda: self.models.catalog, self.replicas, self._loop_time,
             scheduler=config.scheduler.kind, mirror=config.mirror,
             profile_of=backend.profile_of, load_wait=float(gw.adapter_load_wait),
-            interval=float(gw.signal_interval))
+            interval=float(gw.signal_interval),
+            on_load=lambda base, name, outcome:
+                self.metrics.adapter_loads.labels(base, name, outcome).inc())
         self.forwarder.placer = self.adapters
         self.signals = SignalScraper(
             self.balancer, self._scrape_targets, self._loop_time,

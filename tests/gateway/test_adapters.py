@@ -83,6 +83,8 @@ async def test_concurrent_requests_for_an_unloaded_adapter_cause_one_load(
     assert {r.json()["model"] for r in answers} == {"qwen-sql"}
     assert gw.gateway.adapters.loads == 1
     assert engine.lora.registered["qwen-sql"] == str(tmp_path / "adapters" / "sql")
+    assert gw.gateway.metrics.adapter_loads.labels("qwen", "qwen-sql",
+                                                   "loaded")._value.get() == 1
     assert engine.requests == 8
 
 
