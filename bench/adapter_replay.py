@@ -3,8 +3,9 @@
     .venv/bin/python bench/adapter_replay.py [--seeds 1,2,3] [--duration 100] [--rate 4]
 
 Four simulated vLLM replicas (``llmgw.testing.simengine``) with four adapter
-slots each (``--max-loras 4``, ``--max-cpu-loras 4``: vLLM's default host
-cache equals the slots) serve one base; 40 adapters of it are asked for with
+slots each (``--max-loras 4``: at most four adapters in a batch) and llmgw's
+default host cache of four times that (``--max-cpu-loras 16``), the same for
+every policy, serve one base; 40 adapters of it are asked for with
 Zipf(1.1) popularity in multi-turn chat sessions
 (``llmgw.testing.adaptertrace``). Each policy gets a fresh fleet and the same
 trace, through the same gateway (one ``llmgw.gateway.Gateway``: the same
