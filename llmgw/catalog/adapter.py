@@ -181,6 +181,11 @@ def _refuse_source(adapter: Adapter, base: Model, scheduler: str, mirror: str | 
             raise DefinitionError(
                 f"source: {src.shown!r} would be downloaded from the Hub by each replica; set "
                 "mirror in server.yaml and add it with `llmgw mirror add`", field="source")
+    if scheduler == "local" and isinstance(src, HfSource | UrlSource):
+        raise DefinitionError(
+            f"source: {src.shown!r} is remote, and the embedded scheduler's engines read "
+            "adapters from this machine's disk; download it (adapter_config.json and its "
+            "weights) and give the directory's path", field="source")
     if isinstance(src, PkgSource):
         raise DefinitionError(
             f"source: {src.shown!r}: an adapter is a directory (adapter_config.json and its "

@@ -29,7 +29,7 @@ def base(name: str = "qwen", *, lora: Lora | None = DEFAULT_LORA, engine: str = 
 
 def adapter(name: str = "qwen-sql", **kw: object) -> Adapter:
     fields: dict[str, object] = {"base": "qwen",
-                                 "source": Source.parse("http://mirror.internal/sql/")}
+                                 "source": Source.parse("/adapters/sql")}
     fields.update(kw)
     return Adapter(name=name, **fields)  # type: ignore[arg-type]
 
@@ -98,14 +98,19 @@ def test_a_rank_above_the_profiles_maximum_is_refused_naming_rank() -> None:
     build_catalog([base(profile_lora=Lora(max_rank=64))], GPUS, adapters=[adapter(rank=32)])
 
 
-def test_a_nomad_adapter_must_be_fetchable_by_a_node() -> None:
-    """A local path is on no node; a Hub adapter reaches a node only through the mirror."""
+def test_an_adapter_must_be_where_the_engines_read_it() -> None:
+    """A local path is on no Nomad node, a Hub adapter reaches one only through the mirror,
+    and the embedded engines read only this machine's disk."""
+    local = refused([adapter(source=Source.parse("http://mirror.internal/sql/"))])
+    assert local.field == "source"
+    assert "give the directory's path" in local.message
     nomad = Runtime(scheduler="nomad")
     assert refused([adapter(source=Source.parse("/adapters/sql"))],
                    runtime=nomad).field == "source"
     assert "mirror" in refused([adapter(source=Source.parse("hf://org/sql-lora"))],
                                runtime=nomad).message
-    file = refused([adapter(source=Source.parse("http://mirror.internal/sql.safetensors"))])
+    file = refused([adapter(source=Source.parse("http://mirror.internal/sql.safetensors"))],
+                   runtime=nomad)
     assert file.field == "source"
     assert "end the URL with '/'" in file.message
 

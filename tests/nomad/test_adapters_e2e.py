@@ -103,7 +103,8 @@ async def test_the_rendered_job_serves_two_adapters_through_the_openai_client(
         assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
         gw = await make_gateway([BASE], backend=backend,  # type: ignore[arg-type]
                                 signal_interval="200ms")
-        gw.catalogs.catalog = build_catalog([BASE], adapters=ADAPTERS)
+        gw.catalogs.catalog = build_catalog(
+            [BASE], runtime=Runtime(scheduler="nomad", mirror=MIRROR), adapters=ADAPTERS)
         client = gw.openai()
         for name in ("qwen-sql", "qwen-support", "qwen-sql", "qwen-support"):
             answer = await client.chat.completions.create(
