@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import Runtime, build_catalog
 from llmgw.catalog.decode import decode_yaml
 from llmgw.catalog.model import GpuClass, Model
@@ -152,6 +153,9 @@ class GatewayConfig(_Conf, frozen=True):
     # A streaming request held for a replica (admission queue, on-demand start) gets an
     # SSE comment this often, so proxies and clients do not time it out; 0: never.
     keepalive_interval: Duration = Duration(5, "5s")
+    # How long a request for a LoRA adapter is held while the adapter loads into a replica
+    # (or waits for an adapter slot to free); beyond it, 503.
+    adapter_load_wait: Duration = Duration(120, "2m")
     # The usage ledger: one record per request, written to the store in batches.
     ledger: bool = True
     # How often the ledger's buffer is written (also the lag of token budgets).
@@ -206,6 +210,8 @@ class ServerConfig(_Conf, frozen=True):
     # replaced with the model's name (e.g. a Grafana URL with ``var-model={model}``).
     dashboard_url: str | None = None
     models: list[Model] = []
+    # LoRA adapters served on the models above (``llmgw.catalog.adapter``).
+    adapters: list[Adapter] = []
 
     @property
     def runtime(self) -> Runtime:
@@ -377,7 +383,7 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                 "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
-                "budget_interval", "ledger_buffer", "usage_retention"):
+                "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:
@@ -458,11 +464,15 @@ def check_config(cfg: ServerConfig, source: str) -> None:
             field="database",
         )
     try:
-        build_catalog(cfg.models, cfg.gpu_classes, cfg.runtime)
+        build_catalog(cfg.models, cfg.gpu_classes, cfg.runtime, adapters=cfg.adapters)
     except DefinitionError as exc:
         index = next((i for i, m in enumerate(cfg.models) if f"model {m.name!r}" in exc.message),
                      None)
         where = f"models[{index}]" if index is not None else "models"
+        found = next((i for i, a in enumerate(cfg.adapters)
+                      if exc.message.startswith(f"adapter {a.name!r}")), None)
+        if found is not None:
+            where = f"adapters[{found}]"
         raise ConfigError(f"{source}: {where}: {exc.message}", field=exc.field) from None
 
 

@@ -36,6 +36,8 @@ from typing import Literal
 
 import msgspec
 
+from llmgw import adaptersvc
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import (
     Catalog,
     Provenance,
@@ -80,16 +82,21 @@ class ModelService:
         placement_check: PlacementCheck | None = None,
         config_name: str = "server.yaml",
         runtime: Runtime | None = None,
+        declared_adapters: Sequence[Adapter] = (),
     ) -> None:
         self._declared = list(declared)
+        self._declared_adapters = list(declared_adapters)
+        self._declared_adapter_index = {a.name: i for i, a in enumerate(declared_adapters)}
         self._runtime = runtime or Runtime()
         self._declared_index = {m.name: i for i, m in enumerate(self._declared)}
         self._gpu_classes = gpu_classes
         self._store = store
         self._placement_check = placement_check
         self._config_name = config_name
-        self._catalog = build_catalog(self._declared, gpu_classes, self._runtime)
+        self._catalog = build_catalog(self._declared, gpu_classes, self._runtime,
+                                      adapters=self._declared_adapters)
         self._rows: dict[str, StoredModel] = {}
+        self._adapter_rows: dict[str, StoredModel] = {}
         self._version = -1
         self._listeners: list[Listener] = []
         self._reload_lock = asyncio.Lock()
@@ -173,7 +180,7 @@ class ModelService:
         if skipped is None:
             skipped = {}
         candidates: dict[str, tuple[Model, StoredModel]] = {}
-        for row in sorted(rows, key=lambda r: r.name):
+        for row in sorted(adaptersvc.model_rows(rows), key=lambda r: r.name):
             if row.name in self._declared_index:
                 skipped[row.name] = (f"a model of that name is declared in {self._config_name}, "
                                      "and configuration wins; remove the stored one")
@@ -215,11 +222,15 @@ class ModelService:
                 return self._catalog
             skipped: dict[str, str] = {}
             accepted, kept = self._assemble(rows, skipped)
+            adapters, kept_adapters = self._assemble_adapters(rows, accepted, skipped)
             for name, why in skipped.items():
-                log.warning("stored model %r was skipped: %s", name, why)
+                log.warning("stored %s was skipped: %s", name if name.startswith("adapter ")
+                            else f"model {name!r}", why)
             catalog = build_catalog(accepted, self._gpu_classes, self._runtime,
-                                    provenance=provenance(kept))
+                                    provenance=provenance(kept), adapters=adapters,
+                                    adapter_provenance=adaptersvc.provenance(kept_adapters))
             self._catalog, self._rows, self._version = catalog, kept, version
+            self._adapter_rows = kept_adapters
             self.skipped = skipped
         await self._notify(catalog)
         return catalog
@@ -321,6 +332,14 @@ class ModelService:
                     f"model {name!r} is a fallback of {', '.join(map(repr, users))}; "
                     "change their fallbacks first, or the removal would leave them "
                     "falling back to nothing")
+            adapters, _ = self._assemble_adapters(rows, everything, {})
+            served = adaptersvc.dependants(adapters, name)
+            if served:
+                raise RefusedError(
+                    f"model {name!r} is the base of adapter{'s' if len(served) > 1 else ''} "
+                    f"{', '.join(map(repr, served))}; remove "
+                    f"{'them' if len(served) > 1 else 'it'} first (`llmgw ctl adapter "
+                    "remove NAME`), or the removal would leave them served on nothing")
             accepted = [m for m in everything if m.name != name]
             self._build(accepted, f"removing {name!r} would make the catalog invalid")
             await tx.delete_model(name)
@@ -416,9 +435,82 @@ class ModelService:
         await self._reload_after_change()
         return final
 
+    # -- adapters ----------------------------------------------------------
+
+    def _assemble_adapters(self, rows: Sequence[StoredModel], models: Sequence[Model],
+                           skipped: dict[str, str]
+                           ) -> tuple[list[Adapter], dict[str, StoredModel]]:
+        """Declared adapters plus the stored ones valid on ``models`` (``adaptersvc``)."""
+        built = {m.name: m for m in models}
+        return adaptersvc.assemble(self._declared_adapters, adaptersvc.adapter_rows(rows),
+                                   built, self._runtime, self._config_name, skipped)
+
+    def adapter_origin(self, name: str) -> Origin:
+        return "declared" if name in self._declared_adapter_index else "runtime"
+
+    def stored_adapter(self, name: str) -> StoredModel | None:
+        return self._adapter_rows.get(name)
+
+    async def add_adapter(self, adapter: Adapter, by: str) -> Adapter:
+        """Put ``adapter`` in the catalog (replacing a runtime one of that name) and keep it.
+
+        The whole next catalog is built first, so an adapter whose base is
+        missing or cannot serve it is refused now, naming the field. No
+        replica restarts: adapters are loaded into running replicas.
+        """
+        if adapter.name in self._declared_adapter_index:
+            where = (f"{self._config_name} "
+                     f"(adapters[{self._declared_adapter_index[adapter.name]}])")
+            raise DefinitionError(
+                f"name: adapter {adapter.name!r} is declared in {where}; edit it there rather "
+                "than adding a second definition, or choose another name", field="name")
+        self._require_store()
+        now = datetime.now(UTC)
+        async with self._store.change() as tx:
+            rows = await tx.models()
+            models, _ = self._assemble(rows)
+            others = [r for r in rows if r.name != adaptersvc.row_name(adapter.name)]
+            adapters, _ = self._assemble_adapters(others, models, {})
+            try:
+                build_catalog(models, self._gpu_classes, self._runtime,
+                              adapters=[*adapters, adapter])
+            except DefinitionError as exc:
+                message = exc.message.removeprefix(f"adapter {adapter.name!r}: ")
+                raise DefinitionError(f"adapter {adapter.name!r} would make the catalog "
+                                      f"invalid: {message}", field=exc.field) from None
+            previous = next((r for r in rows if r.name == adaptersvc.row_name(adapter.name)),
+                            None)
+            await tx.put_model(StoredModel(
+                name=adaptersvc.row_name(adapter.name), definition=encode(adapter),
+                added_by=previous.added_by if previous else by,
+                added_at=previous.added_at if previous else now, updated_by=by,
+                updated_at=now))
+        log.info("adapter %r on %r added by %s%s", adapter.name, adapter.base, by,
+                 " (replacing it)" if previous else "")
+        await self._reload_after_change()
+        return adapter
+
+    async def remove_adapter(self, name: str, by: str) -> None:
+        """Take a runtime adapter out of the catalog; replicas unload it as it is evicted."""
+        if name in self._declared_adapter_index:
+            where = f"{self._config_name} (adapters[{self._declared_adapter_index[name]}])"
+            raise RefusedError(f"adapter {name!r} is declared in {where}; remove it there, "
+                               "or it comes back on the next restart")
+        self._require_store()
+        async with self._store.change() as tx:
+            if not await tx.delete_model(adaptersvc.row_name(name)):
+                raise NotFoundError(
+                    f"there is no adapter named {name!r} added at run time; `llmgw ctl "
+                    "adapter list` shows the adapters")
+        log.info("adapter %r removed by %s", name, by)
+        await self._reload_after_change()
+
     def _build(self, models: Sequence[Model], invalid: str) -> Catalog:
+        # With the adapters in force: a change that would leave one without a base able
+        # to serve it (its lora block gone, its name taken by a model) is refused.
         try:
-            return build_catalog(models, self._gpu_classes, self._runtime)
+            return build_catalog(models, self._gpu_classes, self._runtime,
+                                 adapters=self._catalog.adapters.values())
         except DefinitionError as exc:
             raise DefinitionError(f"{invalid}: {exc.message}", field=exc.field) from None
 

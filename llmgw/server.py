@@ -27,6 +27,7 @@ from litestar import Litestar
 
 from llmgw import admin
 from llmgw.api.app import create_app
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.control.context import AppContext
@@ -85,6 +86,7 @@ class Server:
         backend: Backend | None = None,
         on_event: Callable[[LocalEvent], None] | None = None,
         source_check: Callable[[Model], Awaitable[None]] | None = None,
+        adapter_check: Callable[[Adapter], Awaitable[None]] | None = None,
         reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None,
         watch_interval: float = 0.5,
         control_only: bool = False,
@@ -95,7 +97,7 @@ class Server:
         self.models = ModelService(
             config.models, dict(config.gpu_classes), self.store,
             placement_check=self.backend.check_placement, config_name=config_name,
-            runtime=config.runtime,
+            runtime=config.runtime, declared_adapters=config.adapters,
         )
         if source_check is None:
             from llmgw.weights.check import model_source_checker
@@ -106,9 +108,16 @@ class Server:
 
             reservation_check = reservation_checker(
                 embedded=config.scheduler.kind == "local", mirror=config.mirror)
+        if adapter_check is None:
+            from llmgw.weights.adaptercheck import check_adapter_source
+
+            async def adapter_check(adapter: Adapter) -> None:
+                await check_adapter_source(adapter, mirror=config.mirror)
+
         self.ctx = AppContext(config=config, models=self.models, backend=self.backend,
                               store=self.store, source_check=source_check,
-                              reservation_check=reservation_check)
+                              reservation_check=reservation_check,
+                              adapter_check=adapter_check)
         self.api = control_app(self.ctx)
         self.api.on_startup.append(self.start)
         self.api.on_shutdown.append(self.close)
@@ -118,6 +127,7 @@ class Server:
         from llmgw.gateway.app import Gateway
 
         self.gateway = Gateway(config, self.models, self.backend, self.store)
+        self.ctx.adapters_loaded = self.gateway.adapters.loaded_where
         # With gateway workers (llmgw serve --workers N) this process is the
         # control plane only: the workers serve /v1 and read the scheduler
         # through the relay (llmgw.workers).
@@ -137,7 +147,8 @@ class Server:
             self.store, self.backend.holdings,
             f"{socket.gethostname()}:{os.getpid()}:{id(self):x}",
             float(config.costs.meter_interval), gpu_classes=dict(config.gpu_classes),
-            costs=config.costs)
+            costs=config.costs,
+            bases=lambda: {a.name: a.base for a in self.models.catalog.adapters.values()})
         self._tasks: list[asyncio.Task[None]] = []
         self._store_open = False
         self._serving = False

@@ -112,7 +112,8 @@ class WorkerApp:
         self.store = open_store(config.database)
         self.routing = RelayRouting(control_socket)
         self.models = ModelService(config.models, dict(config.gpu_classes), self.store,
-                                   config_name=config_name, runtime=config.runtime)
+                                   config_name=config_name, runtime=config.runtime,
+                                   declared_adapters=config.adapters)
         self.gateway = Gateway(config, self.models, self.routing, self.store)
         self._watch_interval = watch_interval
         self._tasks: list[asyncio.Task[None]] = []

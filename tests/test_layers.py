@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"llmgw.catalog"},
     {"llmgw.config"},
     {"llmgw.store", "llmgw.weights", "llmgw.scheduler", "llmgw.scheduler.base"},
+    {"llmgw.adaptersvc"},
     {"llmgw.planner", "llmgw.scheduler.local", "llmgw.scheduler.nomad", "llmgw.scheduler.relay",
      "llmgw.modelsvc", "llmgw.tenancy"},
     {"llmgw.control", "llmgw.gateway"},

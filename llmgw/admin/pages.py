@@ -29,6 +29,7 @@ from llmgw.admin.csrf import session_of
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
 from llmgw.catalog.decode import to_builtins
+from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
 from llmgw.control.usage import By, Granularity, usage_report
@@ -78,8 +79,12 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 async def models_context(ctx: AppContext) -> dict[str, Any]:
     replicas = await replicas_of(ctx)
     views = [model_view(ctx, m, replicas) for m in ctx.models.catalog]
+    loaded = ctx.adapters_loaded() if ctx.adapters_loaded is not None else {}
+    adapters = [adapter_view(ctx, a, loaded.get(a.name))
+                for a in sorted(ctx.models.catalog.adapters.values(), key=lambda a: a.name)]
     return {
         "models": views,
+        "adapters": adapters,
         "replicas_unknown": replicas is None,
         "skipped": ctx.models.skipped,
         "store_error": ctx.models.store_problem(),

@@ -23,7 +23,7 @@ from litestar.response import Response
 from litestar.template import TemplateConfig
 
 from llmgw import __version__
-from llmgw.api import costs, models, plan, sourcecheck, tenants, usage
+from llmgw.api import adapters, costs, models, plan, sourcecheck, tenants, usage
 from llmgw.api.auth import admin_guard, bearer
 from llmgw.api.contract import allowed_methods, tell_the_truth
 from llmgw.api.errors import error_response, exception_handlers
@@ -126,7 +126,8 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
                template_config: TemplateConfig[JinjaTemplateEngine] | None = None,
                debug: bool = False) -> Litestar:
     """The control API on ``ctx``, with ``mounts`` (another face's routers) beside it."""
-    handlers: list[Any] = [*models.route_handlers, fleet, *plan.route_handlers,
+    handlers: list[Any] = [*models.route_handlers, *adapters.route_handlers, fleet,
+                           *plan.route_handlers,
                            *sourcecheck.route_handlers, *tenants.route_handlers,
                            *usage.route_handlers, *costs.route_handlers]
     api = Router("/api/v1", route_handlers=handlers, guards=[admin_guard],

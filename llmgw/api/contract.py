@@ -88,6 +88,12 @@ BEYOND_SCHEMA: dict[tuple[str, str], str] = {
         "The request is wrong, or the planner cannot reason about it: beyond what the "
         "schema states, config must describe an architecture the planner knows (its "
         "model_type), with the fields that architecture needs (the message names them)"),
+    ("post", "/api/v1/adapters"): (
+        "The adapter is wrong, or cannot be served: beyond what the schema states, its "
+        "base must be a model in the catalog that serves adapters (a vLLM model with a "
+        "`lora:` block), its rank at most that base's max_rank, its name no model's, and "
+        "its source a LoRA adapter (adapter_config.json) a replica can load, unless "
+        "skip_source_check (the message names the field)"),
     ("post", "/api/v1/source-check"): (
         "The source is not there: not found (a local path that does not exist on the "
         "server's host), gated, unauthorised or unreachable (the message says which)"),

@@ -13,7 +13,6 @@ run (``scaling.max`` filled in), not as they were written.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -21,45 +20,13 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter, check_adapters, check_lora
 from llmgw.catalog.engines import SCHEDULED, Capability
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import (
-    MAX_NAME,
-    NAME_PATTERN,
-    GpuClass,
-    Model,
-    Profile,
-    Scaling,
-)
+from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.names import check_name
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
-
-# The model name rule of ``ModelName`` (which the decoder and the OpenAPI document
-# use), for models built in code and for the message that says what is wrong.
-NAME_RE = re.compile(NAME_PATTERN)
-
-
-def check_name(name: str, what: str = "model name") -> None:
-    if NAME_RE.match(name):
-        return
-    problems = []
-    if len(name) > MAX_NAME:
-        problems.append(f"is {len(name)} characters long (at most {MAX_NAME})")
-    if name[:1] and not name[:1].islower():
-        problems.append("must start with a lowercase letter")
-    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-")
-    bad = sorted(set(name) - allowed)
-    if bad:
-        problems.append(f"contains {''.join(bad)!r} (only lowercase letters, digits and '-')")
-    if name.endswith("-"):
-        problems.append("must not end with '-'")
-    if not name:
-        problems.append("is empty")
-    detail = "; ".join(problems) or "is not valid"
-    raise DefinitionError(
-        f"{what} {name!r} {detail}: it becomes the Nomad job and service name llmgw-<name>",
-        field="name",
-    )
 
 
 class Runtime(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,9 +69,27 @@ class Catalog:
     models: Mapping[str, Model]
     gpu_classes: Mapping[str, GpuClass] = field(default_factory=dict)
     provenance: Mapping[str, Provenance] = field(default_factory=dict)
+    # LoRA adapters by name (``llmgw.catalog.adapter``), and which were added at run time.
+    adapters: Mapping[str, Adapter] = field(default_factory=dict)
+    adapter_provenance: Mapping[str, Provenance] = field(default_factory=dict)
 
     def get(self, name: str) -> Model | None:
         return self.models.get(name)
+
+    def served(self, name: str) -> tuple[Model, Adapter | None] | None:
+        """What a request's ``model`` names: a model, or an adapter and its base."""
+        model = self.models.get(name)
+        if model is not None:
+            return model, None
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            return None
+        base = self.models.get(adapter.base)
+        return (base, adapter) if base is not None else None
+
+    def adapters_of(self, base: str) -> list[Adapter]:
+        return sorted((a for a in self.adapters.values() if a.base == base),
+                      key=lambda a: a.name)
 
     def origin(self, name: str) -> Provenance:
         return self.provenance.get(name, DECLARED)
@@ -412,6 +397,16 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
                               field="scaling.scale_down_delay")
     _check_routing(m)
     _check_health(m)
+    if m.lora is not None or any(p.lora is not None for p in m.profiles):
+        if m.external:
+            raise DefinitionError(
+                "lora: an external model (upstream) is not run by llmgw, so llmgw cannot "
+                "size its adapter slots; remove lora", field="lora")
+        if m.lora is not None:
+            check_lora(m.lora, "lora")
+        for j, p in enumerate(m.profiles):
+            if p.lora is not None:
+                check_lora(p.lora, f"profiles[{j}].lora")
     for i, fb in enumerate(m.fallbacks):
         if fb == m.name:
             raise DefinitionError(
@@ -429,8 +424,11 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
 def build_catalog(
     models: Iterable[Model], gpu_classes: Mapping[str, GpuClass] | None = None,
     runtime: Runtime | None = None, provenance: Mapping[str, Provenance] | None = None,
+    adapters: Iterable[Adapter] = (),
+    adapter_provenance: Mapping[str, Provenance] | None = None,
 ) -> Catalog:
-    """Validate ``models`` together and return the catalog they make.
+    """Validate ``models`` (and the ``adapters`` served on them) together and return the
+    catalog they make.
 
     Raises DefinitionError naming the model and the field of the first problem.
     """
@@ -457,7 +455,12 @@ def build_catalog(
                 )
     _refuse_cycles(built)
     kept = {name: p for name, p in (provenance or {}).items() if name in built}
-    return Catalog(models=built, gpu_classes=classes, provenance=kept)
+    rt = runtime or Runtime()
+    served = check_adapters(adapters, built, scheduler=rt.scheduler, mirror=rt.mirror)
+    kept_adapters = {name: p for name, p in (adapter_provenance or {}).items()
+                     if name in served}
+    return Catalog(models=built, gpu_classes=classes, provenance=kept, adapters=served,
+                   adapter_provenance=kept_adapters)
 
 
 def _refuse_cycles(models: Mapping[str, Model]) -> None:

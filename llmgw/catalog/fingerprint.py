@@ -25,12 +25,16 @@ from llmgw.catalog.model import Model, Profile
 
 def fingerprint(model: Model, profile: Profile) -> str:
     """``sha256:`` and the first 16 hex digits of the hash of the launch inputs."""
-    launch = {
+    launch: dict[str, object] = {
         "source": model.source,
         "engine": model.engine,
         "served_name": model.engine_model_name,
         "profile": profile,
     }
+    if model.lora is not None and profile.lora is None:
+        # The model's adapter capacity is a launch input (the engine's LoRA flags);
+        # which adapters exist is not: they are loaded into running replicas.
+        launch["lora"] = model.lora
     digest = hashlib.sha256(encode(launch, sort_keys=True)).hexdigest()
     return f"sha256:{digest[:16]}"
 

@@ -41,6 +41,20 @@ class _Spec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     """Base for human-written structs."""
 
 
+class Lora(_Spec, frozen=True):
+    """A base model's LoRA adapter capacity, fixed when its engine starts.
+
+    ``slots``: adapters on the GPU at once (vLLM's ``--max-loras``);
+    ``max_rank``: the largest adapter rank it takes (``--max-lora-rank``);
+    ``cpu_slots``: adapters kept in host memory besides (``--max-cpu-loras``).
+    Left out, each takes the default ``llmgw.catalog.adapter`` argues for.
+    """
+
+    slots: int | None = None
+    max_rank: int | None = None
+    cpu_slots: int | None = None
+
+
 class Profile(_Spec, frozen=True):
     """One way to run a model: the hardware it needs and how the engine is started.
 
@@ -68,6 +82,8 @@ class Profile(_Spec, frozen=True):
     env: dict[str, str] = {}
     distinct_hosts: bool = False
     gpu_nodes: bool = False
+    # This profile's adapter capacity, instead of the model's ``lora`` block.
+    lora: Lora | None = None
 
 
 class Scaling(_Spec, frozen=True):
@@ -207,6 +223,8 @@ class Model(_Spec, frozen=True):
     # filled in when the catalog is built.
     capabilities: list[Capability] | None = None
     description: str = ""
+    # Serves LoRA adapters (``llmgw.catalog.adapter``): how many, of what rank.
+    lora: Lora | None = None
 
     @property
     def external(self) -> bool:

@@ -16,7 +16,19 @@ from __future__ import annotations
 import click
 
 from llmgw import __version__
-from llmgw.cli import cache, ctl, jobspec, keys, mirror, nomad, plan, replicas, serve, tenants
+from llmgw.cli import (
+    adapters,
+    cache,
+    ctl,
+    jobspec,
+    keys,
+    mirror,
+    nomad,
+    plan,
+    replicas,
+    serve,
+    tenants,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -27,6 +39,7 @@ def main() -> None:
 
 ctl.model.add_command(plan.plan)
 ctl.ctl.add_command(ctl.model)
+ctl.ctl.add_command(adapters.adapter)
 ctl.ctl.add_command(ctl.scale)
 ctl.ctl.add_command(replicas.rollout)
 ctl.ctl.add_command(replicas.replicas)

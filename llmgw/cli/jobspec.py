@@ -45,7 +45,8 @@ def render(config_path: str, out_dir: str | None, model: str | None) -> None:
         cfg = load_config(config_path)
         # Rendered for Nomad whatever the file's scheduler, so Nomad's rules apply.
         catalog = build_catalog(cfg.models, cfg.gpu_classes,
-                                Runtime(scheduler="nomad", mirror=cfg.mirror))
+                                Runtime(scheduler="nomad", mirror=cfg.mirror),
+                                adapters=cfg.adapters)
         if model is not None:
             m = catalog.get(model)
             if m is None or m.external:

@@ -88,6 +88,15 @@ def _print(result: PlanResult) -> None:
     ]
     print_table(rows, ["pool", "gpus", "quant", "engine", "weights/gpu", "host",
                        "weights total", "kv/token", "max context", "fits", "reason"])
+    lora = next((c for c in result.candidates if c.lora_bytes_per_gpu), None)
+    if lora is not None:
+        # The adapters' reservation is in every vLLM row's fit (before any context).
+        by_gpus = sorted({(c.gpus, c.lora_bytes_per_gpu) for c in result.candidates
+                          if c.lora_bytes_per_gpu})
+        per = ", ".join(f"{format_size(b)} on each of {g} GPU{'s' if g > 1 else ''}"
+                        for g, b in by_gpus)
+        click.echo(f"lora:       adapter slots reserve {per}; the host cache holds "
+                   f"{format_size(lora.lora_host_bytes)} (llmgw.planner.lora)")
 
 
 @click.command("plan")
@@ -114,11 +123,19 @@ def _print(result: PlanResult) -> None:
 @click.option("--quantization", "-q", "quantizations", multiple=True,
               type=click.Choice(list(QUANTIZATIONS)),
               help="Only these quantisations (repeatable).")
+@click.option("--lora-slots", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Serve LoRA adapters: this many on each GPU at once (the base's "
+                   "lora.slots, vLLM's --max-loras); their memory counts in the fit.")
+@click.option("--lora-rank", type=click.IntRange(min=1), default=16, show_default=True,
+              help="The adapters' largest rank (lora.max_rank, --max-lora-rank).")
+@click.option("--lora-cpu-slots", type=click.IntRange(min=0), default=None,
+              help="Adapters kept in host memory (lora.cpu_slots; default 4 x slots).")
 @output_option
 @pass_client
 def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: int | None,
          revision: str | None, kv_dtype: str, usable_fraction: float | None,
          engine: str | None, min_context: int, quantizations: tuple[str, ...],
+         lora_slots: int, lora_rank: int, lora_cpu_slots: int | None,
          output: str) -> None:
     """List every way REPO_OR_DIR fits: quantisation, GPUs, weights, KV and context.
 
@@ -137,7 +154,9 @@ def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: in
         found = resolve_model(source, params=params, revision=revision)
         options = msgspec.convert(
             {"kv_dtype": kv_dtype, "usable_fraction": usable_fraction, "engine": engine,
-             "min_context": min_context, "quantizations": list(quantizations)},
+             "min_context": min_context, "quantizations": list(quantizations),
+             "lora_slots": lora_slots, "lora_rank": lora_rank,
+             "lora_cpu_slots": lora_cpu_slots},
             PlanOptions)
         request = PlanRequest(model=found.name, config=found.config,
                               parameters=found.parameters, pools=pools or None,

@@ -16,6 +16,7 @@ from typing import TypeAlias
 
 from litestar.di import NamedDependency
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.modelsvc import ModelService
@@ -34,6 +35,11 @@ class AppContext:
     # Warnings about a model being added (memory reservations below what a
     # replica needs); never refuses. None: no warnings.
     reservation_check: Callable[[Model], Awaitable[list[str]]] | None = None
+    # Checks an adapter's source (reachable, holds adapter_config.json) before it is
+    # added; None skips the check.
+    adapter_check: Callable[[Adapter], Awaitable[None]] | None = None
+    # Adapter → the replicas holding it, from this process's gateway; None: no gateway.
+    adapters_loaded: Callable[[], dict[str, list[str]]] | None = None
 
 
 # How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.

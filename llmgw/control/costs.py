@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 import anyio.to_thread
@@ -63,8 +63,11 @@ class CostMeter:
     def __init__(self, store: Store, holdings: Callable[[], Awaitable[list[Holding]]],
                  holder: str, interval: float, clock: Callable[[], float] = time.time,
                  gpu_classes: dict[str, GpuClass] | None = None,
-                 costs: CostsConfig | None = None) -> None:
+                 costs: CostsConfig | None = None,
+                 bases: Callable[[], Mapping[str, str]] = dict) -> None:
         self.store = store
+        # Adapter → its base: an adapter's tokens share the base's GPU time.
+        self.bases = bases
         self.gpu_classes = gpu_classes or {}
         self.costs = costs or CostsConfig()
         self._holdings = holdings
@@ -91,8 +94,9 @@ class CostMeter:
         month = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
         end = hour_of(now) + 3600
         times = held_time(await self.store.holdings(month, end), month, end, now)
-        tokens = [(x.hour, x.team, x.model, x.tokens)
-                  for x in await self.store.team_model_tokens(month, end)]
+        tokens = on_bases([(x.hour, x.team, x.model, x.tokens)
+                           for x in await self.store.team_model_tokens(month, end)],
+                          self.bases())
         costs = TeamCosts(day_start=day, month_start=month)
         for into, lo in ((costs.month, month), (costs.day, day)):
             teams, _, _ = attribute([r for r in times if r.hour >= lo],
@@ -111,6 +115,19 @@ class CostMeter:
             except Exception:
                 log.exception("recording the scheduler's holdings failed")
             await asyncio.sleep(self.interval)
+
+
+def on_bases(tokens: list[tuple[int, str, str, int]], bases: Mapping[str, str]
+             ) -> list[tuple[int, str, str, int]]:
+    """Tokens per (hour, team, model), an adapter's counted on its base.
+
+    The ledger names the adapter a request asked for (usage reports show it);
+    the GPU time it used is its base's replicas', shared by tokens among every
+    team that used the base or any of its adapters in that hour.
+    """
+    if not bases:
+        return tokens
+    return [(hour, team, bases.get(model, model), n) for hour, team, model, n in tokens]
 
 
 def stored(h: Holding) -> StoredHolding:
@@ -231,11 +248,12 @@ async def cost_report(ctx: AppContext, since: datetime | None,
     lo, hi = report_span(since, until, 3600, 30 * 86400)
     holdings = await ctx.store.holdings(lo, hi) if hi > lo else []
     rows = await ctx.store.team_model_tokens(lo, hi) if hi > lo else []
+    bases = {a.name: a.base for a in ctx.models.catalog.adapters.values()}
     now = time.time()
 
     def priced() -> tuple[list[TeamCost], list[ModelCost], list[str]]:
         times = held_time(holdings, lo, hi, now)
-        tokens = [(t.hour, t.team, t.model, t.tokens) for t in rows]
+        tokens = on_bases([(t.hour, t.team, t.model, t.tokens) for t in rows], bases)
         return attribute(times, tokens, dict(ctx.config.gpu_classes), ctx.config.costs)
 
     # Years of a large fleet's holdings are many card-hours to split: off the event loop

@@ -60,6 +60,7 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError, StoreUnavailableError
+from llmgw.gateway.adapters import AdapterManager
 from llmgw.gateway.admission import AdmissionQueue, Ticket
 from llmgw.gateway.audio import AudioEndpoint
 from llmgw.gateway.batches import BatchesEndpoint
@@ -137,8 +138,18 @@ class _ModelCard(msgspec.Struct):
     owned_by: str = "llmgw"
 
 
+class _AdapterCard(msgspec.Struct):
+    """An adapter in ``/v1/models``: ``parent`` is its base, as vLLM lists one."""
+
+    id: str
+    parent: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "llmgw"
+
+
 class _ModelList(msgspec.Struct):
-    data: list[_ModelCard]
+    data: list[_ModelCard | _AdapterCard]
     object: str = "list"
 
 
@@ -168,10 +179,18 @@ class Gateway:
                                    gw.max_attempts, self._loop_time,
                                    activity=_Attempts(self))
         self.queues: dict[str, AdmissionQueue] = {}
+        self.adapters = AdapterManager(
+            self.balancer, lambda: self.models.catalog, self.replicas, self._loop_time,
+            scheduler=config.scheduler.kind, mirror=config.mirror,
+            profile_of=backend.profile_of, load_wait=float(gw.adapter_load_wait),
+            interval=float(gw.signal_interval),
+            on_load=lambda base, name, outcome:
+                self.metrics.adapter_loads.labels(base, name, outcome).inc())
+        self.forwarder.placer = self.adapters
         self.signals = SignalScraper(
             self.balancer, self._scrape_targets, self._loop_time,
             interval=float(gw.signal_interval), timeout=float(gw.signal_timeout),
-            on_round=self._pump_all)
+            on_round=self._pump_all, on_page=self.adapters.on_page)
         self.prober = UpstreamProber(self.balancer, lambda: self.models.catalog,
                                      self._loop_time, on_change=self._pump_all)
         self.scaler = Scaler(backend, store, self.balancer, self.metrics, holder,
@@ -242,6 +261,7 @@ class Gateway:
             self._tasks.append(asyncio.create_task(self.ledger.run(), name="llmgw-gw-ledger"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
+        self._tasks.append(asyncio.create_task(self.adapters.run(), name="llmgw-gw-adapters"))
         self._tasks.append(asyncio.create_task(self._scale(), name="llmgw-gw-scaler"))
         self._tasks.append(asyncio.create_task(self.prober.run(), name="llmgw-gw-probes"))
         self._tasks.append(asyncio.create_task(self._pump_loop(), name="llmgw-gw-admission"))
@@ -257,6 +277,7 @@ class Gateway:
             await self.ledger.close()
         await self.ondemand.close()
         await self.forwarder.close()
+        await self.adapters.close()
         await self.signals.close()
         await self.prober.close()
 
@@ -529,14 +550,19 @@ class Gateway:
         key = self._authenticate(scope["headers"])
         catalog = self.models.catalog
         if path == "/v1/models":
-            cards = [_ModelCard(id=m.name) for m in catalog if key.allows(m.name)]
+            cards: list[_ModelCard | _AdapterCard] = [
+                _ModelCard(id=m.name) for m in catalog if key.allows(m.name)]
+            cards += [_AdapterCard(id=a.name, parent=a.base)
+                      for a in catalog.adapters.values() if key.allows(a.name)]
             body = _encode(_ModelList(data=cards))
         else:
             name = path[len("/v1/models/"):]
-            if name not in catalog or not key.allows(name):
+            if catalog.served(name) is None or not key.allows(name):
                 raise ModelNotFoundError(f"model {name!r} does not exist or this key may not "
                                          "use it", field="model")
-            body = _encode(_ModelCard(id=name))
+            adapter = catalog.adapters.get(name)
+            body = _encode(_AdapterCard(id=name, parent=adapter.base) if adapter is not None
+                           else _ModelCard(id=name))
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -582,7 +608,9 @@ class Gateway:
         """The request's ledger record and its team's token counters."""
         served = req.served_by
         usage = req.usage or _NO_USAGE
-        model = served.name if served is not None else req.model
+        # An adapter's usage is its own line, for the team that used it.
+        model = req.adapter.name if req.adapter is not None else \
+            served.name if served is not None else req.model
         if usage.prompt or usage.completion:
             self.metrics.add_team_tokens(key.team, model, usage.prompt, usage.completion)
         ledger = self.ledger
@@ -641,7 +669,8 @@ class Gateway:
                                       started=started, metrics=call.metrics,
                                       priority=key.priority, strip_usage=strip,
                                       team=key.team, cost=estimated_tokens(body, head),
-                                      capture=[] if key.log_requests == "bodies" else None)
+                                      capture=[] if key.log_requests == "bodies" else None,
+                                      adapter=self.models.catalog.adapters.get(head.model))
         return call.request, chain
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
@@ -659,6 +688,8 @@ class Gateway:
     def chain_for(self, name: str, key: ApiKey | None, path: str, call: Call) -> list[Model]:
         catalog = self.models.catalog
         model = catalog.get(name)
+        if model is None and name in catalog.adapters:
+            return self._adapter_chain(name, key, path, call)
         if model is None:
             call.metrics = self.metrics.for_model(UNKNOWN_MODEL)
             if not getattr(self.models, "complete", True):
@@ -678,6 +709,20 @@ class Gateway:
             raise ModelNotAllowedError(f"key {key.name!r} may not use model {model.name!r}",
                                        field="model")
         return capable_chain(catalog.fallback_chain(model), path)
+
+    def _adapter_chain(self, name: str, key: ApiKey | None, path: str,
+                       call: Call) -> list[Model]:
+        """An adapter's request is answered by its base alone: a fallback would be
+        another model answering for the fine-tune, which is what must never happen."""
+        found = self.models.catalog.served(name)
+        assert found is not None
+        base, _ = found
+        call.metrics = self.metrics.for_model(name)
+        if key is not None and not key.allows(name):
+            key.refund()
+            raise ModelNotAllowedError(f"key {key.name!r} may not use adapter {name!r}",
+                                       field="model")
+        return capable_chain([base], path)
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None,
@@ -710,7 +755,8 @@ class Gateway:
                                           headers=_INTERNAL_HEADERS, started=started,
                                           metrics=call.metrics, priority=priority,
                                           variant=variant,
-                                          team=key.team if key is not None else "")
+                                          team=key.team if key is not None else "",
+                                          adapter=self.catalog.adapters.get(model))
             answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
             answer.status = err.status
@@ -754,6 +800,11 @@ class Gateway:
                     # Admitted: the forwarder takes its replica with no await
                     # in between, so the transit ends here.
                     ticket.close()
+            if req.adapter is not None:
+                # Loaded (if it must be) while keep-alive comments flow; the forwarder
+                # then finds it where it was loaded.
+                async with _holding(held):
+                    await self.adapters.place(req, model, self.replicas(model), set())
             return await self.forwarder.forward(req, chain, _to(send, held))
         except LlmgwError as err:
             if held is None or not held.started:

@@ -117,11 +117,13 @@ class Upload:
                                       field="model")
         chain = self.core.chain_for(name, key, self.path, call)
         assert call.metrics is not None
+        adapter = self.core.catalog.adapters.get(name)
+        served = adapter.name if adapter is not None else None
         call.request = ForwardRequest(
             path=self.path, body=b"", model=name, stream=fields.get("stream") == "true",
             headers=scope["headers"], started=started, metrics=call.metrics,
-            priority=key.priority, team=key.team,
-            variant=lambda model: (self.path, self._body(boundary, model)))
+            priority=key.priority, team=key.team, adapter=adapter,
+            variant=lambda model: (self.path, self._body(boundary, model, served)))
         return call.request, chain, send
 
     async def _read(self, scope: Scope, receive: Receive, boundary: bytes) -> dict[str, str]:
@@ -186,9 +188,11 @@ class Upload:
         else:
             self.spool.write(data)
 
-    async def _body(self, boundary: bytes, model: Model) -> AsyncIterator[bytes]:
-        """The form for ``model``: its served name as ``model``, then the spooled parts."""
-        yield encode_part(boundary, "model", model.engine_model_name.encode())
+    async def _body(self, boundary: bytes, model: Model, served: str | None = None
+                    ) -> AsyncIterator[bytes]:
+        """The form for ``model``: its served name (``served``: an adapter's) as ``model``,
+        then the spooled parts."""
+        yield encode_part(boundary, "model", (served or model.engine_model_name).encode())
         async with self._lock:    # attempts are sequential; the lock keeps one reader
             offset = 0
             while offset < self.size:

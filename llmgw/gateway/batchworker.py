@@ -475,14 +475,15 @@ def _problem(request: Request, number: int, endpoint: str, key: ApiKey,
         return BatchError(code="invalid_url", line=number, param="url",
                           message=f"line {number}: url {request.url!r} is not this batch's "
                                   f"endpoint {endpoint}")
-    model = catalog.get(request.model)
-    if model is None:
+    found = catalog.served(request.model)      # a model, or an adapter on its base
+    if found is None:
         return BatchError(code="model_not_found", line=number, param="body.model",
                           message=f"line {number}: model {request.model!r} does not exist")
-    if not key.allows(model.name):
+    model = found[0]
+    if not key.allows(request.model):
         return BatchError(code="model_not_allowed", line=number, param="body.model",
                           message=f"line {number}: key {key.name!r} may not use model "
-                                  f"{model.name!r}")
+                                  f"{request.model!r}")
     if not serves(model, endpoint):
         return BatchError(code="unsupported_endpoint", line=number, param="body.model",
                           message=f"line {number}: model {model.name!r} does not serve "

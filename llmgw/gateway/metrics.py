@@ -193,6 +193,10 @@ class GatewayMetrics:
             "llmgw_gateway_streams_resumed", "Broken streams continued by another replica of "
             "the same model (or ended cleanly when only their end was lost), by model.",
             ["model"], registry=r)
+        self.adapter_loads = Counter(
+            "llmgw_gateway_adapter_loads", "LoRA adapter loads this gateway asked replicas "
+            "for, by base model, adapter and outcome (loaded, refused).",
+            ["model", "adapter", "outcome"], registry=r)
         self.unrecoverable = Counter(
             "llmgw_gateway_streams_unrecoverable", "Broken streams ended with an error event, "
             "by model and why they were not resumed (not_resumable: the request, engine or "

@@ -60,6 +60,7 @@ from typing import NamedTuple, Protocol
 import aiohttp
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
@@ -321,6 +322,8 @@ class ForwardRequest:
     # The answer as sent to the client, for a team that logs bodies (None: not kept).
     capture: list[bytes] | None = None
     splice: Splice | None = None    # a resumable stream under way (``llmgw.gateway.resume``)
+    # The LoRA adapter the client asked for, served on the chain's one model (its base).
+    adapter: Adapter | None = None
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""
@@ -370,8 +373,25 @@ class Activity(Protocol):
     def end(self, model: Model) -> None: ...
 
 
+class Placer(Protocol):
+    """Chooses the replica for an adapter request and loads the adapter there
+    (``llmgw.gateway.adapters``)."""
+
+    async def place(self, req: ForwardRequest, model: Model, urls: Sequence[str],
+                    tried: set[str]) -> str | None: ...
+
+    def missing(self, url: str, adapter: str) -> None: ...
+
+    def begin(self, url: str, adapter: str) -> None: ...
+
+    def end(self, url: str, adapter: str) -> None: ...
+
+
 class Forwarder:
     """Sends requests to replicas; owns the upstream connection pool."""
+
+    # Set by the gateway when adapters are served: an adapter request's replica is its.
+    placer: Placer | None = None
 
     def __init__(
         self,
@@ -414,7 +434,8 @@ class Forwarder:
             self._session = None
 
     def body_for(self, req: ForwardRequest, model: Model) -> bytes:
-        served = model.engine_model_name
+        # vLLM selects an adapter by its name in ``model`` (its lora_name).
+        served = req.adapter.name if req.adapter is not None else model.engine_model_name
         if needs_rewrite(model.dialect, req.path, req.body):
             key = f"{served}\0{model.dialect}"
             body = req.bodies.get(key)
@@ -448,8 +469,11 @@ class Forwarder:
             key = (req.prefix_key(routing.prefix_bytes)
                    if routing.policy == "prefix-affinity" and len(urls) > 1 else None)
             while len(tried) < self.max_attempts:
-                url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
-                                         key=key, load_factor=routing.load_factor)
+                if req.adapter is not None and self.placer is not None:
+                    url = await self.placer.place(req, model, urls, tried)
+                else:
+                    url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
+                                             key=key, load_factor=routing.load_factor)
                 if url is None:
                     break
                 if tried:
@@ -497,11 +521,16 @@ class Forwarder:
         activity = self.activity
         if activity is not None:
             activity.begin(model)
+        placer = self.placer if req.adapter is not None else None
+        if placer is not None and req.adapter is not None:
+            placer.begin(url, req.adapter.name)
         try:
             outcome = await self._attempt(url, model, req, send)
         finally:
             if activity is not None:
                 activity.end(model)
+            if placer is not None and req.adapter is not None:
+                placer.end(url, req.adapter.name)
         if isinstance(outcome, int):
             return outcome
         if isinstance(outcome, _Broken):
@@ -544,8 +573,11 @@ class Forwarder:
                 urls = self.replicas(model)
                 key = (req.prefix_key(routing.prefix_bytes)
                        if routing.policy == "prefix-affinity" and len(urls) > 1 else None)
-                url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
-                                         key=key, load_factor=routing.load_factor)
+                if req.adapter is not None and self.placer is not None:
+                    url = await self.placer.place(req, model, urls, tried)
+                else:
+                    url = self.balancer.pick(urls, self.clock(), tried, policy=routing.policy,
+                                             key=key, load_factor=routing.load_factor)
                 if url is None:
                     break
                 tried.add(url)
@@ -635,6 +667,12 @@ class Forwarder:
                         self.balancer.failed(url, self.clock())
                         text = snippet.decode("utf-8", "replace").strip()
                         return _Failure("status_5xx", f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
+                    if status == 404 and req.adapter is not None and self.placer is not None:
+                        # The adapter is not loaded there (evicted since it was read):
+                        # another replica, or a load, answers instead.
+                        self.placer.missing(url, req.adapter.name)
+                        return _Failure("adapter_missing", f"HTTP 404: adapter "
+                                        f"{req.adapter.name!r} is not loaded there")
                     headers = [(n.lower(), v) for n, v in resp.raw_headers
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))

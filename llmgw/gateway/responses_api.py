@@ -154,7 +154,8 @@ class _Create:
             if stored is None:
                 raise _not_found(previous, "previous_response_id")
             items = [*_decode(stored.context), *items]
-        variants = _Variants(raw, items, previous is not None)
+        variants = _Variants(raw, items, previous is not None,
+                             req.adapter.name if req.adapter is not None else None)
         variants.of(chain[0])      # a request the model cannot take is refused now, as a 400
         kept = [chain[0]]
         for fallback in chain[1:]:
@@ -174,14 +175,19 @@ class _Create:
 class _Variants:
     """The request each model of the chain is sent, made once per model."""
 
-    def __init__(self, raw: Json, items: list[Json], resolved: bool) -> None:
+    def __init__(self, raw: Json, items: list[Json], resolved: bool,
+                 adapter: str | None = None) -> None:
         self.raw, self.items, self.resolved = raw, items, resolved
+        self.adapter = adapter
         self._made: dict[str, tuple[str, Body]] = {}
 
     def of(self, model: Model) -> tuple[str, Body]:
         made = self._made.get(model.name)
         if made is None:
             served = model.engine_model_name
+            if self.adapter is not None:
+                # A LoRA adapter's request, on its base alone: the engine's lora_name.
+                served = self.adapter
             if responses_mode(model) == "passthrough":
                 body = passthrough_request(self.raw, self.items if self.resolved else None,
                                            served)
@@ -315,7 +321,8 @@ async def batch_response(core: Core, body: bytes, owner: str) -> tuple[int, byte
             items = [*_decode(stored.context), *items]
         name = str(raw.get("model"))
         chain = core.chain_for(name, None, PATH, Call())
-        variants = _Variants(raw, items, previous is not None)
+        variants = _Variants(raw, items, previous is not None,
+                             name if name in core.catalog.adapters else None)
         variants.of(chain[0])
     except LlmgwError as err:
         return err.status, error_json(err)

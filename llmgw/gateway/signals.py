@@ -100,13 +100,16 @@ class SignalScraper:
     def __init__(self, balancer: Balancer, targets: Callable[[], Iterable[str]],
                  clock: Callable[[], float], *, interval: float = 1.0, timeout: float = 0.5,
                  concurrency: int = 16,
-                 on_round: Callable[[], None] | None = None) -> None:
+                 on_round: Callable[[], None] | None = None,
+                 on_page: Callable[[str, bytes], None] | None = None) -> None:
         self.balancer = balancer
         self.targets = targets
         self.clock = clock
         self.interval = interval
         self.timeout = timeout
         self.on_round = on_round
+        # Each page read, whole: what else is on it (LoRA adapters, ``gateway.adapters``).
+        self.on_page = on_page
         self._gate = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._failing: dict[str, tuple[int, float]] = {}   # url → (failures, next try)
@@ -148,6 +151,8 @@ class SignalScraper:
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self._failed(url, str(exc) or type(exc).__name__)
                 return
+        if status == 200 and self.on_page is not None:
+            self.on_page(url, body)
         sample = parse_metrics(body) if status == 200 else None
         if sample is None:
             self._failed(url, f"HTTP {status}" if status != 200 else

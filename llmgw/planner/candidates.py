@@ -88,6 +88,10 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     fits: bool
     reason: str | None
     free_now: bool | None
+    # A base serving adapters: its slots' reservation on each GPU (counted in the
+    # overhead above) and its host cache of whole adapters.
+    lora_bytes_per_gpu: int = 0
+    lora_host_bytes: int = 0
 
 
 _POOL_RE = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*)=(?P<count>-?\d+)[xX](?P<mem>[^@]+)"

@@ -36,6 +36,7 @@ from llmgw.planner.candidates import (
     gpu_counts,
     group_problem,
 )
+from llmgw.planner.lora import LoraMemory, lora_memory
 from llmgw.planner.memory import (
     ENGINES,
     GpuLoad,
@@ -64,6 +65,11 @@ class PlanOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     engine: EngineName | None = None
     min_context: int = 2048
     quantizations: list[str] = []
+    # A base serving LoRA adapters (``llmgw.planner.lora``): slots on each GPU, their rank
+    # bound, and the host cache (None: four times the slots). 0 slots: no adapters.
+    lora_slots: int = 0
+    lora_rank: int = 16
+    lora_cpu_slots: int | None = None
 
 
 class ParameterCount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -262,15 +268,32 @@ def _candidates(a: Architecture, inv: list[Tensor], pools: list[PoolSpec],
                     loads, host = _replica(a, inv, sizes[(fmt, quant)], engine_name, gpus,
                                            o.kv_dtype, card, scale,
                                            surplus if fmt != "gguf" else 0)
+                    lora = _lora(a, o, engine_name, gpus)
+                    if lora is not None:
+                        # Reserved by vLLM at start like its activations: before any KV.
+                        loads = [dataclasses.replace(ld, overhead=ld.overhead + lora.bytes_per_gpu)
+                                 for ld in loads]
                     fraction = o.usable_fraction or engine.default_usable_fraction
                     results[key] = evaluate(a, loads, host, engine, quant, gpus, card,
                                             fraction, o.min_context,
                                             group_problem(a, quant, gpus))
+                    if lora is not None:
+                        results[key].update(lora_bytes_per_gpu=lora.bytes_per_gpu,
+                                            lora_host_bytes=lora.host_bytes)
                 free = (None if pool.free_gpus_per_node is None
                         else pool.free_gpus_per_node >= gpus)
                 out.append(Candidate(**results[key], pool=pool.name, gpu_class=pool.gpu_class,
                                      fabric=pool.fabric, free_now=free))
     return out
+
+
+def _lora(a: Architecture, o: PlanOptions, engine: str, gpus: int) -> LoraMemory | None:
+    """The adapter reservation of a vLLM candidate on ``gpus``, when the plan asks for one
+    (llama.cpp serves no adapters here: ``llmgw.catalog.adapter``)."""
+    if o.lora_slots <= 0 or ENGINES[engine].split != "tensor" or gpus == 0:
+        return None
+    cpu = o.lora_cpu_slots if o.lora_cpu_slots is not None else 4 * o.lora_slots
+    return lora_memory(a, o.lora_slots, o.lora_rank, max(cpu, o.lora_slots), gpus)
 
 
 def _replica(a: Architecture, inv: list[Tensor], sizes: list[int], engine: str, gpus: int,

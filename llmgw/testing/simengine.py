@@ -41,6 +41,9 @@ is set), usage with ``prompt_tokens_details.cached_tokens``; ``/metrics``
 under vLLM's metric names; ``/v1/chat/completions/render`` and
 ``/v1/completions/render`` (a prompt's token ids, what a cache-aware router
 asks a worker for); ``/tokenize`` (a text's token count); ``/health`` and ``/v1/models``.
+With ``lora_slots`` it serves LoRA adapters as vLLM does (``llmgw.testing.simlora``):
+``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``, adapters in ``/v1/models``, a
+request naming an adapter not loaded refused with 404, ``vllm:lora_requests_info``.
 
 This lives in ``llmgw.testing`` beside the fake Nomad, not in ``bench/``:
 the tests and the benchmarks drive the same engine (a benchmark on one model
@@ -68,6 +71,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from llmgw.testing.simlora import LoraEngine
+
 
 class SimSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The engine's timing and capacity (defaults: roughly an 8B model on one mid-range GPU)."""
@@ -82,6 +87,13 @@ class SimSpec(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_token: int = 4
     chunk_tokens: int = 1          # tokens per SSE chunk after the first
     default_max_tokens: int = 16
+    # LoRA (``llmgw.testing.simlora``): batch slots (--max-loras; 0: LoRA off), the host
+    # cache (--max-cpu-loras), the time one adapter takes to read from disk, and whether
+    # a loaded path must hold adapter_config.json.
+    lora_slots: int = 0
+    lora_cpu_slots: int = 0
+    lora_load_time: float = 0.3
+    lora_check_paths: bool = True
 
 
 @dataclass(eq=False)
@@ -174,6 +186,7 @@ class SimEngine:
         self.metrics_broken = False      # /metrics answers 500 (a scrape that fails)
         self.requests = 0                # inference requests received
         self.paths: list[str] = []       # every path requested, in order
+        self.asked: list[str] = []       # the ``model`` of each inference request, in order
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._running: list[_Seq] = []
         self._cache: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -191,6 +204,9 @@ class SimEngine:
         self._stall = False              # ... by going silent rather than cutting
         self._thawed = asyncio.Event()
         self._thawed.set()
+        s = self.spec
+        self.lora = LoraEngine(s.lora_slots, s.lora_cpu_slots, s.lora_load_time,
+                               check_paths=s.lora_check_paths)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -204,6 +220,9 @@ class SimEngine:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        if self.lora.enabled:
+            app.router.add_post("/v1/load_lora_adapter", self.lora.load)
+            app.router.add_post("/v1/unload_lora_adapter", self.lora.unload)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.1)
         await self._runner.setup()
@@ -371,9 +390,25 @@ class SimEngine:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = limit if isinstance(limit, int) and limit > 0 else \
             self.spec.default_max_tokens
+        model = body.get("model", self.name)
+        self.asked.append(str(model))
+        adapter = model if model in self.lora.registered else None
+        if self.lora.enabled and adapter is None and model != self.name:
+            return web.json_response({"object": "error", "type": "NotFoundError",
+                                      "message": f"The model `{model}` does not exist.",
+                                      "param": None, "code": 404}, status=404)
+        if adapter is not None:
+            await self.lora.acquire(adapter)
+        try:
+            return await self._answer(request, body, prompt, max_tokens, model, chat=chat)
+        finally:
+            if adapter is not None:
+                await self.lora.release(adapter)
+
+    async def _answer(self, request: web.Request, body: dict[str, Any], prompt: bytes,
+                      max_tokens: int, model: str, *, chat: bool) -> web.StreamResponse:
         seq = self._submit(prompt, max_tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
-        model = body.get("model", self.name)
         try:
             if body.get("stream"):
                 options = body.get("stream_options")
@@ -499,6 +534,7 @@ class SimEngine:
             family = name.removesuffix("_total") if kind == "counter" else name
             lines += [f"# HELP {family} {name} of the simulated engine.",
                       f"# TYPE {family} {kind}", f"{name}{labels} {float(value)}"]
+        lines += self.lora.metric_lines()
         return web.Response(text="\n".join(lines) + "\n",
                             content_type="text/plain", charset="utf-8")
 
@@ -507,7 +543,8 @@ class SimEngine:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": self.name, "object": "model", "created": 0, "owned_by": "sim"}]})
+            {"id": self.name, "object": "model", "created": 0, "owned_by": "sim"},
+            *self.lora.cards(self.name)]})
 
 
 def _text(start: int, end: int) -> str:

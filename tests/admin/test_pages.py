@@ -418,3 +418,24 @@ async def test_teams_and_keys_from_the_admin_page(admin: AsyncTestClient,
                          data={"csrf": token, "confirm": "ml"})
     assert r.status_code == 303
     assert await ctx.store.tenants() == ([], [])
+
+
+async def test_the_models_page_lists_adapters_with_their_base_and_origin(
+        admin: AsyncTestClient, tmp_path: Path) -> None:
+    """An adapter added through the API shows on the models page, linked to its base."""
+    base = {"name": "qwen", "source": "/models/qwen", "engine": "vllm", "lora": {},
+            "profiles": [{"name": "cpu", "gpus": 0, "cpu_cores": 2, "memory": "8GiB"}]}
+    assert (await admin.post("/api/v1/models?skip_source_check=true", json=base,
+                             headers=API)).status_code == 200
+    r = await admin.post("/api/v1/adapters?skip_source_check=true", headers=API, json={
+        "name": "qwen-sql", "base": "qwen", "source": str(tmp_path), "rank": 8,
+        "pinned": True, "description": "Text to SQL"})
+    assert r.status_code == 200, r.text
+    page = (await admin.get("/admin/models")).text
+    row = re.search(r'<tr data-adapter="qwen-sql">(.*?)</tr>', page, re.S)
+    assert row, "no adapter row on the models page"
+    text = row.group(1)
+    assert 'href="/admin/models/qwen"' in text
+    assert "pinned" in text
+    assert "Text to SQL" in text
+    assert "added by alice" in text

@@ -318,3 +318,29 @@ def test_team_logs_settings_and_command(api_url: str) -> None:
     code, out = ctl(api_url, "team", "logs", "audited")
     assert code == 0, out
     assert json.loads(out) == []
+
+
+def test_ctl_adapter_add_from_a_file_list_and_remove(api_url: str, tmp_path: Path) -> None:
+    """An adapters: entry in a file adds as it would declare; a bad base exits 1 naming it."""
+    runner = CliRunner()
+    ctl = ["ctl", "--url", api_url, "--token", TOKEN]
+    base = tmp_path / "base.yaml"
+    base.write_text("name: qwen\nsource: /models/qwen\nengine: vllm\nlora: {slots: 2}\n"
+                    "profiles: [{name: h100, gpu_class: h100-80g, gpus: 1}]\n")
+    added = runner.invoke(main, [*ctl, "model", "add", "-f", str(base), "--skip-source-check"])
+    assert added.exit_code == 0, added.output
+    entry = tmp_path / "sql.yaml"
+    entry.write_text("name: qwen-sql\nbase: qwen\nsource: /adapters/sql\nrank: 8\n")
+    r = runner.invoke(main, [*ctl, "adapter", "add", "-f", str(entry), "--skip-source-check"])
+    assert r.exit_code == 0, r.output
+    assert "added qwen-sql on qwen" in r.output
+    listed = runner.invoke(main, [*ctl, "adapter", "list", "-o", "json"])
+    assert [(a["name"], a["base"], a["rank"]) for a in json.loads(listed.output)] == [
+        ("qwen-sql", "qwen", 8)]
+    bad = runner.invoke(main, [*ctl, "adapter", "add", "qwen-x", "--base", "nope",
+                               "--source", "/adapters/x", "--skip-source-check"])
+    assert bad.exit_code == 1
+    assert "there is no model 'nope'" in bad.output
+    removed = runner.invoke(main, [*ctl, "adapter", "remove", "qwen-sql"])
+    assert removed.exit_code == 0, removed.output
+    assert json.loads(runner.invoke(main, [*ctl, "adapter", "list", "-o", "json"]).output) == []

@@ -204,3 +204,15 @@ def test_cost_budgets_are_checked_and_belong_to_the_team() -> None:
     with pytest.raises(DefinitionError) as err:
         check_narrowing(Limits(), Limits(cost_per_month=5), "key 'k'")
     assert err.value.field == "cost_per_month"
+
+
+def test_an_adapters_tokens_share_its_bases_gpu_time_for_the_team_using_it() -> None:
+    """A team using only a fine-tune pays its token share of the base's replica time."""
+    from llmgw.control.costs import on_bases
+
+    times = [ReplicaTime(hour=HOUR, model="big", gpu_class="h100", gpu_seconds=7200,
+                         core_seconds=0)]                 # 4.0
+    tokens = on_bases([(HOUR, "ml", "big", 1000), (HOUR, "legal", "big-law", 3000)],
+                      {"big-law": "big"})
+    teams, _, _ = attribute(times, tokens, GPUS, COSTS)
+    assert {t.team: round(t.cost, 6) for t in teams} == {"legal": 3.0, "ml": 1.0}

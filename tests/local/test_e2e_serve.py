@@ -81,14 +81,14 @@ def cmdline(pid: int) -> str:
 class Served:
     """A running ``llmgw serve`` and what it printed."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, config: Path = EXAMPLE) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "LLMGW_DATABASE_URL": f"sqlite:///{tmp_path / 'llmgw.db'}",
                "LLMGW_LISTEN": f"127.0.0.1:{self.port}", "LLMGW_ADMIN_TOKENS": f"ops={TOKEN}"}
         exe = Path(sys.executable).with_name("llmgw")
         self.proc = subprocess.Popen(
-            [str(exe), "serve", "--config", str(EXAMPLE)], cwd=tmp_path, env=env,
+            [str(exe), "serve", "--config", str(config)], cwd=tmp_path, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)

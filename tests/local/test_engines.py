@@ -160,3 +160,18 @@ def test_the_shipped_gemma_is_a_gemma3_base_model_without_a_template(gemma_path:
     assert info.architecture == "gemma3"
     assert not info.has_chat_template
     assert chat_format_for(info) == "gemma"
+
+
+def test_a_vllm_base_with_a_lora_block_loads_adapters_at_run_time() -> None:
+    """The embedded vLLM gets the same LoRA flags and switch as on Nomad."""
+    from llmgw.catalog.model import Lora
+
+    m = Model(name="big", source=Source.parse("/models/big"), engine="vllm",
+              lora=Lora(slots=2), profiles=[Profile(name="g", gpu_class="l40s", gpus=1)])
+    launch = launch_for(m, m.profiles[0], python="p", model_path="/models/big", port=5,
+                        gpu_indexes=(0,))
+    assert "--enable-lora" in launch.argv
+    assert arg(launch.argv, "--max-loras") == "2"
+    assert arg(launch.argv, "--max-lora-rank") == "16"
+    assert arg(launch.argv, "--max-cpu-loras") == "8"
+    assert launch.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

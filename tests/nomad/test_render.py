@@ -372,3 +372,25 @@ def test_shutdown_delay_is_the_models_drain_timeout_in_nanoseconds():
         LLAMA, timeouts=msgspec.structs.replace(LLAMA.timeouts, drain=Duration.parse("1s")))
     assert _task(_json(render_job(short, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)),
                  "engine")["ShutdownDelay"] == 10 * 10**9
+
+
+def test_a_base_with_a_lora_block_starts_vllm_with_runtime_lora_loading():
+    """--enable-lora and the slot sizes, and the switch that mounts the load endpoints."""
+    from llmgw.catalog.model import Lora
+
+    base = msgspec.structs.replace(LLAMA, lora=Lora(slots=8, max_rank=32))
+    engine = _task(_json(render_job(base, base.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)),
+                   "engine")
+    args = engine["Config"]["args"]
+    assert "--enable-lora" in args
+    pairs = dict(zip(args[::2], args[1::2], strict=False))
+    at = args.index("--max-loras")
+    assert args[at:at + 6] == ["--max-loras", "8", "--max-lora-rank", "32",
+                               "--max-cpu-loras", "32"]
+    assert args[-1] == "--enable-prefix-caching"      # the profile's own arguments still last
+    assert pairs["--served-model-name"] == "meta-llama/Llama-3.3-70B-Instruct"
+    assert engine["Env"] == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                             "VLLM_LOGGING_LEVEL": "INFO"}
+    plain = _task(_json(render_job(LLAMA, LLAMA.profiles[0], CFG, GPU_CLASSES, 1, MIRROR)),
+                  "engine")
+    assert "--enable-lora" not in plain["Config"]["args"]

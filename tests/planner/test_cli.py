@@ -202,3 +202,15 @@ def test_plan_names_the_nodes_warm_for_catalog_models_of_the_repository() -> Non
     assert warm_lines(api, "Qwen/Qwen2.5-14B") == [  # type: ignore[arg-type]
         "warm for qwen: gpu-1, gpu-2",
         "warm for qwen-idle: none yet (`llmgw ctl model prefetch` fetches ahead)"]
+
+
+def test_lora_slots_show_their_reservation_beside_the_table(qwen_dir: Path) -> None:
+    """--lora-slots puts the adapters' memory in the fit and says what it is."""
+    code, out, err = run("model", "plan", str(qwen_dir), "--pool", "l40s=2x46068MiB@eth",
+                         "--lora-slots", "4", "--lora-rank", "16")
+    assert code == 0, err
+    assert "lora:       adapter slots reserve" in out
+    assert "on each of 1 GPU" in out
+    assert "the host cache holds" in out
+    code, out, _ = run("model", "plan", str(qwen_dir), "--pool", "l40s=2x46068MiB@eth")
+    assert "lora:" not in out

@@ -37,6 +37,7 @@ import signal
 
 import msgspec
 
+from llmgw.catalog.adapter import vllm_lora_launch
 from llmgw.catalog.model import Model, Profile
 from llmgw.weights.gguf import GgufInfo
 
@@ -133,9 +134,12 @@ def vllm_launch(
     ]
     if profile.quantization:
         argv += ["--quantization", profile.quantization]
+    # A base with a lora block: adapters loaded at run time (llmgw.catalog.adapter).
+    lora_args, lora_env = vllm_lora_launch(model, profile)
+    argv += lora_args
     argv += profile.engine_args
     env = {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indexes)),
-           **profile.env}
+           **lora_env, **profile.env}
     if profile.cpu_cores:
         env.setdefault("OMP_NUM_THREADS", str(profile.cpu_cores))
     return EngineLaunch(argv=argv, env=env, health_path=VLLM_HEALTH, port=port)

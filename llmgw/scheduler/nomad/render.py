@@ -80,6 +80,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from llmgw.catalog.adapter import vllm_lora_launch
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
@@ -312,6 +313,8 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
                  "--tensor-parallel-size", str(max(profile.gpus, 1))]
         if profile.quantization:
             args += ["--quantization", profile.quantization]
+        # A base with a lora block: adapters loaded at run time (llmgw.catalog.adapter).
+        args += vllm_lora_launch(model, profile)[0]
         config = {"image": cfg.vllm_image, "ports": [PORT_LABEL],
                   "image_pull_timeout": go_duration(cfg.image_pull_timeout),
                   "args": [*args, *profile.engine_args]}
@@ -319,7 +322,8 @@ def _engine_task(model: Model, profile: Profile, need: Need, cfg: NomadConfig,
             # Tensor-parallel workers exchange tensors through /dev/shm;
             # Docker's 64 MiB default makes NCCL fail at the first all-reduce.
             config["shm_size"] = _SHM_FOR_TENSOR_PARALLEL
-    env = dict(profile.env)
+    env = {**(vllm_lora_launch(model, profile)[1] if model.engine == "vllm" else {}),
+           **profile.env}
     if src.fetch_url is None:
         env.setdefault("HF_HOME", f"{CACHE_DIR}/hf")
     devices = []
