@@ -37,7 +37,12 @@ Event streams (``text/event-stream``) and binary bodies (``audio/*``,
 ``application/octet-stream``: synthesised speech) pass through chunk by
 chunk as the engine sends them. Other responses (JSON) are read whole and
 sent in one piece: they are small, the engine produces them at once, and
-reading them whole lets a body that breaks half-way still be retried.
+reading them whole lets a body that breaks half-way still be retried. A
+4xx is read whole whatever its type and answered in OpenAI's error shape
+with the engine's message (``errors.engine_error_json``): engines each have
+their own error dialect, and clients read OpenAI's. (An error event inside
+a stream that has begun is passed as the engine wrote it: rewriting it
+would mean parsing every event of every stream.)
 
 A request may carry a ``variant``: the path and body to send to each model
 of its chain, for requests whose shape depends on the model that answers
@@ -61,6 +66,7 @@ import aiohttp
 import msgspec
 
 from llmgw.catalog.model import Model
+from llmgw.gateway import requestid
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -70,6 +76,7 @@ from llmgw.gateway.errors import (
     StreamBrokenError,
     UpstreamError,
     UpstreamTimeoutError,
+    engine_error_json,
     sse_error_event,
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
@@ -78,7 +85,7 @@ from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
 from llmgw.tenancy import Priority
 
-log = logging.getLogger("llmgw.gateway.proxy")
+log = requestid.tagged(logging.getLogger("llmgw.gateway.proxy"))
 
 # Request headers that describe the client's connection to us, or its
 # credentials for llmgw, and must not reach an engine.
@@ -87,11 +94,13 @@ _DROP_REQUEST = frozenset({
     b"upgrade", b"te", b"trailer", b"content-length", b"authorization", b"cookie",
     b"accept-encoding", b"expect", b"proxy-authorization",
 })
-# Response headers that belong to the engine's connection, or that our own
-# server sets; the rest are passed to the client.
+# Response headers that belong to the engine's connection, or that the gateway
+# sets itself (x-request-id: the client's id, which the engine was given too);
+# the rest are passed to the client.
 _DROP_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
     b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
+    b"x-request-id",
 })
 # The longest header line passed to an engine. Engines refuse a request with
 # a longer one (aiohttp's max_field_size is 8190, cpp-httplib's header limit
@@ -359,6 +368,11 @@ def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     # Compressed bodies could not be read for usage, and the client did not
     # necessarily ask for them.
     out["accept-encoding"] = "identity"
+    # The id the client is answered with, so the engine's logs name the same request.
+    rid = requestid.current.get()
+    if rid is not None:
+        out.pop("x-request-id", None)
+        out["x-request-id"] = rid.decode("ascii")
     return out
 
 
@@ -647,7 +661,7 @@ class Forwarder:
                         text = snippet.decode("utf-8", "replace").strip()
                         return _Failure("resume_refused",
                                         f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
-                    if ctype.startswith(_STREAMED):
+                    if ctype.startswith(_STREAMED) and status < 400:
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
@@ -666,6 +680,10 @@ class Forwarder:
                         self.balancer.succeeded(url)
                         answered = True
                         deadline.reschedule(None)
+                        if status >= 400:
+                            data = engine_error_json(status, data)
+                            headers = [(n, v) for n, v in headers if n != b"content-type"]
+                            headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
                         await to_client({"type": "http.response.start", "status": status,
                                          "headers": headers})

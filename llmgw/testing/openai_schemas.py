@@ -14,7 +14,11 @@ its parameters, request body and answers, and every component schema those
 reach, reduced to structure — types, properties, ``required``, enums,
 ``anyOf``/``oneOf``/``allOf``, bounds, formats, defaults that are plain values
 — with every description, title, summary, example and vendor extension
-dropped. References are rewritten to ``#/$defs/<name>`` and every schema one
+dropped. ``nullable: true``, the OpenAPI 3.0 spelling
+some of these schemas still use, is written as what it means in JSON Schema
+(``anyOf`` the schema or ``null``), so that any JSON Schema validator reads the
+extract as the document intends. References are rewritten to
+``#/$defs/<name>`` and every schema one
 of them names is in ``$defs``, so the file validates on its own (references
 stay references rather than being inlined: the Responses schemas are
 recursive, a filter of filters, and cannot be written out as one tree).
@@ -117,6 +121,8 @@ def structure(schema: Any, refs: set[str]) -> Any:
                                    for k, v in kept["mapping"].items()}
                 refs.update(_ref_name(v) for v in value["mapping"].values())
             out[key] = kept
+    if out.pop("nullable", False):
+        return {"anyOf": [out, {"type": "null"}]}
     return out
 
 

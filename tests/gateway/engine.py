@@ -40,6 +40,9 @@ class FakeEngine:
         self.health_status = 200                # what GET /health answers
         self.health_checks = 0
         self.fail_times = 0                     # ... only this many times (0: always)
+        # With fail_status: the body and content type to answer with, as an engine of
+        # its own dialect would (vLLM's integer code, FastAPI's detail, plain text).
+        self.fail_body: tuple[bytes, str] | None = None
         self.response_delay = 0.0               # before answering (headers included)
         self.hang = False                       # never answer
         self.headers_then_die = False           # send 200 headers, then close before a chunk
@@ -143,6 +146,9 @@ class FakeEngine:
                 self.fail_times -= 1
                 if self.fail_times == 0:
                     self.fail_status = None
+            if self.fail_body is not None:
+                data, ctype = self.fail_body
+                return web.Response(body=data, status=status, content_type=ctype)
             return web.json_response(
                 {"error": {"message": f"{self.name} failed on cue", "type": "server_error",
                            "code": None, "param": None}}, status=status)
