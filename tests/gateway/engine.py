@@ -200,14 +200,17 @@ class FakeEngine:
         logprobs = None
         if body.get("logprobs"):
             top = body.get("top_logprobs") or 0
+            # OpenAI's shape: vLLM leaves out "refusal", which OpenAI's schema requires.
             logprobs = {"content": [{"token": w, "logprob": -0.5, "bytes": list(w.encode()),
                                      "top_logprobs": [{"token": w, "logprob": -0.5,
                                                        "bytes": list(w.encode())}] * top}
-                                    for w in text.split()]}
+                                    for w in text.split()],
+                        "refusal": None}
         return web.json_response({
             "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
             "system_fingerprint": f"seed-{body.get('seed')}",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text,
+                                                 "refusal": None},
                          "logprobs": logprobs, "finish_reason": "stop"} for i in range(n)],
             "usage": usage})
 
@@ -217,14 +220,20 @@ class FakeEngine:
         text = f"responded by {self.name}"
         response: dict[str, Any] = {
             "id": f"resp_{self.name}_{len(self.requests)}", "object": "response",
-            "created_at": 1, "model": model, "status": "completed",
+            "created_at": 1, "model": model, "status": "completed", "error": None,
+            "incomplete_details": None, "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"), "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
             "store": body.get("store", True), "previous_response_id":
             body.get("previous_response_id"), "parallel_tool_calls": True,
             "tool_choice": "auto", "tools": body.get("tools", []),
             "output": [{"type": "message", "id": "msg_1", "status": "completed",
                         "role": "assistant", "content": [
-                            {"type": "output_text", "text": text, "annotations": []}]}],
-            "usage": {"input_tokens": 4, "output_tokens": 3, "total_tokens": 7}}
+                            {"type": "output_text", "text": text, "annotations": [],
+                             "logprobs": []}]}],
+            # vLLM's usage counts no cache writes; the gateway completes it.
+            "usage": {"input_tokens": 4, "output_tokens": 3, "total_tokens": 7,
+                      "input_tokens_details": {"cached_tokens": 0}}}
         if not body.get("stream"):
             return web.json_response(response)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
