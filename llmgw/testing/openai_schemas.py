@@ -25,6 +25,9 @@ recursive, a filter of filters, and cannot be written out as one tree).
 
 This module is run by hand when the pinned document moves, never in CI; the
 header of its output names the repository and commit it was made from.
+``openapi_document`` turns an extract back into an OpenAPI document of just
+those operations, under ``/v1`` as llmgw serves them, for tools that read
+OpenAPI (the gateway's Schemathesis test).
 
 The walk is over schema keywords, not over dictionary keys at large: the
 names inside ``properties`` are kept whatever they are (a tool has a property
@@ -192,6 +195,53 @@ def extract(document: dict[str, Any], commit: str,
                  "title, example or extension of the upstream document is kept."),
         "operations": ops,
         "$defs": dict(sorted(defs.items())),
+    }
+
+
+def _as_components(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: (v.replace("#/$defs/", "#/components/schemas/")
+                    if k == "$ref" and isinstance(v, str) else _as_components(v))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_as_components(v) for v in node]
+    return node
+
+
+def _media(content: dict[str, Any]) -> dict[str, Any]:
+    return {kind: {"schema": _as_components(schema)} for kind, schema in content.items()}
+
+
+def openapi_document(extract_: dict[str, Any], prefix: str = "/v1") -> dict[str, Any]:
+    """An OpenAPI 3.1 document of the extract's operations, their paths under ``prefix``,
+    every request authenticated with a bearer key."""
+    paths: dict[str, dict[str, Any]] = {}
+    for key, op in extract_["operations"].items():
+        method, path = key.split(" ", 1)
+        responses = {}
+        for status, response in op["responses"].items():
+            shown: dict[str, Any] = {"description": ""}
+            if response["content"]:
+                shown["content"] = _media(response["content"])
+            if response.get("headers"):
+                shown["headers"] = _as_components(response["headers"])
+            responses[status] = shown
+        entry: dict[str, Any] = {"operationId": op["operationId"],
+                                 "parameters": _as_components(op["parameters"]),
+                                 "responses": responses}
+        if "requestBody" in op:
+            entry["requestBody"] = {"required": op["requestBody"]["required"],
+                                    "content": _media(op["requestBody"]["content"])}
+        paths.setdefault(prefix + path, {})[method.lower()] = entry
+    source = extract_["source"]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"{source['repository']} at {source['commit'][:12]}, structure of "
+                          "the operations llmgw serves", "version": str(source["version"])},
+        "paths": paths,
+        "components": {"schemas": _as_components(extract_["$defs"]),
+                       "securitySchemes": {"ApiKeyAuth": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"ApiKeyAuth": []}],
     }
 
 

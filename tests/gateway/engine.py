@@ -103,7 +103,13 @@ class FakeEngine:
         self.paths.append(request.path)
         self.in_flight += 1
         try:
-            response = await self._answer(request, body)
+            try:
+                response = await self._answer(request, body)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                # A body of the wrong shape: refused as an engine validating it would.
+                response = web.json_response(
+                    {"error": {"message": f"invalid request: {exc!r}", "type": "BadRequestError",
+                               "param": None, "code": 400}}, status=400)
             self.finished += 1
             return response
         except (asyncio.CancelledError, ConnectionResetError):
