@@ -14,7 +14,8 @@ A generated id is ``req_`` followed by a per-process random prefix and a
 per-process counter scrambled by a random odd multiplier: unique within the
 process (multiplying by an odd number is a bijection modulo 2^64), across
 processes by the prefix, and costing one multiplication and one formatting
-— a tenth of ``uuid4`` — on a path every request takes. The scrambling keeps
+on a path every request takes: 0.7 µs against 6 µs for ``uuid4`` on the
+loaded 2-core machine (``bench/request_id.py``). The scrambling keeps
 consecutive ids from reading as a count of the other tenants' requests.
 """
 
