@@ -354,8 +354,17 @@ class _Broken:
     message: str
 
 
-def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The client's headers an engine may see: none of this hop's, none it would refuse."""
+def upstream_headers(headers: Sequence[tuple[bytes, bytes]],
+                     engine: str | None = None) -> dict[str, str]:
+    """The client's headers an engine may see: none of this hop's, none it would refuse.
+
+    ``x-request-id`` by engine: vLLM is sent the id the client is answered with
+    (it takes any string as its request id with ``--enable-request-id-headers``);
+    llama.cpp none, because llama-cpp-python refuses one that is not a UUID with
+    an empty 400 (``llama_cpp/server/app.py`` installs starlette_context's
+    ``RequestIdPlugin``, which validates it); an engine of unknown dialect what the
+    client sent, as before the gateway had ids of its own.
+    """
     hop = _DROP_REQUEST
     for n, v in headers:
         if n == b"connection":
@@ -368,11 +377,12 @@ def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     # Compressed bodies could not be read for usage, and the client did not
     # necessarily ask for them.
     out["accept-encoding"] = "identity"
-    # The id the client is answered with, so the engine's logs name the same request.
-    rid = requestid.current.get()
-    if rid is not None:
+    if engine == "vllm":
+        rid = requestid.current.get()
+        if rid is not None:
+            out["x-request-id"] = rid.decode("ascii")
+    elif engine == "llama.cpp":
         out.pop("x-request-id", None)
-        out["x-request-id"] = rid.decode("ascii")
     return out
 
 
@@ -639,7 +649,7 @@ class Forwarder:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=upstream_headers(req.headers),
+                        headers=upstream_headers(req.headers, model.engine),
                         timeout=aiohttp.ClientTimeout(total=None, connect=connect),
                     )
                     status = resp.status

@@ -6,9 +6,10 @@ when something went wrong. The gateway does the same: a client that sends
 its own ``x-request-id`` (a tracing proxy, an agent framework) gets it back
 when it is sane — 1 to 128 characters of letters, digits and ``-_.:+/=`` —
 and any other value is replaced, since it would go into log lines and
-headers downstream. The engine is sent the same id (vLLM takes it as its own
-request id with ``--enable-request-id-headers``), and every line the request
-path logs while serving it ends with ``[request <id>]``.
+headers downstream. A vLLM replica is sent the same id (it takes it as its
+own request id with ``--enable-request-id-headers``; what other engines are
+sent is ``proxy.upstream_headers``'), and every line the request path logs
+while serving it ends with ``[request <id>]``.
 
 A generated id is ``req_`` followed by a per-process random prefix and a
 per-process counter scrambled by a random odd multiplier: unique within the
