@@ -32,6 +32,9 @@ ledger (``ledger``: every request's record, written in batches, and the
 budgets' re-read after each write); and housekeeping (keys, on-demand idle
 scale-down, pruning replica state).
 
+Every answer carries ``x-request-id`` (``requestid``: the client's own when
+sane, else a new one), which the request's log lines and its engine see too.
+
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
 engine stops generating for nobody.
@@ -60,6 +63,7 @@ from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.errors import LlmgwError, StoreUnavailableError
+from llmgw.gateway import requestid
 from llmgw.gateway.adapters import AdapterManager
 from llmgw.gateway.admission import AdmissionQueue, Ticket
 from llmgw.gateway.audio import AudioEndpoint
@@ -109,7 +113,7 @@ from llmgw.scheduler.base import Routing
 from llmgw.store.base import RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
-log = logging.getLogger("llmgw.gateway")
+log = requestid.tagged(logging.getLogger("llmgw.gateway"))
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                              "/v1/rerank", "/v1/score", "/v1/audio/speech"})
@@ -471,6 +475,14 @@ class Gateway:
             if kind == "lifespan":
                 await self._lifespan(receive, send)
             return
+        rid = requestid.of(scope["headers"])
+        token = requestid.current.set(rid)
+        try:
+            await self._route(scope, receive, requestid.answering(send, rid))
+        finally:
+            requestid.current.reset(token)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         if path in INFERENCE_PATHS:
             await self._inference(scope, receive, send, path)
@@ -546,7 +558,7 @@ class Gateway:
 
     async def _list_models(self, scope: Scope, send: Send, path: str) -> None:
         if scope["method"] != "GET":
-            raise MethodNotAllowedError(f"{scope['method']} {path}: use GET")
+            raise MethodNotAllowedError(scope["method"], path, ("GET",))
         key = self._authenticate(scope["headers"])
         catalog = self.models.catalog
         if path == "/v1/models":
@@ -637,7 +649,8 @@ class Gateway:
                 id=record.id, at=record.at, expires_at=record.at + key.log_days * 86400,
                 team=key.team, key=key.name,
                 record=_encode_log(_LogEntry(path=req.path, requested=req.model,
-                                             stream=req.stream, usage=record)),
+                                             stream=req.stream, usage=record,
+                                             request_id=_request_id())),
                 request=req.body if bodies else None,
                 response=b"".join(req.capture) if bodies and req.capture is not None
                 else None))
@@ -650,7 +663,7 @@ class Gateway:
                      call: Call) -> tuple[ForwardRequest, list[Model]]:
         """Every check before forwarding; raises the error to answer instead."""
         if scope["method"] != "POST":
-            raise MethodNotAllowedError(f"{scope['method']} {path}: use POST")
+            raise MethodNotAllowedError(scope["method"], path, ("POST",))
         key = call.key = self.check_key(scope["headers"], started)
         body = await read_body(scope["headers"], receive, self.max_body)
         head = parse_head(body)
@@ -840,12 +853,19 @@ _NO_USAGE = Usage(0, 0, 0)
 
 
 class _LogEntry(msgspec.Struct):
-    """What a request log keeps beside the bodies: the request's shape and its record."""
+    """What a request log keeps beside the bodies: the request's shape and its record, and
+    the id its client was answered with (``x-request-id``)."""
 
     path: str
     requested: str
     stream: bool
     usage: UsageRecord
+    request_id: str | None = None
+
+
+def _request_id() -> str | None:
+    rid = requestid.current.get()
+    return None if rid is None else rid.decode("ascii")
 
 
 _encode_log = msgspec.json.Encoder().encode

@@ -101,7 +101,7 @@ class Upload:
     async def admit(self, scope: Scope, receive: Receive, send: Send, started: float,
                     call: Call) -> tuple[ForwardRequest, list[Model], Send]:
         if scope["method"] != "POST":
-            raise MethodNotAllowedError(f"{scope['method']} {self.path}: use POST")
+            raise MethodNotAllowedError(scope["method"], self.path, ("POST",))
         key = call.key = self.core.check_key(scope["headers"], started)
         ctype = header(scope["headers"], b"content-type")
         boundary = boundary_of(ctype.decode("latin-1") if ctype else None)

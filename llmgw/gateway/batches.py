@@ -4,7 +4,8 @@ Creating a batch checks what can be checked at once (the endpoint can be
 batched, the input file exists, belongs to the caller and is a batch file)
 and records the batch as ``validating``; the worker — one across all
 gateway instances — takes it from there. A batch belongs to the API key
-that created it.
+that created it (``files.owner_of``, as files do). ``output_expires_after``
+makes its output and error files expire that long after they are written.
 
 Cancelling moves a ``validating`` or ``in_progress`` batch to
 ``cancelling`` with a compare-and-set in the store, so it cannot be lost to
@@ -43,6 +44,7 @@ from llmgw.gateway.errors import (
     send_error,
 )
 from llmgw.gateway.exchange import Core
+from llmgw.gateway.files import ExpiresAfter, owner_of, page, page_limit
 from llmgw.gateway.files import not_found as file_not_found
 from llmgw.gateway.request import read_body
 from llmgw.store.base import BatchRow
@@ -56,6 +58,7 @@ class _Create(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchNotFoundError(NotFoundError):
@@ -111,7 +114,7 @@ class BatchesEndpoint:
             elif method == "GET":
                 await self._list(scope, send)
             else:
-                raise MethodNotAllowedError(f"{method} {path}: use POST or GET")
+                raise MethodNotAllowedError(method, path, ("GET", "POST"))
             return
         id, _, rest = path[len("/v1/batches/"):].partition("/")
         if not id or rest not in ("", "cancel"):
@@ -119,12 +122,12 @@ class BatchesEndpoint:
                                    "/v1/batches, /v1/batches/{id} and /v1/batches/{id}/cancel)")
         wanted = "POST" if rest else "GET"
         if method != wanted:
-            raise MethodNotAllowedError(f"{method} {path}: use {wanted}")
-        key = self.core.authenticate(scope["headers"])
+            raise MethodNotAllowedError(method, path, (wanted,))
+        owner = owner_of(self.core.authenticate(scope["headers"]))
         if rest:
-            await _send_json(send, api(await self._cancel(id, key.name)))
+            await _send_json(send, api(await self._cancel(id, owner)))
             return
-        row = await self.core.state.get_batch(id, key.name)
+        row = await self.core.state.get_batch(id, owner)
         if row is None:
             raise _not_found(id)
         await _send_json(send, api(decode_record(row.record)))
@@ -143,39 +146,35 @@ class BatchesEndpoint:
         if not 0 < window <= MAX_WINDOW:
             raise InvalidRequestError("completion_window: give a duration up to 7d (e.g. 24h)",
                                       field="completion_window")
-        file = await core.state.get_file(request.input_file_id, key.name)
+        now = int(time.time())
+        keep_for = None
+        if request.output_expires_after is not None:
+            after = request.output_expires_after
+            keep_for = after.expires_at(now, "output_expires_after") - now
+        owner = owner_of(key)
+        file = await core.state.get_file(request.input_file_id, owner)
         if file is None:
             raise file_not_found(request.input_file_id)
         if file.purpose != "batch":
             raise InvalidRequestError(
                 f"input_file_id: file {file.id!r} has purpose {file.purpose!r}; upload the "
                 "requests with purpose 'batch'", field="input_file_id")
-        now = int(time.time())
         record = BatchRecord(
-            id=new_batch_id(), owner=key.name, endpoint=request.endpoint,
+            id=new_batch_id(), owner=owner, endpoint=request.endpoint,
             input_file_id=file.id, completion_window=request.completion_window,
-            created_at=now, expires_at=now + int(window), metadata=request.metadata)
+            created_at=now, expires_at=now + int(window), metadata=request.metadata,
+            output_expires_after=keep_for)
         await core.state.create_batch(row_of(record))
         self.worker.wake()
         await _send_json(send, api(record))
 
     async def _list(self, scope: Scope, send: Send) -> None:
-        key = self.core.authenticate(scope["headers"])
+        owner = owner_of(self.core.authenticate(scope["headers"]))
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        after = query.get("after", [None])[0]
-        try:
-            limit = int(query.get("limit", ["20"])[0])
-        except ValueError:
-            raise InvalidRequestError("limit: must be a whole number from 1 to 100",
-                                      field="limit") from None
-        if not 1 <= limit <= 100:
-            raise InvalidRequestError("limit: must be from 1 to 100", field="limit")
-        rows = await self.core.state.list_batches(key.name, after, limit + 1)
-        data = [api(decode_record(r.record)) for r in rows[:limit]]
-        await _send_json(send, {"object": "list", "data": data,
-                                "first_id": data[0]["id"] if data else None,
-                                "last_id": data[-1]["id"] if data else None,
-                                "has_more": len(rows) > limit})
+        after = query.get("after", [None])[0] or None
+        limit = page_limit(query, default=20, most=100)
+        rows = await self.core.state.list_batches(owner, after, limit + 1)
+        await _send_json(send, page([api(decode_record(r.record)) for r in rows], limit))
 
     async def _cancel(self, id: str, owner: str) -> BatchRecord:
         store = self.core.state

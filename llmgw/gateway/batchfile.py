@@ -229,30 +229,40 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     failed: int = 0
     errors: list[BatchError] = []
     metadata: dict[str, str] | None = None
+    # Seconds the output and error files are kept after they are written (None: always).
+    output_expires_after: int | None = None
     # Every line up to this one has its result stored; the worker resumes after it.
     done_through: int = 0
     # The state the batch ends in once finalized (completed, cancelled, expired).
     outcome: str | None = None
 
 
+# The Batch object's fields that are there only once they have a value: OpenAI's
+# schema types each a string, an integer or an object, never null, and its clients
+# read an absent one as None.
+_UNTIL_SET = ("output_file_id", "error_file_id", "in_progress_at", "finalizing_at",
+              "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
+
+
 def api(record: BatchRecord) -> dict[str, Any]:
-    """The Batch object as OpenAI's API returns it."""
-    errors = None
-    if record.errors:
-        errors = {"object": "list", "data": [msgspec.to_builtins(e) for e in record.errors]}
-    return {
-        "id": record.id, "object": "batch", "endpoint": record.endpoint, "errors": errors,
+    """The Batch object as OpenAI's schema has it."""
+    out: dict[str, Any] = {
+        "id": record.id, "object": "batch", "endpoint": record.endpoint,
         "input_file_id": record.input_file_id, "completion_window": record.completion_window,
-        "status": record.status, "output_file_id": record.output_file_id,
-        "error_file_id": record.error_file_id, "created_at": record.created_at,
-        "in_progress_at": record.in_progress_at, "expires_at": record.expires_at,
-        "finalizing_at": record.finalizing_at, "completed_at": record.completed_at,
-        "failed_at": record.failed_at, "expired_at": record.expired_at,
-        "cancelling_at": record.cancelling_at, "cancelled_at": record.cancelled_at,
+        "status": record.status, "created_at": record.created_at,
+        "expires_at": record.expires_at,
         "request_counts": {"total": record.total, "completed": record.completed,
                            "failed": record.failed},
         "metadata": record.metadata,
     }
+    if record.errors:
+        out["errors"] = {"object": "list",
+                         "data": [msgspec.to_builtins(e) for e in record.errors]}
+    for name in _UNTIL_SET:
+        value = getattr(record, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 _record_decoder = msgspec.json.Decoder(BatchRecord)

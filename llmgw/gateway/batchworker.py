@@ -179,8 +179,10 @@ class BatchWorker:
             self._housekept = now
             purged = await store.purge_responses()
             dead = await store.purge_uploads(int(time.time()) - ABANDONED_UPLOAD)
-            if purged or dead:
-                log.info("purged %d expired responses and %d abandoned uploads", purged, dead)
+            expired = await store.purge_files()
+            if purged or dead or expired:
+                log.info("purged %d expired responses, %d abandoned uploads and %d expired "
+                         "files", purged, dead, expired)
         for row in await store.active_batches():
             await self._drive(decode_record(row.record))
 
@@ -407,10 +409,12 @@ class BatchWorker:
         expect = record.status
         outcome = "cancelled" if expect == "cancelling" else (record.outcome or "completed")
         now = int(time.time())
+        keep = record.output_expires_after
         files = {ok: FileWriter(store, FileRecord(
             id=new_file_id(), owner=record.owner, purpose="batch_output",
             filename=f"{record.id}_{'output' if ok else 'error'}.jsonl", bytes=0,
-            created_at=now)) for ok in (True, False)}
+            created_at=now, expires_at=None if keep is None else now + keep))
+            for ok in (True, False)}
         wrote = {True: False, False: False}
         after = 0
         try:

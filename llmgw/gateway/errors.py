@@ -15,7 +15,7 @@ The leaves below add the statuses the shared tree has no class for (405, 413,
     AuthError        → InvalidKeyError 401
     ForbiddenError   → ModelNotAllowedError 403
     NotFoundError    → ModelNotFoundError 404, UnknownPathError 404
-    LlmgwError       → MethodNotAllowedError 405
+    LlmgwError       → MethodNotAllowedError 405 (Allow)
     RateLimitedError → KeyRateLimitedError 429, ModelBusyError 429 (Retry-After)
     UnavailableError → NoReplicaError 503 (Retry-After)
                        UpstreamError 502 → UpstreamTimeoutError 504, StreamBrokenError
@@ -73,9 +73,15 @@ class UnknownPathError(NotFoundError):
 
 
 class MethodNotAllowedError(LlmgwError):
+    """A method the path does not take; the answer's ``Allow`` lists those it does."""
+
     status = 405
     kind = "method_not_allowed"
     code = "method_not_allowed"
+
+    def __init__(self, method: str, path: str, allow: tuple[str, ...], purpose: str = "") -> None:
+        super().__init__(f"{method} {path}: use {' or '.join(allow)}{purpose}")
+        self.allow = allow
 
 
 class KeyRateLimitedError(RateLimitedError):
@@ -128,7 +134,8 @@ class ClientGone(Exception):  # noqa: N818 - a signal, not an error condition
     """The client went away (disconnected, or sending to it failed). Never a replica's fault."""
 
 
-# OpenAI's ``type`` for each status; anything else is a server_error.
+# OpenAI's ``type`` for each status; another 4xx is an invalid request, a 5xx a
+# server_error.
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -138,6 +145,16 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
 }
+# The ``type`` values of OpenAI's vocabulary an engine's error may keep.
+_OPENAI_TYPES = frozenset({*_TYPES.values(), "server_error", "insufficient_quota"})
+# Codes of the shared tree that mean something else to an OpenAI client: a body the
+# shared decoder refused is an invalid request, as every other endpoint says.
+_CODES = {"invalid_definition": "invalid_request"}
+
+
+def openai_type(status: int) -> str:
+    return _TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500
+                                  else "server_error")
 
 
 class _Detail(msgspec.Struct):
@@ -156,13 +173,69 @@ _encode = msgspec.json.Encoder().encode
 
 def error_json(err: LlmgwError) -> bytes:
     """``err`` as OpenAI's error object."""
+    code = getattr(err, "code", None) or err.kind
     detail = _Detail(
         message=err.message,
-        type=getattr(err, "openai_type", None) or _TYPES.get(err.status, "server_error"),
+        type=getattr(err, "openai_type", None) or openai_type(err.status),
         param=err.field,
-        code=getattr(err, "code", None) or err.kind,
+        code=_CODES.get(code, code),
     )
     return _encode(_Body(detail))
+
+
+# The most of an engine's error text kept as a message (an HTML page, a traceback).
+MAX_ENGINE_MESSAGE = 4096
+
+
+def engine_error_json(status: int, body: bytes) -> bytes:
+    """An engine's error answer as OpenAI's error object, its message kept.
+
+    Engines answer errors in their own dialects: vLLM with its exception's
+    name as ``type`` and the HTTP status as an integer ``code`` (older
+    versions without the ``error`` wrapper), llama.cpp's server with an
+    integer ``code``, FastAPI's validation with ``detail``, some with plain
+    text. OpenAI's clients read ``error.type`` and a string or null
+    ``error.code``; the engine's message is what the user needs and is kept
+    as it is. An integer code says no more than the status line and becomes
+    null; a ``type`` outside OpenAI's vocabulary becomes the status's.
+    """
+    try:
+        decoded = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        decoded = None
+    source: dict[str, Any] = {}
+    if isinstance(decoded, dict):
+        inner = decoded.get("error")
+        source = inner if isinstance(inner, dict) else decoded
+    message = source.get("message")
+    if not isinstance(message, str):
+        detail = source.get("detail")
+        if isinstance(detail, str):
+            message = detail
+        elif isinstance(detail, list):
+            message = "; ".join(_fastapi_item(d) for d in detail)
+        elif isinstance(decoded, dict) and isinstance(decoded.get("error"), str):
+            message = decoded["error"]
+        else:
+            message = body.decode("utf-8", "replace").strip()
+    kind = source.get("type")
+    param = source.get("param")
+    code = source.get("code")
+    return _encode(_Body(_Detail(
+        message=message[:MAX_ENGINE_MESSAGE] or f"the engine answered HTTP {status}",
+        type=kind if kind in _OPENAI_TYPES else openai_type(status),
+        param=param if isinstance(param, str) else None,
+        code=code if isinstance(code, str) else None,
+    )))
+
+
+def _fastapi_item(item: Any) -> str:
+    """One item of FastAPI's validation ``detail``: where, then what."""
+    if not isinstance(item, dict):
+        return str(item)
+    where = ".".join(str(p) for p in item.get("loc") or [] if p != "body")
+    text = str(item.get("msg", item))
+    return f"{where}: {text}" if where else text
 
 
 def retry_after(err: LlmgwError) -> int | None:
@@ -191,6 +264,9 @@ async def send_error(send: Send, err: LlmgwError) -> None:
     seconds = retry_after(err)
     if seconds is not None:
         headers.append((b"retry-after", str(seconds).encode()))
+    allow: tuple[str, ...] | None = getattr(err, "allow", None)
+    if allow:
+        headers.append((b"allow", ", ".join(allow).encode()))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -37,7 +37,12 @@ Event streams (``text/event-stream``) and binary bodies (``audio/*``,
 ``application/octet-stream``: synthesised speech) pass through chunk by
 chunk as the engine sends them. Other responses (JSON) are read whole and
 sent in one piece: they are small, the engine produces them at once, and
-reading them whole lets a body that breaks half-way still be retried.
+reading them whole lets a body that breaks half-way still be retried. A
+4xx is read whole whatever its type and answered in OpenAI's error shape
+with the engine's message (``errors.engine_error_json``): engines each have
+their own error dialect, and clients read OpenAI's. (An error event inside
+a stream that has begun is passed as the engine wrote it: rewriting it
+would mean parsing every event of every stream.)
 
 A request may carry a ``variant``: the path and body to send to each model
 of its chain, for requests whose shape depends on the model that answers
@@ -62,6 +67,7 @@ import msgspec
 
 from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
+from llmgw.gateway import requestid
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -71,6 +77,7 @@ from llmgw.gateway.errors import (
     StreamBrokenError,
     UpstreamError,
     UpstreamTimeoutError,
+    engine_error_json,
     sse_error_event,
 )
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
@@ -79,7 +86,7 @@ from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
 from llmgw.tenancy import Priority
 
-log = logging.getLogger("llmgw.gateway.proxy")
+log = requestid.tagged(logging.getLogger("llmgw.gateway.proxy"))
 
 # Request headers that describe the client's connection to us, or its
 # credentials for llmgw, and must not reach an engine.
@@ -88,11 +95,13 @@ _DROP_REQUEST = frozenset({
     b"upgrade", b"te", b"trailer", b"content-length", b"authorization", b"cookie",
     b"accept-encoding", b"expect", b"proxy-authorization",
 })
-# Response headers that belong to the engine's connection, or that our own
-# server sets; the rest are passed to the client.
+# Response headers that belong to the engine's connection, or that the gateway
+# sets itself (x-request-id: the client's id, which the engine was given too);
+# the rest are passed to the client.
 _DROP_RESPONSE = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
     b"server", b"upgrade", b"trailer", b"proxy-connection", b"x-llmgw-model",
+    b"x-request-id",
 })
 # The longest header line passed to an engine. Engines refuse a request with
 # a longer one (aiohttp's max_field_size is 8190, cpp-httplib's header limit
@@ -348,8 +357,17 @@ class _Broken:
     message: str
 
 
-def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The client's headers an engine may see: none of this hop's, none it would refuse."""
+def upstream_headers(headers: Sequence[tuple[bytes, bytes]],
+                     engine: str | None = None) -> dict[str, str]:
+    """The client's headers an engine may see: none of this hop's, none it would refuse.
+
+    ``x-request-id`` by engine: vLLM is sent the id the client is answered with
+    (it takes any string as its request id with ``--enable-request-id-headers``);
+    llama.cpp none, because llama-cpp-python refuses one that is not a UUID with
+    an empty 400 (``llama_cpp/server/app.py`` installs starlette_context's
+    ``RequestIdPlugin``, which validates it); an engine of unknown dialect what the
+    client sent, as before the gateway had ids of its own.
+    """
     hop = _DROP_REQUEST
     for n, v in headers:
         if n == b"connection":
@@ -362,6 +380,12 @@ def upstream_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     # Compressed bodies could not be read for usage, and the client did not
     # necessarily ask for them.
     out["accept-encoding"] = "identity"
+    if engine == "vllm":
+        rid = requestid.current.get()
+        if rid is not None:
+            out["x-request-id"] = rid.decode("ascii")
+    elif engine == "llama.cpp":
+        out.pop("x-request-id", None)
     return out
 
 
@@ -658,7 +682,7 @@ class Forwarder:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=upstream_headers(req.headers),
+                        headers=upstream_headers(req.headers, model.engine),
                         timeout=aiohttp.ClientTimeout(total=None, connect=connect),
                     )
                     status = resp.status
@@ -686,7 +710,7 @@ class Forwarder:
                         text = snippet.decode("utf-8", "replace").strip()
                         return _Failure("resume_refused",
                                         f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
-                    if ctype.startswith(_STREAMED):
+                    if ctype.startswith(_STREAMED) and status < 400:
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
@@ -705,6 +729,10 @@ class Forwarder:
                         self.balancer.succeeded(url)
                         answered = True
                         deadline.reschedule(None)
+                        if status >= 400:
+                            data = engine_error_json(status, data)
+                            headers = [(n, v) for n, v in headers if n != b"content-type"]
+                            headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
                         await to_client({"type": "http.response.start", "status": status,
                                          "headers": headers})

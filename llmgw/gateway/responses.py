@@ -27,7 +27,18 @@ they are echoed in the Response and not sent.
 Bodies are handled as decoded JSON (dicts), not structs: a field the module
 does not know must reach the engine exactly as written, and Responses input
 items are a union whose members need not carry their tag (``{"role":
-"user", "content": "hi"}`` is a message).
+"user", "content": "hi"}`` is a message). ``null`` is the default wherever
+OpenAI's document allows it (``store``, ``stream``, ``tool_choice``,
+``parallel_tool_calls``, …), as it is for OpenAI.
+
+What goes back is what OpenAI's schemas require, whatever the chat engine
+said: every output text part has ``logprobs`` (empty unless asked for),
+usage has its cached and cache-write counts, function tools are echoed
+with ``strict`` and ``parameters``, a field the request did not set is
+answered with its default or left out, never ``null`` where the schema has
+no null (``user``, ``usage`` before there is any), and a failed response's
+``error.code`` is one of the document's codes (``server_error`` unless the
+engine said ``rate_limit_exceeded``).
 """
 
 from __future__ import annotations
@@ -97,9 +108,14 @@ def check_request(raw: Json) -> None:
     previous = raw.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise _bad("must be the id of a stored response (a string)", "previous_response_id")
-    store = raw.get("store", True)
-    if not isinstance(store, bool):
-        raise _bad("must be true or false", "store")
+    store = raw.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise _bad("must be true, false or null", "store")
+
+
+def stores(raw: Json) -> bool:
+    """Whether the response to ``raw`` is kept: ``store`` true, absent or null (the default)."""
+    return raw.get("store") is not False
 
 
 def _text_of(parts: list[Any], where: str) -> str:
@@ -297,35 +313,71 @@ def passthrough_request(raw: Json, items: list[Json] | None, served: str) -> Jso
 # ---------------------------------------------------------------- response
 
 
+def _echoed_tool(tool: Any) -> Any:
+    """A tool as a Response echoes it: a function tool with its ``strict`` and ``parameters``
+    (null when not given), which OpenAI's FunctionTool requires."""
+    if isinstance(tool, dict) and tool.get("type") == "function":
+        return {"strict": None, "parameters": None, **tool}
+    return tool
+
+
 def skeleton(raw: Json, *, id: str, created_at: int, model: str) -> Json:
-    """A Response ``in_progress`` for ``raw``: every field echoed from the request."""
-    return {
+    """A Response ``in_progress`` for ``raw``: every field echoed from the request, a field
+    it left out or set to null as its default."""
+    parallel = raw.get("parallel_tool_calls")
+    out = {
         "id": id, "object": "response", "created_at": created_at, "status": "in_progress",
         "background": False, "error": None, "incomplete_details": None,
         "instructions": raw.get("instructions"), "max_output_tokens": raw.get("max_output_tokens"),
-        "model": model, "output": [], "parallel_tool_calls": raw.get("parallel_tool_calls", True),
+        "model": model, "output": [],
+        "parallel_tool_calls": True if parallel is None else parallel,
         "previous_response_id": raw.get("previous_response_id"),
-        "reasoning": raw.get("reasoning"), "store": raw.get("store", True),
+        "reasoning": raw.get("reasoning"), "store": stores(raw),
         "temperature": raw.get("temperature"),
         "text": raw.get("text") or {"format": {"type": "text"}},
-        "tool_choice": raw.get("tool_choice", "auto"), "tools": raw.get("tools") or [],
+        "tool_choice": raw.get("tool_choice") or "auto",
+        "tools": [_echoed_tool(t) for t in raw.get("tools") or []],
         "top_logprobs": raw.get("top_logprobs"), "top_p": raw.get("top_p"),
-        "truncation": raw.get("truncation") or "disabled", "usage": None,
-        "user": raw.get("user"), "metadata": raw.get("metadata") or {},
+        "truncation": raw.get("truncation") or "disabled",
+        "metadata": raw.get("metadata") or {},
     }
+    if isinstance(raw.get("user"), str):
+        out["user"] = raw["user"]
+    return out
 
 
 def usage(chat_usage: Any) -> Json | None:
+    """Responses usage for a chat completion's; the counts an engine does not report (a
+    prefix cache's writes, reasoning) are 0, as OpenAI's ResponseUsage requires them."""
     if not isinstance(chat_usage, dict):
         return None
     prompt = int(chat_usage.get("prompt_tokens") or 0)
     completion = int(chat_usage.get("completion_tokens") or 0)
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = chat_usage.get("prompt_tokens_details") or {}
     reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0),
+                                     "cache_write_tokens":
+                                         int(details.get("cache_write_tokens") or 0)},
             "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "output_tokens_details": {"reasoning_tokens": int(reasoning)},
             "total_tokens": int(chat_usage.get("total_tokens") or prompt + completion)}
+
+
+def complete_usage(found: Any) -> None:
+    """Fill in the detail counts OpenAI's ResponseUsage requires that an engine's own
+    Responses usage left out (vLLM reports no cache writes)."""
+    if not isinstance(found, dict):
+        return
+    inputs = found.get("input_tokens_details")
+    if not isinstance(inputs, dict):
+        inputs = found["input_tokens_details"] = {}
+    inputs.setdefault("cached_tokens", 0)
+    inputs.setdefault("cache_write_tokens", 0)
+    outputs = found.get("output_tokens_details")
+    if not isinstance(outputs, dict):
+        outputs = found["output_tokens_details"] = {}
+    outputs.setdefault("reasoning_tokens", 0)
 
 
 def _logprobs(chat_logprobs: Any) -> list[Json]:
@@ -347,8 +399,14 @@ def _finish(response: Json, finish_reason: Any, chat_usage: Any, now: float) -> 
     else:
         response["status"] = "completed"
         response["completed_at"] = int(now)
-    response["usage"] = usage(chat_usage)
+    counted = usage(chat_usage)
+    if counted is not None:
+        response["usage"] = counted
     return response
+
+
+def _text_part(text: str, logprobs: list[Json] | None) -> Json:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def _message_item(text: str, refusal: str | None, logprobs: list[Json] | None,
@@ -357,10 +415,7 @@ def _message_item(text: str, refusal: str | None, logprobs: list[Json] | None,
     if refusal:
         content.append({"type": "refusal", "refusal": refusal})
     if text or not refusal:
-        part: Json = {"type": "output_text", "text": text, "annotations": []}
-        if logprobs is not None:
-            part["logprobs"] = logprobs
-        content.append(part)
+        content.append(_text_part(text, logprobs))
     return {"type": "message", "id": new_id("msg"), "status": status, "role": "assistant",
             "content": content}
 
@@ -419,6 +474,10 @@ def sse(event: Json) -> bytes:
     return b"event: " + str(event["type"]).encode() + b"\ndata: " + _encode(event) + b"\n\n"
 
 
+# The codes of OpenAI's ResponseErrorCode a failed chat stream can mean.
+_RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded"})
+
+
 class ChatToResponses:
     """Turns a chat completion stream into the Responses event stream, event by event.
 
@@ -462,8 +521,7 @@ class ChatToResponses:
         index = self._index(item)
         return (self._event("response.output_item.added", output_index=index, item=item)
                 + self._event("response.content_part.added", item_id=item["id"],
-                              output_index=index, content_index=0,
-                              part={"type": "output_text", "text": "", "annotations": []}))
+                              output_index=index, content_index=0, part=_text_part("", None)))
 
     def _chunk(self, chunk: Json) -> bytes:
         out = b""
@@ -542,7 +600,7 @@ class ChatToResponses:
             else:
                 item["status"] = status
                 out += self._event("response.function_call_arguments.done",
-                                   item_id=item["id"], output_index=index,
+                                   item_id=item["id"], output_index=index, name=item["name"],
                                    arguments=item["arguments"])
                 out += self._event("response.output_item.done", output_index=index, item=item)
         return out
@@ -562,13 +620,19 @@ class ChatToResponses:
     def _fail(self, error: Any) -> bytes:
         detail = error if isinstance(error, dict) else {"message": str(error)}
         message = str(detail.get("message") or "the model's stream failed")
-        code = detail.get("code") or "server_error"
+        code = detail.get("code")
+        code = code if isinstance(code, str) and code else "server_error"
+        param = detail.get("param")
         failed = dict(self.response)
         failed["status"] = "failed"
-        failed["error"] = {"code": str(code), "message": message}
+        # A Response's error.code is one of OpenAI's ResponseErrorCode values; the error
+        # event before it carries the engine's own code.
+        failed["error"] = {"code": code if code in _RESPONSE_ERROR_CODES else "server_error",
+                           "message": message}
         failed["output"] = self._items
         self.final = failed
-        return (self._event("error", code=str(code), message=message, param=detail.get("param"))
+        return (self._event("error", code=code, message=message,
+                            param=param if isinstance(param, str) else None)
                 + self._event("response.failed", response=failed))
 
     def feed(self, chunk: bytes) -> bytes:
@@ -614,6 +678,7 @@ class ResponsesObserver:
     def patch(self, response: Json) -> Json:
         response["store"] = self._store
         response["previous_response_id"] = self._previous
+        complete_usage(response.get("usage"))
         return response
 
     def feed(self, chunk: bytes) -> bytes:
@@ -638,5 +703,52 @@ class ResponsesObserver:
 
 
 def context_after(items: list[Json], response: Json) -> list[Json]:
-    """The conversation a later ``previous_response_id`` continues: input, then output."""
-    return [*items, *(response.get("output") or [])]
+    """The conversation a later ``previous_response_id`` continues: input, then output.
+
+    An input item the client sent without an ``id`` is given one here, once:
+    it is kept with the conversation, so the item has the same id in this
+    response's input items and in those of every later turn.
+    """
+    return [*(item if isinstance(item.get("id"), str) else {**item, "id": _item_id(item)}
+              for item in items),
+            *(response.get("output") or [])]
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                "reasoning": "rs"}
+
+
+def _kind(item: Json) -> Any:
+    return item.get("type", "message" if "role" in item else None)
+
+
+def _item_id(item: Json) -> str:
+    return new_id(_ID_PREFIXES.get(_kind(item), "item"))
+
+
+def input_of(context: list[Json], response: Json) -> list[Json]:
+    """The items ``response`` was given: its stored conversation without its own output."""
+    produced = len(response.get("output") or [])
+    return context[:len(context) - produced] if produced else list(context)
+
+
+def item_resource(item: Json) -> Json:
+    """A stored input item in the shape OpenAI lists input items (ItemResource): typed,
+    with a status, a message's text as content parts."""
+    kind = _kind(item)
+    out = {**item, "type": kind}
+    if kind == "message":
+        assistant = item.get("role") == "assistant"
+        content = item.get("content")
+        if isinstance(content, str):
+            content = [_text_part(content, None) if assistant
+                       else {"type": "input_text", "text": content}]
+        elif assistant and isinstance(content, list):
+            content = [{"annotations": [], "logprobs": [], **p}
+                       if isinstance(p, dict) and p.get("type") == "output_text" else p
+                       for p in content]
+        out["content"] = content
+        out.setdefault("status", "completed")
+    elif kind in ("function_call", "function_call_output"):
+        out.setdefault("status", "completed")
+    return out

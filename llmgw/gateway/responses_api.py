@@ -1,4 +1,4 @@
-"""``/v1/responses``: create (streamed or not), retrieve and delete, for every model.
+"""``/v1/responses``: create (streamed or not), retrieve, delete and list input items.
 
 A model that serves the Responses API itself (``responses`` in its
 capabilities: vLLM) is sent the request as it is; one that serves only
@@ -13,7 +13,11 @@ after a restart, would not be found. The gateway resolves
 store anything; each finished response is stored with its whole
 conversation, for ``gateway.responses_retention`` (24 h by default), unless
 the request said ``store: false``. A stored response belongs to the API key
-that created it: another key neither reads, continues nor deletes it.
+that created it: another key neither reads, continues, lists nor deletes it.
+Its input items (``GET /v1/responses/{id}/input_items``) are the
+conversation it was given — the earlier turns a ``previous_response_id``
+brought in, then its own input — newest first unless ``order=asc``, 20 a
+page (up to 100) from the item ``after``; each has the id it was stored with.
 
 A response is stored before its last bytes reach the client, so a client
 that sends the next turn the moment it has the answer finds the previous
@@ -29,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 
@@ -47,8 +52,10 @@ from llmgw.gateway.errors import (
     send_error,
 )
 from llmgw.gateway.exchange import Call, Core
+from llmgw.gateway.files import page, page_limit, page_order
 from llmgw.gateway.proxy import Body, ForwardRequest
 from llmgw.gateway.request import header
+from llmgw.gateway.requestid import tagged
 from llmgw.gateway.responses import (
     ChatToResponses,
     Json,
@@ -57,14 +64,20 @@ from llmgw.gateway.responses import (
     check_request,
     context_after,
     input_items,
+    input_of,
+    item_resource,
     new_id,
     passthrough_request,
     response_from_chat,
     skeleton,
+    stores,
 )
 from llmgw.store.base import StoredResponse
 
-log = logging.getLogger("llmgw.gateway.responses")
+log = tagged(logging.getLogger("llmgw.gateway.responses"))
+# A page of input items: OpenAI's default and largest.
+ITEMS_PAGE = 20
+MAX_ITEMS_PAGE = 100
 
 PATH = "/v1/responses"
 _encode = msgspec.json.Encoder().encode
@@ -112,26 +125,44 @@ class ResponsesEndpoint:
         except LlmgwError as err:
             await send_error(send, err)
 
-    async def _stored(self, scope: Scope, send: Send, id: str) -> None:
-        if not id or "/" in id:
+    async def _stored(self, scope: Scope, send: Send, tail: str) -> None:
+        id, _, rest = tail.partition("/")
+        if not id or rest not in ("", "input_items"):
             raise UnknownPathError(f"{scope['path']}: not an endpoint of this gateway (it "
                                    "serves POST /v1/responses, GET and DELETE "
-                                   "/v1/responses/{id})")
+                                   "/v1/responses/{id}, GET /v1/responses/{id}/input_items)")
         method = scope["method"]
-        if method not in ("GET", "DELETE"):
-            raise MethodNotAllowedError(f"{method} {scope['path']}: use GET or DELETE")
+        allowed = ("GET",) if rest else ("GET", "DELETE")
+        if method not in allowed:
+            raise MethodNotAllowedError(method, scope["path"], allowed)
         key = self.core.authenticate(scope["headers"])
         store = self.core.state
         if method == "GET":
             stored = await store.get_response(id, key.name)
             if stored is None:
                 raise _not_found(id)
-            await _send_json(send, 200, stored.body)
+            if rest:
+                await self._input_items(scope, send, stored)
+            else:
+                await _send_json(send, 200, stored.body)
             return
         if not await store.delete_response(id, key.name):
             raise _not_found(id)
         await _send_json(send, 200, _encode({"id": id, "object": "response.deleted",
                                              "deleted": True}))
+
+    async def _input_items(self, scope: Scope, send: Send, stored: StoredResponse) -> None:
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        limit = page_limit(query, default=ITEMS_PAGE, most=MAX_ITEMS_PAGE)
+        after = query.get("after", [None])[0] or None
+        items = input_of(_decode(stored.context), _decode(stored.body))
+        if page_order(query) == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            items = items[ids.index(after) + 1:] if after in ids else []
+        listed = [item_resource(item) for item in items[:limit + 1]]
+        await _send_json(send, 200, _encode(page(listed, limit)))
 
 
 class _Create:
@@ -217,7 +248,7 @@ class _Answer:
         self._core = core
         self._owner = owner
         self._modes = modes
-        self._keep = bool(raw.get("store", True))
+        self._keep = stores(raw)
         self._previous = raw.get("previous_response_id")
         self._start: Message | None = None
         self._translate = False
@@ -336,7 +367,7 @@ async def batch_response(core: Core, body: bytes, owner: str) -> tuple[int, byte
         decoded = _decode(answer)
     except msgspec.DecodeError:
         return status, answer
-    keep_it = bool(raw.get("store", True))
+    keep_it = stores(raw)
     if responses_mode(model) == "translate":
         response = response_from_chat(decoded, base)
     else:

@@ -99,6 +99,8 @@ class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
     bytes: int
     created_at: int            # Unix seconds, the API's clock (OpenAI's ``created_at``)
     status: str = "uploading"  # "processed" once every chunk is written
+    # Unix seconds after which the file is gone (OpenAI's ``expires_after``); None: kept.
+    expires_at: int | None = None
 
 
 class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -419,11 +421,18 @@ class Store(Protocol):
     async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
         """Write chunk ``seq`` (0-based, at most ``CHUNK_SIZE`` bytes) of ``file_id``."""
 
-    async def finish_file(self, file_id: str, size: int) -> None:
-        """Mark ``file_id`` complete (``processed``) with its size; only then is it visible."""
+    async def finish_file(self, file_id: str, size: int, expires_at: int | None = None) -> None:
+        """Mark ``file_id`` complete (``processed``) with its size, and its expiry when given
+        (a form may name it after the file); only then is it visible."""
 
     async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
-        """A complete file of ``owner`` (any owner when None)."""
+        """A complete, unexpired file of ``owner`` (any owner when None)."""
+
+    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+                         limit: int, ascending: bool) -> list[FileRecord]:
+        """``owner``'s complete, unexpired files (of ``purpose`` when given), newest first by
+        (created_at, id) or oldest first when ``ascending``, starting after the file
+        ``after`` (none if that is not one of ``owner``'s files)."""
 
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
         """Chunks ``first`` .. ``first + count - 1`` in order (fewer at the end)."""
@@ -433,6 +442,9 @@ class Store(Protocol):
 
     async def purge_uploads(self, before: int) -> int:
         """Delete files still ``uploading`` that were created before ``before`` (Unix s)."""
+
+    async def purge_files(self) -> int:
+        """Delete every file past its ``expires_at`` (database time), with its chunks."""
 
     # --- batches ------------------------------------------------------------------
 

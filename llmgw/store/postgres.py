@@ -97,10 +97,39 @@ _SELECT_MODELS = (
 
 
 
+# A file is there once complete and until it expires (database time, as a response's).
+_GET_FILE = (
+    "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files"
+    " WHERE id = %s AND status = 'processed' AND (%s::text IS NULL OR owner = %s)"
+    " AND (expires_at IS NULL OR expires_at > EXTRACT(EPOCH FROM now()))"
+)
+# By (created_at, id), newest first or (True) oldest first, after the cursor file when it
+# is the owner's.
+_LIST_FILES = {
+    False: (
+        "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files f"
+        " WHERE owner = %s AND status = 'processed' AND (%s::text IS NULL OR purpose = %s)"
+        " AND (expires_at IS NULL OR expires_at > EXTRACT(EPOCH FROM now()))"
+        " AND (%s::text IS NULL OR EXISTS (SELECT 1 FROM files a WHERE a.id = %s"
+        " AND a.owner = f.owner AND (f.created_at, f.id) < (a.created_at, a.id)))"
+        " ORDER BY created_at DESC, id DESC LIMIT %s"
+    ),
+    True: (
+        "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files f"
+        " WHERE owner = %s AND status = 'processed' AND (%s::text IS NULL OR purpose = %s)"
+        " AND (expires_at IS NULL OR expires_at > EXTRACT(EPOCH FROM now()))"
+        " AND (%s::text IS NULL OR EXISTS (SELECT 1 FROM files a WHERE a.id = %s"
+        " AND a.owner = f.owner AND (f.created_at, f.id) > (a.created_at, a.id)))"
+        " ORDER BY created_at ASC, id ASC LIMIT %s"
+    ),
+}
+
+
 def _file(row: tuple[Any, ...]) -> FileRecord:
-    id_, owner, purpose, filename, size, created_at, status = row
+    id_, owner, purpose, filename, size, created_at, status, expires_at = row
     return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=int(size),
-                      created_at=int(created_at), status=status)
+                      created_at=int(created_at), status=status,
+                      expires_at=None if expires_at is None else int(expires_at))
 
 
 def _batch(row: tuple[Any, ...]) -> BatchRow:
@@ -526,9 +555,10 @@ class PostgresStore:
     async def create_file(self, file: FileRecord) -> None:
         await self._query(
             f"record file {file.id!r}",
-            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
-            " VALUES (%s, %s, %s, %s, %s, %s, 'uploading')",
-            (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at))
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status,"
+            " expires_at) VALUES (%s, %s, %s, %s, %s, %s, 'uploading', %s)",
+            (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at,
+             file.expires_at))
 
     async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
         await self._query(
@@ -536,18 +566,25 @@ class PostgresStore:
             "INSERT INTO file_chunks (file_id, seq, data) VALUES (%s, %s, %s)",
             (file_id, seq, data))
 
-    async def finish_file(self, file_id: str, size: int) -> None:
+    async def finish_file(self, file_id: str, size: int, expires_at: int | None = None) -> None:
         await self._query(
             f"complete file {file_id!r}",
-            "UPDATE files SET status = 'processed', bytes = %s WHERE id = %s", (size, file_id))
+            "UPDATE files SET status = 'processed', bytes = %s,"
+            " expires_at = COALESCE(%s, expires_at) WHERE id = %s",
+            (size, expires_at, file_id))
 
     async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
         rows = await self._query(
             f"read file {id!r}",
-            "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
-            " WHERE id = %s AND status = 'processed' AND (%s::text IS NULL OR owner = %s)",
-            (id, owner, owner))
+            _GET_FILE, (id, owner, owner))
         return _file(rows[0]) if rows else None
+
+    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+                         limit: int, ascending: bool) -> list[FileRecord]:
+        rows = await self._query(
+            f"list the files of {owner!r}", _LIST_FILES[ascending],
+            (owner, purpose, purpose, after, after, limit))
+        return [_file(r) for r in rows]
 
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
         rows = await self._query(
@@ -571,6 +608,14 @@ class PostgresStore:
             "WITH f AS (DELETE FROM files WHERE status = 'uploading' AND created_at < %s"
             " RETURNING id), c AS (DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM f))"
             " SELECT count(*) FROM f", (before,))
+        return int(rows[0][0]) if rows else 0
+
+    async def purge_files(self) -> int:
+        rows = await self._query(
+            "purge expired files",
+            "WITH f AS (DELETE FROM files WHERE expires_at <= EXTRACT(EPOCH FROM now())"
+            " RETURNING id), c AS (DELETE FROM file_chunks WHERE file_id IN (SELECT id FROM f))"
+            " SELECT count(*) FROM f")
         return int(rows[0][0]) if rows else 0
 
     # --- batches --------------------------------------------------------------------

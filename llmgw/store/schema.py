@@ -21,7 +21,11 @@ Postgres — because they are compared across hosts whose clocks may disagree.
 ``responses.expires_at`` is the database's clock too (it is compared with
 the database's "now" by every instance). ``files.created_at`` and
 ``batches.created_at`` are the API's Unix seconds, because OpenAI's objects
-report them and a client compares them with its own clock.
+report them and a client compares them with its own clock; so is
+``files.expires_at`` (OpenAI's ``expires_at``, ``created_at`` plus the
+``expires_after`` seconds), which is compared with the database's "now" like
+a response's: an expiry at least an hour away does not care for the seconds
+by which two clocks may differ, and every instance then agrees.
 
 ``definition`` is a blob (BLOB / bytea) rather than text: the Protocol hands
 the adapters bytes, and a row that is not valid UTF-8 must still come back
@@ -500,6 +504,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX holdings_started ON holdings (started)",
             CARRY_REPLICA_TIME,
             "DROP TABLE replica_time",
+        ),
+    ),
+    Migration(
+        number=9,
+        name="files that expire (expires_after, a batch's output_expires_after)",
+        sqlite=(
+            "ALTER TABLE files ADD COLUMN expires_at INTEGER",
+            "CREATE INDEX files_owner ON files (owner, created_at)",
+            "CREATE INDEX files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL",
+        ),
+        postgres=(
+            "ALTER TABLE files ADD COLUMN expires_at bigint",
+            "CREATE INDEX files_owner ON files (owner, created_at)",
+            "CREATE INDEX files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL",
         ),
     ),
 )

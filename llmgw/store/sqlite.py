@@ -128,9 +128,35 @@ _PURGE_RESPONSES = (
 )
 # Files and batches are read by their owner, or by anyone when the owner given is NULL
 # (the batch worker).
+# A file is there once complete and until it expires (database time, as a response's).
 _GET_FILE = (
-    "SELECT id, owner, purpose, filename, bytes, created_at, status FROM files"
+    "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files"
     " WHERE id = ? AND status = 'processed' AND (? IS NULL OR owner = ?)"
+    " AND (expires_at IS NULL OR expires_at > ((julianday('now') - 2440587.5) * 86400.0))"
+)
+# By (created_at, id), newest first or (True) oldest first, after the cursor file when it
+# is the owner's.
+_LIST_FILES = {
+    False: (
+        "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files f"
+        " WHERE owner = ? AND status = 'processed' AND (? IS NULL OR purpose = ?)"
+        " AND (expires_at IS NULL OR expires_at > ((julianday('now') - 2440587.5) * 86400.0))"
+        " AND (? IS NULL OR EXISTS (SELECT 1 FROM files a WHERE a.id = ? AND a.owner = f.owner"
+        " AND (f.created_at < a.created_at OR (f.created_at = a.created_at AND f.id < a.id))))"
+        " ORDER BY created_at DESC, id DESC LIMIT ?"
+    ),
+    True: (
+        "SELECT id, owner, purpose, filename, bytes, created_at, status, expires_at FROM files f"
+        " WHERE owner = ? AND status = 'processed' AND (? IS NULL OR purpose = ?)"
+        " AND (expires_at IS NULL OR expires_at > ((julianday('now') - 2440587.5) * 86400.0))"
+        " AND (? IS NULL OR EXISTS (SELECT 1 FROM files a WHERE a.id = ? AND a.owner = f.owner"
+        " AND (f.created_at > a.created_at OR (f.created_at = a.created_at AND f.id > a.id))))"
+        " ORDER BY created_at ASC, id ASC LIMIT ?"
+    ),
+}
+_EXPIRED_FILES = (
+    "SELECT id FROM files"
+    " WHERE expires_at IS NOT NULL AND expires_at <= ((julianday('now') - 2440587.5) * 86400.0)"
 )
 _GET_BATCH = (
     "SELECT id, owner, status, created_at, CAST(record AS BLOB) FROM batches"
@@ -419,15 +445,22 @@ def _put_model(model: StoredModel) -> Callable[[sqlite3.Connection], None]:
 
 
 def _file(row: tuple[Any, ...]) -> FileRecord:
-    id_, owner, purpose, filename, size, created_at, status = row
+    id_, owner, purpose, filename, size, created_at, status, expires_at = row
     return FileRecord(id=id_, owner=owner, purpose=purpose, filename=filename, bytes=size,
-                      created_at=created_at, status=status)
+                      created_at=created_at, status=status, expires_at=expires_at)
 
 
 def _batch(row: tuple[Any, ...]) -> BatchRow:
     id_, owner, status, created_at, record = row
     return BatchRow(id=id_, owner=owner, status=status, created_at=created_at,
                     record=bytes(record))
+
+
+def _delete_files(db: sqlite3.Connection, ids: list[str]) -> int:
+    for file_id in ids:
+        db.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
+        db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+    return len(ids)
 
 
 def _in_transaction(db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -636,24 +669,33 @@ class SqliteStore:
 
     async def create_file(self, file: FileRecord) -> None:
         row = (file.id, file.owner, file.purpose, file.filename, file.bytes, file.created_at,
-               "uploading")
+               "uploading", file.expires_at)
         await self._conn(self._writes).run(lambda db: db.execute(
-            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", row))
+            "INSERT INTO files (id, owner, purpose, filename, bytes, created_at, status,"
+            " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row))
 
     async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
         await self._conn(self._writes).run(lambda db: db.execute(
             "INSERT INTO file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
             (file_id, seq, data)))
 
-    async def finish_file(self, file_id: str, size: int) -> None:
+    async def finish_file(self, file_id: str, size: int, expires_at: int | None = None) -> None:
         await self._conn(self._writes).run(lambda db: db.execute(
-            "UPDATE files SET status = 'processed', bytes = ? WHERE id = ?", (size, file_id)))
+            "UPDATE files SET status = 'processed', bytes = ?,"
+            " expires_at = COALESCE(?, expires_at) WHERE id = ?",
+            (size, expires_at, file_id)))
 
     async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
         row = await self._conn(self._reads).run(
             lambda db: db.execute(_GET_FILE, (id, owner, owner)).fetchone())
         return None if row is None else _file(row)
+
+    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+                         limit: int, ascending: bool) -> list[FileRecord]:
+        args = (owner, purpose, purpose, after, after, limit)
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(_LIST_FILES[ascending], args).fetchall())
+        return [_file(r) for r in rows]
 
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
         rows = await self._conn(self._reads).run(lambda db: db.execute(
@@ -678,10 +720,13 @@ class SqliteStore:
         def run(db: sqlite3.Connection) -> int:
             ids = [r[0] for r in db.execute(
                 "SELECT id FROM files WHERE status = 'uploading' AND created_at < ?", (before,))]
-            for file_id in ids:
-                db.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
-                db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            return len(ids)
+            return _delete_files(db, ids)
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def purge_files(self) -> int:
+        def run(db: sqlite3.Connection) -> int:
+            return _delete_files(db, [r[0] for r in db.execute(_EXPIRED_FILES)])
 
         return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
 

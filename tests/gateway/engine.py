@@ -40,6 +40,9 @@ class FakeEngine:
         self.health_status = 200                # what GET /health answers
         self.health_checks = 0
         self.fail_times = 0                     # ... only this many times (0: always)
+        # With fail_status: the body and content type to answer with, as an engine of
+        # its own dialect would (vLLM's integer code, FastAPI's detail, plain text).
+        self.fail_body: tuple[bytes, str] | None = None
         self.response_delay = 0.0               # before answering (headers included)
         self.hang = False                       # never answer
         self.headers_then_die = False           # send 200 headers, then close before a chunk
@@ -100,7 +103,13 @@ class FakeEngine:
         self.paths.append(request.path)
         self.in_flight += 1
         try:
-            response = await self._answer(request, body)
+            try:
+                response = await self._answer(request, body)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                # A body of the wrong shape: refused as an engine validating it would.
+                response = web.json_response(
+                    {"error": {"message": f"invalid request: {exc!r}", "type": "BadRequestError",
+                               "param": None, "code": 400}}, status=400)
             self.finished += 1
             return response
         except (asyncio.CancelledError, ConnectionResetError):
@@ -143,6 +152,9 @@ class FakeEngine:
                 self.fail_times -= 1
                 if self.fail_times == 0:
                     self.fail_status = None
+            if self.fail_body is not None:
+                data, ctype = self.fail_body
+                return web.Response(body=data, status=status, content_type=ctype)
             return web.json_response(
                 {"error": {"message": f"{self.name} failed on cue", "type": "server_error",
                            "code": None, "param": None}}, status=status)
@@ -194,14 +206,17 @@ class FakeEngine:
         logprobs = None
         if body.get("logprobs"):
             top = body.get("top_logprobs") or 0
+            # OpenAI's shape: vLLM leaves out "refusal", which OpenAI's schema requires.
             logprobs = {"content": [{"token": w, "logprob": -0.5, "bytes": list(w.encode()),
                                      "top_logprobs": [{"token": w, "logprob": -0.5,
                                                        "bytes": list(w.encode())}] * top}
-                                    for w in text.split()]}
+                                    for w in text.split()],
+                        "refusal": None}
         return web.json_response({
             "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
             "system_fingerprint": f"seed-{body.get('seed')}",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text,
+                                                 "refusal": None},
                          "logprobs": logprobs, "finish_reason": "stop"} for i in range(n)],
             "usage": usage})
 
@@ -211,14 +226,20 @@ class FakeEngine:
         text = f"responded by {self.name}"
         response: dict[str, Any] = {
             "id": f"resp_{self.name}_{len(self.requests)}", "object": "response",
-            "created_at": 1, "model": model, "status": "completed",
+            "created_at": 1, "model": model, "status": "completed", "error": None,
+            "incomplete_details": None, "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"), "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
             "store": body.get("store", True), "previous_response_id":
             body.get("previous_response_id"), "parallel_tool_calls": True,
             "tool_choice": "auto", "tools": body.get("tools", []),
             "output": [{"type": "message", "id": "msg_1", "status": "completed",
                         "role": "assistant", "content": [
-                            {"type": "output_text", "text": text, "annotations": []}]}],
-            "usage": {"input_tokens": 4, "output_tokens": 3, "total_tokens": 7}}
+                            {"type": "output_text", "text": text, "annotations": [],
+                             "logprobs": []}]}],
+            # vLLM's usage counts no cache writes; the gateway completes it.
+            "usage": {"input_tokens": 4, "output_tokens": 3, "total_tokens": 7,
+                      "input_tokens_details": {"cached_tokens": 0}}}
         if not body.get("stream"):
             return web.json_response(response)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -10,6 +10,7 @@ import pytest
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.gateway.batchfile import (
+    BatchError,
     BatchRecord,
     LineSplitter,
     Malformed,
@@ -104,18 +105,24 @@ def test_result_lines_have_openais_shape() -> None:
 
 
 def test_the_batch_object_has_every_field_openai_clients_read() -> None:
-    """api() gives request_counts and the timestamps, errors as a list object."""
+    """api() gives request_counts, errors as a list object, and each timestamp and file id
+    once it has a value (OpenAI's schema has no null for them)."""
     record = BatchRecord(id="batch_1", owner="k", endpoint="/v1/embeddings",
                          input_file_id="file-1", completion_window="24h", created_at=5,
                          expires_at=86405, total=3, completed=2, failed=1)
     shown = api(record)
     assert shown["object"] == "batch"
     assert shown["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
-    assert shown["errors"] is None
-    for key in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
-                "cancelling_at", "cancelled_at", "output_file_id", "error_file_id"):
-        assert key in shown
-    assert not {"owner", "done_through"} & set(shown)
+    later = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
+             "cancelling_at", "cancelled_at", "output_file_id", "error_file_id", "errors")
+    assert not set(later) & set(shown)
+    record.in_progress_at, record.output_file_id = 6, "file-2"
+    record.errors = [BatchError(code="invalid_url", message="line 1: …", line=1)]
+    shown = api(record)
+    assert (shown["in_progress_at"], shown["output_file_id"]) == (6, "file-2")
+    assert shown["errors"]["object"] == "list"
+    assert shown["errors"]["data"][0]["code"] == "invalid_url"
+    assert not {"owner", "done_through", "output_expires_after"} & set(shown)
 
 
 def test_progress_advances_through_lines_finished_out_of_order() -> None:

@@ -69,3 +69,21 @@ def test_a_deeply_nested_body_is_refused_before_it_is_decoded() -> None:
     with pytest.raises(InvalidRequestError, match="nested more than 128 levels"):
         parse_head(b'{"model": "m", "x": ' + b"[" * 900 + b"]" * 900 + b"}")
     assert parse_head(b'{"model": "m", "x": ' + b"[" * 127 + b"]" * 127 + b"}").model == "m"
+
+
+def test_the_request_id_reaches_the_engines_that_take_it() -> None:
+    """vLLM is sent the id the client is answered with; llama.cpp none (llama-cpp-python
+    refuses an x-request-id that is not a UUID with an empty 400); another engine what the
+    client sent."""
+    from llmgw.gateway import requestid
+    from llmgw.gateway.proxy import upstream_headers
+
+    client = [(b"x-request-id", b"trace-7"), (b"content-type", b"application/json")]
+    token = requestid.current.set(b"trace-7")
+    try:
+        assert upstream_headers([client[1]], "vllm")["x-request-id"] == "trace-7"
+        assert "x-request-id" not in upstream_headers(client, "llama.cpp")
+        assert upstream_headers(client, None)["x-request-id"] == "trace-7"
+        assert "x-request-id" not in upstream_headers([client[1]], None)
+    finally:
+        requestid.current.reset(token)

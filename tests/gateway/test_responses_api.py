@@ -171,6 +171,8 @@ async def test_a_responses_engine_is_passed_the_request_with_the_conversation_in
                                            previous_response_id=first.id)
     sent = native.requests[-1]
     assert "previous_response_id" not in sent
+    # The first turn's input item is sent with the id it was stored under.
+    assert sent["input"][0].pop("id").startswith("msg_")
     assert sent["input"][0] == {"type": "message", "role": "user", "content": "one"}
     assert sent["input"][1]["content"][0]["text"] == "responded by vllm"
     assert sent["input"][2] == {"type": "message", "role": "user", "content": "two"}

@@ -187,15 +187,32 @@ def test_a_chat_completion_becomes_a_completed_response() -> None:
         ("resp_1", "completed", 20)
     message, call = response["output"]
     assert message["content"] == [{"type": "output_text", "text": "Checking.",
-                                   "annotations": []}]
+                                   "annotations": [], "logprobs": []}]
     assert {k: call[k] for k in ("type", "call_id", "name", "arguments")} == {
         "type": "function_call", "call_id": "c1", "name": "weather",
         "arguments": '{"city":"Oslo"}'}
-    assert response["usage"] == {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 4},
+    assert response["usage"] == {"input_tokens": 11,
+                                 "input_tokens_details": {"cached_tokens": 4,
+                                                          "cache_write_tokens": 0},
                                  "output_tokens": 7,
                                  "output_tokens_details": {"reasoning_tokens": 0},
                                  "total_tokens": 18}
     assert response["tools"] == [WEATHER]
+    assert "user" not in response
+
+
+def test_the_skeleton_answers_nulls_and_gaps_with_defaults() -> None:
+    """A function tool is echoed with strict and parameters, a null tool_choice,
+    parallel_tool_calls or store as their defaults, and no usage before there is any."""
+    base = skeleton({"model": "m", "input": "x", "tool_choice": None, "store": None,
+                     "parallel_tool_calls": None, "user": None,
+                     "tools": [{"type": "function", "name": "now"}]},
+                    id="resp_1", created_at=1, model="m")
+    assert base["tools"] == [{"type": "function", "name": "now", "strict": None,
+                              "parameters": None}]
+    assert (base["tool_choice"], base["parallel_tool_calls"], base["store"]) == \
+        ("auto", True, True)
+    assert not {"user", "usage"} & set(base)
 
 
 def test_a_completion_cut_by_max_tokens_is_incomplete() -> None:
@@ -288,10 +305,17 @@ def test_the_observer_restores_store_and_previous_id_and_keeps_the_completed_res
 
 
 def test_the_next_turn_continues_from_input_and_output() -> None:
-    """context_after is the input items followed by the response's output items."""
-    items = [{"role": "user", "content": "hi"}]
+    """context_after is the input items, each given an id if it had none, followed by the
+    response's output items."""
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call_output", "call_id": "c1", "output": "4", "id": "fco_1"}]
     response = {"output": [{"type": "message", "role": "assistant", "content": []}]}
-    assert context_after(items, response) == [*items, *response["output"]]
+    first, second, *rest = context_after(items, response)
+    assert first.pop("id").startswith("msg_")
+    assert first == items[0]
+    assert "id" not in items[0]              # the request's own items are not changed
+    assert second == items[1]
+    assert rest == response["output"]
 
 
 def test_crlf_events_split_across_pieces_are_read_whole() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 from llmgw.store.base import CHUNK_SIZE, BatchResult, BatchRow, FileRecord, StoredResponse
 
@@ -108,6 +110,53 @@ async def test_abandoned_uploads_are_purged_and_finished_files_kept(store: AnySt
     assert await store.get_file("file-done", "alice") is not None
     await store.finish_file("file-young", 0)
     assert await store.get_file("file-young", "alice") is not None
+
+
+async def test_files_are_listed_by_owner_and_purpose_in_either_order(store: AnyStore) -> None:
+    """list_files pages one owner's finished files by (created_at, id) after a cursor."""
+    for id, created, purpose in (("file-a", 100, "batch"), ("file-b", 300, "batch_output"),
+                                 ("file-c", 200, "batch"), ("file-d", 300, "batch")):
+        await store.create_file(FileRecord(id=id, owner="alice", purpose=purpose, filename="f",
+                                           bytes=0, created_at=created))
+        await store.finish_file(id, 0)
+    await write_file(store, "file-bob", b"{}", owner="bob")
+    await store.create_file(FileRecord(id="file-half", owner="alice", purpose="batch",
+                                       filename="f", bytes=0, created_at=400))
+
+    async def ids(**kw: Any) -> list[str]:
+        args = {"purpose": None, "after": None, "limit": 10, "ascending": False, **kw}
+        return [f.id for f in await store.list_files("alice", **args)]
+
+    assert await ids() == ["file-d", "file-b", "file-c", "file-a"]
+    assert await ids(ascending=True) == ["file-a", "file-c", "file-b", "file-d"]
+    assert await ids(limit=2) == ["file-d", "file-b"]
+    assert await ids(after="file-b") == ["file-c", "file-a"]
+    assert await ids(after="file-b", ascending=True) == ["file-d"]
+    assert await ids(purpose="batch") == ["file-d", "file-c", "file-a"]
+    assert await ids(purpose="batch", after="file-d") == ["file-c", "file-a"]
+    assert await ids(after="file-bob") == []      # another owner's file is no cursor
+
+
+async def test_an_expired_file_is_gone_and_purged_with_its_chunks(store: AnyStore) -> None:
+    """A file past its expires_at is neither found nor listed, and purge_files deletes it."""
+    await store.create_file(FileRecord(id="file-old", owner="alice", purpose="batch_output",
+                                       filename="o", bytes=0, created_at=100, expires_at=3700))
+    await store.put_file_chunk("file-old", 0, b"done")
+    await store.finish_file("file-old", 4)
+    far = int(time.time()) + 86400
+    await store.create_file(FileRecord(id="file-new", owner="alice", purpose="batch_output",
+                                       filename="n", bytes=0, created_at=100, expires_at=far))
+    await store.finish_file("file-new", 0)
+    assert await store.get_file("file-old", "alice") is None
+    kept = await store.get_file("file-new", None)
+    assert kept is not None
+    assert kept.expires_at == far
+    listed = await store.list_files("alice", purpose=None, after=None, limit=10,
+                                    ascending=False)
+    assert [f.id for f in listed] == ["file-new"]
+    assert await store.purge_files() == 1
+    assert await store.read_file_chunks("file-old", 0, 1) == []
+    assert await store.get_file("file-new", "alice") is not None
 
 
 # --- batches --------------------------------------------------------------------------
