@@ -4,7 +4,8 @@ Creating a batch checks what can be checked at once (the endpoint can be
 batched, the input file exists, belongs to the caller and is a batch file)
 and records the batch as ``validating``; the worker — one across all
 gateway instances — takes it from there. A batch belongs to the API key
-that created it.
+that created it: its immutable id (``keys.ApiKey.owner``), so its lines
+are billed to that key and its team, never to a later key of the same name.
 
 Cancelling moves a ``validating`` or ``in_progress`` batch to
 ``cancelling`` with a compare-and-set in the store, so it cannot be lost to
@@ -30,8 +31,8 @@ from llmgw.gateway.batchfile import (
     BatchRecord,
     api,
     check_endpoint,
-    decode_record,
     encode_record,
+    record_of,
 )
 from llmgw.gateway.errors import (
     InvalidRequestError,
@@ -45,7 +46,7 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.files import not_found as file_not_found
 from llmgw.gateway.request import read_body
-from llmgw.store.base import BatchRow
+from llmgw.store.base import BatchRow, OwnerId
 
 _encode = msgspec.json.Encoder().encode
 MAX_WINDOW = 7 * 86400.0
@@ -122,12 +123,12 @@ class BatchesEndpoint:
             raise MethodNotAllowedError(f"{method} {path}: use {wanted}")
         key = self.core.authenticate(scope["headers"])
         if rest:
-            await _send_json(send, api(await self._cancel(id, key.name)))
+            await _send_json(send, api(await self._cancel(id, key.owner)))
             return
-        row = await self.core.state.get_batch(id, key.name)
+        row = await self.core.state.get_batch(id, key.owner)
         if row is None:
             raise _not_found(id)
-        await _send_json(send, api(decode_record(row.record)))
+        await _send_json(send, api(record_of(row)))
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         core = self.core
@@ -143,7 +144,7 @@ class BatchesEndpoint:
         if not 0 < window <= MAX_WINDOW:
             raise InvalidRequestError("completion_window: give a duration up to 7d (e.g. 24h)",
                                       field="completion_window")
-        file = await core.state.get_file(request.input_file_id, key.name)
+        file = await core.state.get_file(request.input_file_id, key.owner)
         if file is None:
             raise file_not_found(request.input_file_id)
         if file.purpose != "batch":
@@ -152,7 +153,7 @@ class BatchesEndpoint:
                 "requests with purpose 'batch'", field="input_file_id")
         now = int(time.time())
         record = BatchRecord(
-            id=new_batch_id(), owner=key.name, endpoint=request.endpoint,
+            id=new_batch_id(), owner=key.owner, endpoint=request.endpoint,
             input_file_id=file.id, completion_window=request.completion_window,
             created_at=now, expires_at=now + int(window), metadata=request.metadata)
         await core.state.create_batch(row_of(record))
@@ -170,20 +171,20 @@ class BatchesEndpoint:
                                       field="limit") from None
         if not 1 <= limit <= 100:
             raise InvalidRequestError("limit: must be from 1 to 100", field="limit")
-        rows = await self.core.state.list_batches(key.name, after, limit + 1)
-        data = [api(decode_record(r.record)) for r in rows[:limit]]
+        rows = await self.core.state.list_batches(key.owner, after, limit + 1)
+        data = [api(record_of(r)) for r in rows[:limit]]
         await _send_json(send, {"object": "list", "data": data,
                                 "first_id": data[0]["id"] if data else None,
                                 "last_id": data[-1]["id"] if data else None,
                                 "has_more": len(rows) > limit})
 
-    async def _cancel(self, id: str, owner: str) -> BatchRecord:
+    async def _cancel(self, id: str, owner: OwnerId) -> BatchRecord:
         store = self.core.state
         for _ in range(10):
             row = await store.get_batch(id, owner)
             if row is None:
                 raise _not_found(id)
-            record = decode_record(row.record)
+            record = record_of(row)
             if record.status == "cancelling":
                 return record
             if record.status in FINAL or record.status == "finalizing":

@@ -8,8 +8,9 @@ written so far deleted). The file becomes visible when its last chunk is
 written; one that was never finished is purged by the batch worker's
 housekeeping.
 
-A file belongs to the API key that uploaded it; another key does not see
-it. Batch output and error files belong to the batch's owner.
+A file belongs to the API key that uploaded it — its immutable id, never its
+name (``keys.ApiKey.owner``); another key does not see it. Batch output
+and error files belong to the batch's owner.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.multipart import MultipartReader, PartData, PartEnd, PartHead, boundary_of
 from llmgw.gateway.request import header
-from llmgw.store.base import CHUNK_SIZE, FileRecord, Store
+from llmgw.store.base import CHUNK_SIZE, FileRecord, OwnerId, Store
 
 log = logging.getLogger("llmgw.gateway.files")
 
@@ -143,11 +144,11 @@ class FilesEndpoint:
         key = self.core.authenticate(scope["headers"])
         store = self.core.state
         if method == "DELETE":
-            if not await store.delete_file(id, key.name):
+            if not await store.delete_file(id, key.owner):
                 raise not_found(id)
             await _send_json(send, _encode({"id": id, "object": "file", "deleted": True}))
             return
-        record = await store.get_file(id, key.name)
+        record = await store.get_file(id, key.owner)
         if record is None:
             raise not_found(id)
         if not rest:
@@ -178,7 +179,7 @@ class FilesEndpoint:
         if declared is not None and declared.isdigit() and \
                 int(declared) > limit + _FORM_OVERHEAD:
             raise BodyTooLargeError(_too_large(int(declared), limit))
-        upload = _Upload(self.core.state, key.name, limit)
+        upload = _Upload(self.core.state, key.owner, limit)
         try:
             record = await upload.read(receive, MultipartReader(boundary))
         except BaseException:
@@ -191,7 +192,7 @@ class FilesEndpoint:
 class _Upload:
     """One file upload being read: the form's fields, and the file written as it comes."""
 
-    def __init__(self, store: Store, owner: str, limit: int) -> None:
+    def __init__(self, store: Store, owner: OwnerId, limit: int) -> None:
         self.store = store
         self.owner = owner
         self.limit = limit
