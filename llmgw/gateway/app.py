@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import socket
@@ -95,6 +96,7 @@ from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
 from llmgw.gateway.request import (
     estimated_tokens,
     header,
+    mark_authenticated,
     parse_head,
     read_body,
     with_usage,
@@ -110,6 +112,11 @@ from llmgw.store.base import OwnerId, RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
 log = logging.getLogger("llmgw.gateway")
+
+# The scope of the request a task serves, so that authenticating its key can say so to
+# the connection guard (``request.AUTHENTICATED``) however deep in a handler it happens.
+_REQUEST_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+    "llmgw_request_scope", default=None)
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                              "/v1/rerank", "/v1/score", "/v1/audio/speech"})
@@ -453,6 +460,7 @@ class Gateway:
                 await self._lifespan(receive, send)
             return
         path: str = scope["path"]
+        _REQUEST_SCOPE.set(scope)
         if path in INFERENCE_PATHS:
             await self._inference(scope, receive, send, path)
         elif path == "/metrics":
@@ -507,6 +515,9 @@ class Gateway:
 
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
         if self._is_open():
+            scope = _REQUEST_SCOPE.get()
+            if scope is not None:
+                mark_authenticated(scope)
             return OPEN_ACCESS
         value = header(headers, b"authorization")
         if value is None:
@@ -521,6 +532,9 @@ class Gateway:
         if key is None:
             raise InvalidKeyError("the API key is not valid (unknown or revoked); ask for a "
                                   "new one (`llmgw ctl key add` or `llmgw keys add NAME`)")
+        scope = _REQUEST_SCOPE.get()
+        if scope is not None:
+            mark_authenticated(scope)
         return key
 
     def _no_key_message(self) -> str:
