@@ -97,6 +97,9 @@ class LocalConfig(_Conf, frozen=True):
     cpu_cores: int | None = None     # defaults to the machine's
     memory: Size | None = None       # defaults to the machine's
     port_range: tuple[int, int] = (28000, 28999)
+    # Where the embedded scheduler keeps what outlives a restart: its replicas'
+    # holdings of cards and cores, for costs (``scheduler.local.journal``). None: kept in
+    # memory only, so an unclean stop loses what they held since the meter's last pass.
     state_dir: str | None = None
     # The Python that runs the engines (it needs llama-cpp-python, or vLLM);
     # defaults to the one running llmgw.

@@ -132,6 +132,12 @@ class TeamCosts(msgspec.Struct, kw_only=True):
     month_start: float
     day: dict[str, float] = msgspec.field(default_factory=dict)
     month: dict[str, float] = msgspec.field(default_factory=dict)
+    # When the figures were computed, and what each team's share of the replicas held
+    # then costs per second: a gateway adds rate x (now - at), so a cost budget is
+    # checked against the cost accrued up to the moment of the request, not up to the
+    # meter's last pass (``llmgw.control.costs``).
+    at: float = 0.0
+    rate: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 COSTS_REPORT = "team-costs"
