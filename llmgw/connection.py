@@ -178,8 +178,11 @@ class GuardedProtocol(HttpToolsProtocol):
         """An answer sent before its request's body arrived ends the connection: what
         still comes is dropped for ``LINGER`` and the connection closed (see the module)."""
         if self._in_body and not self.transport.is_closing():
+            self.server_state.total_requests += 1
             self.authenticated()
             self._linger_close()
+            # Read again (uvicorn may have paused it for the application), to drop it.
+            self.flow.resume_reading()
             return
         super().on_response_complete()
 
