@@ -427,3 +427,42 @@ def _trickle_with_a_bogus_key(port: int, count: int, stop: threading.Event) -> N
     for sock in socks:
         if sock is not None:
             sock.close()
+
+
+def test_the_per_address_cap_counts_only_connections_nobody_authenticated_on(
+        tmp_path: Path, keys_file: tuple[Path, str]) -> None:
+    """At max_unauthenticated_per_client 2: two idle connections that sent nothing fill the
+    address's share and a third is answered 503; two on which a key was accepted do not,
+    and a further connection is served."""
+    path, key = keys_file
+    body = chat_body()
+    good = chat_head(f"Authorization: Bearer {key}\r\n".encode(), len(body)) + body
+    with llmgw_serve(tmp_path, "{max_unauthenticated_per_client: 2, keepalive_timeout: 10m}",
+                     path) as s:
+        idle = [connect(s) for _ in range(2)]
+        try:
+            with connect(s) as sock:
+                send_all(sock, good)
+                answer = read_all(sock)
+                assert status_of(answer) == 503
+                assert b"max_unauthenticated_per_client" in answer
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + DEADLINE
+        served = [connect(s) for _ in range(2)]
+        try:
+            for sock in served:
+                send_all(sock, good)
+                assert status_of(sock.recv(65536)) == 200      # kept open (keep-alive)
+            while True:   # the closed idle ones may take a moment to be gone
+                with connect(s) as sock:
+                    send_all(sock, good)
+                    status = status_of(sock.recv(65536))
+                if status == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert status == 200
+        finally:
+            for sock in served:
+                sock.close()
