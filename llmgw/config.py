@@ -98,6 +98,9 @@ class LocalConfig(_Conf, frozen=True):
     cpu_cores: int | None = None     # defaults to the machine's
     memory: Size | None = None       # defaults to the machine's
     port_range: tuple[int, int] = (28000, 28999)
+    # Where the embedded scheduler keeps what outlives a restart: its replicas'
+    # holdings of cards and cores, for costs (``scheduler.local.journal``). None: kept in
+    # memory only, so an unclean stop loses what they held since the meter's last pass.
     state_dir: str | None = None
     # The Python that runs the engines (it needs llama-cpp-python, or vLLM);
     # defaults to the one running llmgw.
@@ -127,6 +130,11 @@ class GatewayConfig(_Conf, frozen=True):
     body_timeout: Duration = Duration(30, "30s")
     keepalive_timeout: Duration = Duration(5, "5s")
     max_connections: int = 4096
+    # Open connections from one client address whose caller has not authenticated (an
+    # API key or admin token); a new one past it is answered 503 and closed.
+    max_unauthenticated_per_client: int = 256
+    # From a request's head to the last byte of its body, whatever its pace.
+    body_deadline: Duration = Duration(600, "10m")
     # How long a failed replica is kept out of rotation before it is retried.
     eject_for: Duration = Duration(10, "10s")
     # Each further failure after it comes back doubles that, up to this.
@@ -192,6 +200,16 @@ class AdminToken(_Conf, frozen=True):
     token: str
 
 
+class SourceCheckConfig(_Conf, frozen=True):
+    """Where the source check may go (``llmgw.weights.reach``): beside the mirror and
+    public addresses, the hosts and networks named here; never those denied; and on a
+    server listening beyond loopback, local paths under ``local_roots`` only."""
+
+    allow_hosts: list[str] = []
+    deny_hosts: list[str] = []
+    local_roots: list[str] = []
+
+
 class ServerConfig(_Conf, frozen=True):
     listen: str = "127.0.0.1:8080"
     database: str = "sqlite:///llmgw.db"
@@ -203,6 +221,7 @@ class ServerConfig(_Conf, frozen=True):
     gateway: GatewayConfig = GatewayConfig()
     metrics: MetricsConfig = MetricsConfig()
     costs: CostsConfig = CostsConfig()
+    source_check: SourceCheckConfig = SourceCheckConfig()
     # Where people reach this server (its admin site), as a browser would: each Nomad
     # job's UI block links to the model's page under it. None: no such link.
     public_url: str | None = None
@@ -383,7 +402,8 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                 "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
-                "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait"):
+                "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait",
+                "body_deadline", "max_unauthenticated_per_client"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

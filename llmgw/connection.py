@@ -25,8 +25,27 @@ a few hundred of them take the server down.
   has stopped reading (flow control): that wait is ours, not the client's.
   Nothing times the response: a slow reader of a stream is bounded by the
   gateway (``llmgw.gateway.proxy``), not here.
+* **Whole body.** A request's body must have arrived ``gateway.body_deadline``
+  after its head, however steadily it trickles (the body timeout only catches
+  one that stops); past it the connection is closed. As with the body
+  timeout, time the application spends not reading does not count.
+* **Answered early.** A request answered before its body has arrived — a
+  401 for a bad key, a 413 from its Content-Length, any error the gateway
+  gives from the head alone — is not read on: the connection drops what
+  still comes for at most ``LINGER`` seconds, so the client can read the
+  answer rather than a reset, and closes. A client trickling a body behind a
+  refused key therefore holds its socket for two seconds, not for as long as
+  it trickles.
 * **Connections.** Beyond ``gateway.max_connections`` open connections a
-  request is answered 503 (uvicorn's ``limit_concurrency``).
+  request is answered 503 (uvicorn's ``limit_concurrency``). And one client
+  address may hold at most ``gateway.max_unauthenticated_per_client`` open
+  connections on which nobody has authenticated (the gateway or the control
+  API marks a request whose API key or admin token it accepted:
+  ``gateway.request.AUTHENTICATED``); a new one past that is answered 503 and
+  closed at once. So a client opening hundreds of sockets with a bogus key
+  takes that many slots, not every one: with k addresses an attacker holds at
+  most k times the cap. The cap is by address, so clients behind one NAT share
+  it; 256 covers a connection pool opening at once.
 
 Rejected: an ASGI middleware. By the time an application is called, the
 whole head has been read and parsed into memory, and a client that never
@@ -41,6 +60,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from llmgw.config import GatewayConfig
+from llmgw.gateway.request import AUTHENTICATED
 
 # How long a refused connection is still read (and what arrives dropped) before it closes.
 LINGER = 2.0
@@ -61,6 +81,8 @@ class GuardedProtocol(HttpToolsProtocol):
     """
 
     limits: GatewayConfig = GatewayConfig()
+    # This server's connections by client address (set by ``protocol_class``).
+    by_client: dict[str, set[GuardedProtocol]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +91,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._max_line = int(limits.max_header_size)
         self._head_timeout = float(limits.head_timeout)
         self._body_timeout = float(limits.body_timeout)
+        self._body_deadline = float(limits.body_deadline)
+        self._max_unauthenticated = limits.max_unauthenticated_per_client
+        self._address: str | None = None
+        self._authenticated = False
         # How many bytes of this request's head were fed to the parser, and
         # when its first byte came; None once the head is complete (and
         # between requests).
@@ -82,6 +108,7 @@ class GuardedProtocol(HttpToolsProtocol):
         # incomplete: an ordinary request, whole in one read, costs none.
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
         self._discarding = False
         self._stopping = False
@@ -90,10 +117,28 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.client is not None:
+            self._address = self.client[0]
+            mine = self.by_client.setdefault(self._address, set())
+            unauthenticated = sum(1 for p in mine if not p.authenticated())
+            mine.add(self)
+            if unauthenticated >= self._max_unauthenticated:
+                self._refuse_now(503, f"this client address already holds "
+                                      f"{unauthenticated} connections that have not "
+                                      "authenticated (gateway.max_unauthenticated_per_client)")
+                return
         # A connection that sends nothing at all is idle like one between
         # requests; uvicorn starts that clock only after a first response.
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def authenticated(self) -> bool:
+        """Whether a caller on this connection proved who it is (latched)."""
+        if not self._authenticated:
+            scope = getattr(self, "scope", None)
+            state = scope.get("state") if isinstance(scope, dict) else None
+            self._authenticated = isinstance(state, dict) and bool(state.get(AUTHENTICATED))
+        return self._authenticated
 
     def shutdown(self) -> None:
         """The server is stopping: finish what this connection carries, then close it.
@@ -121,7 +166,25 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timers()
+        if self._address is not None:
+            mine = self.by_client.get(self._address)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del self.by_client[self._address]
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        """An answer sent before its request's body arrived ends the connection: what
+        still comes is dropped for ``LINGER`` and the connection closed (see the module)."""
+        if self._in_body and not self.transport.is_closing():
+            self.server_state.total_requests += 1
+            self.authenticated()
+            self._linger_close()
+            # Read again (uvicorn may have paused it for the application), to drop it.
+            self.flow.resume_reading()
+            return
+        super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -184,15 +247,20 @@ class GuardedProtocol(HttpToolsProtocol):
             self._head_timer = None
         self._in_body = True
         self._body_seen = self.loop.time()
+        self._deadline_timer = self.loop.call_at(self._body_seen + self._body_deadline,
+                                                 self._body_past_deadline)
         super().on_headers_complete()
         if self._stopping and self.cycle is not None:
             self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         self._in_body = False
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        for timer in (self._body_timer, self._deadline_timer):
+            if timer is not None:
+                timer.cancel()
+        self._body_timer = self._deadline_timer = None
+        if self._discarding:
+            return
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -210,10 +278,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_began = self.loop.time()
 
     def _stop_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer):
+        for timer in (self._head_timer, self._body_timer, self._deadline_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = None
+        self._head_timer = self._body_timer = self._deadline_timer = None
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
@@ -236,6 +304,41 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self.logger.info("closing a connection whose request body stopped arriving for %gs "
                          "(gateway.body_timeout)", self._body_timeout)
+        self.transport.close()
+
+    def _body_past_deadline(self) -> None:
+        self._deadline_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            # The application is not reading: that wait is not the client's.
+            self._deadline_timer = self.loop.call_later(self._body_timeout,
+                                                        self._body_past_deadline)
+            return
+        self.logger.info("closing a connection whose request body was not complete %gs after "
+                         "its head (gateway.body_deadline)", self._body_deadline)
+        self.transport.close()
+
+    def _linger_close(self) -> None:
+        """Stop reading this connection; drop what arrives for ``LINGER``, then close."""
+        self._stop_timers()
+        self._head_fed = None
+        self._in_body = False
+        self._discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER, self.transport.close)
+        else:
+            self.transport.close()
+
+    def _refuse_now(self, status: int, text: str) -> None:
+        """Answer a connection that has sent nothing yet, and close it at once."""
+        self._discarding = True
+        body = (text + "\n").encode()
+        self.transport.write(b"".join([
+            STATUS_LINE[status], b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: ", str(len(body)).encode(), b"\r\n",
+            b"connection: close\r\n\r\n", body]))
         self.transport.close()
 
     def _refuse(self, status: int, text: str) -> None:
@@ -264,7 +367,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
 def protocol_class(limits: GatewayConfig) -> type[GuardedProtocol]:
     """The protocol class to hand to uvicorn (``http=``) for these limits."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits, "by_client": {}})
 
 
 def uvicorn_options(limits: GatewayConfig) -> dict[str, Any]:

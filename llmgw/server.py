@@ -100,9 +100,9 @@ class Server:
             runtime=config.runtime, declared_adapters=config.adapters,
         )
         if source_check is None:
-            from llmgw.weights.check import model_source_checker
+            from llmgw.weights.check import model_source_checker, reach_of
 
-            source_check = model_source_checker(mirror=config.mirror)
+            source_check = model_source_checker(mirror=config.mirror, reach=reach_of(config))
         if reservation_check is None:
             from llmgw.control.reservation import reservation_checker
 

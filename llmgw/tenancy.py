@@ -36,6 +36,21 @@ and on a team only (a key setting them is refused):
 * ``log_requests`` (``off``, ``metadata``, ``bodies``) and
   ``log_retention_days``: the team's request logs.
 
+**What owns a tenant's objects is a key's id, never its name.** Stored
+responses, files, batches and their outputs belong to ``key_id(sha256)`` of
+the key that made them (``keys.ApiKey.owner``), and every usage record names
+it beside the key's name and team. A key's team never changes (moving a name
+to another team is a revocation and a new key), so the id also fixes the
+team a batch bills. The id is derived from the key's hash rather than drawn
+at creation: the keys file, which a person edits, then needs no new field and
+its existing entries have ids already; both sources give the same key the
+same id on every instance without a write; and a new key — ``keys add`` or
+the API after a revocation, under an old name or not — is new random bits,
+so a new hash and a new id that owns nothing of the old one's. A revoked
+key's id resolves to no key again unless the very same secret is put back
+(an operator restoring a file entry), which is the same holder. The id is 128
+bits of a SHA-256 of 256 random bits: it tells nothing about the key.
+
 Every number must be at least 1 (a cost more than 0) and at most
 ``MAX_TOKENS`` (``MAX_RPM`` for ``rpm``, ``MAX_COST``, ``MAX_LOG_DAYS``): zero,
 negative or absurd values are refused naming the field.
@@ -126,6 +141,12 @@ class TeamCosts(msgspec.Struct, kw_only=True):
     month_start: float
     day: dict[str, float] = msgspec.field(default_factory=dict)
     month: dict[str, float] = msgspec.field(default_factory=dict)
+    # When the figures were computed, and what each team's share of the replicas held
+    # then costs per second: a gateway adds rate x (now - at), so a cost budget is
+    # checked against the cost accrued up to the moment of the request, not up to the
+    # meter's last pass (``llmgw.control.costs``).
+    at: float = 0.0
+    rate: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 COSTS_REPORT = "team-costs"
@@ -285,6 +306,11 @@ class KeysFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id(sha256: str) -> str:
+    """The immutable id of the key whose SHA-256 is ``sha256``: what owns its objects."""
+    return "key-" + sha256[:32]
 
 
 def generate_key() -> str:

@@ -26,6 +26,7 @@ from llmgw import __version__
 from llmgw.api import adapters, costs, models, plan, sourcecheck, tenants, usage
 from llmgw.api.auth import admin_guard, bearer
 from llmgw.api.contract import allowed_methods, tell_the_truth
+from llmgw.api.docs import DOCS_PATH, SecurityHeadersMiddleware, VendoredRedoc, redoc_script
 from llmgw.api.errors import error_response, exception_handlers
 from llmgw.api.typed import TYPE_DECODERS, TYPE_ENCODERS, TypedResponse, TypedValuesSchema
 from llmgw.control.context import Ctx
@@ -133,7 +134,8 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
     api = Router("/api/v1", route_handlers=handlers, guards=[admin_guard],
                  security=[{"bearer": []}])
     app = Litestar(
-        route_handlers=[api, healthz, readyz, *mounts],
+        route_handlers=[api, healthz, readyz, redoc_script, *mounts],
+        middleware=[SecurityHeadersMiddleware],
         template_config=template_config,
         dependencies={"ctx": Provide(lambda: ctx, sync_to_thread=False, use_cache=True)},
         exception_handlers=exception_handlers,
@@ -150,7 +152,8 @@ def create_app(ctx: Ctx, *, mounts: Sequence[Router] = (),
                 "bearer": SecurityScheme(type="http", scheme="bearer",
                                          description="An admin token"),
             }),
-            path="/api/docs",
+            path=DOCS_PATH,
+            render_plugins=[VendoredRedoc()],
         ),
         debug=debug,
     )

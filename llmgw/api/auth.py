@@ -21,6 +21,7 @@ from litestar.handlers.base import BaseRouteHandler
 from llmgw.control.context import AppContext
 from llmgw.control.identity import identify
 from llmgw.errors import AuthError
+from llmgw.gateway.request import AUTHENTICATED
 
 
 def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
@@ -42,6 +43,7 @@ def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     if name is None:
         raise AuthError("a valid admin token is required (Authorization: Bearer <token>)")
     connection.scope["state"]["actor"] = name
+    connection.scope["state"][AUTHENTICATED] = True
 
 
 def actor(connection: ASGIConnection[Any, Any, Any, Any]) -> str:

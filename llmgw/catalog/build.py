@@ -13,20 +13,22 @@ run (``scaling.max`` filled in), not as they were written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
 from llmgw.catalog.adapter import Adapter, check_adapters, check_lora
 from llmgw.catalog.engines import SCHEDULED, Capability
 from llmgw.catalog.fingerprint import fingerprint
-from llmgw.catalog.model import GpuClass, Model, Profile, Scaling
+from llmgw.catalog.model import GpuClass, Model, Profile, Scaling, UpstreamAuth
 from llmgw.catalog.names import check_name
 from llmgw.catalog.source import HfSource, PathSource, PkgSource, UrlSource
 from llmgw.errors import DefinitionError
+from llmgw.redact import MASK, redact_url
 
 
 class Runtime(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,7 +144,31 @@ def effective_scaling(s: Scaling) -> Scaling:
 def _check_url(url: str, where: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise DefinitionError(f"{where}: {url!r} is not an http(s) URL", field=where)
+        raise DefinitionError(f"{where}: {redact_url(url)!r} is not an http(s) URL",
+                              field=where)
+    if MASK in unquote(url):
+        raise DefinitionError(
+            f"{where}: {url!r} holds {MASK} where a credential was shown masked; write the "
+            "URL without it and give the credential with upstream_auth (a header and the "
+            "environment variable holding it)", field=where)
+
+
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")   # an RFC 9110 token
+
+
+def _check_auth(auth: UpstreamAuth) -> None:
+    if not _ENV_RE.match(auth.env):
+        raise DefinitionError(f"upstream_auth.env: {auth.env!r} is not an environment "
+                              "variable name", field="upstream_auth.env")
+    if not _HEADER_RE.match(auth.header) or auth.header.lower() in (
+            "host", "content-length", "transfer-encoding", "connection"):
+        raise DefinitionError(f"upstream_auth.header: {auth.header!r} cannot carry a "
+                              "credential; use e.g. Authorization or X-Api-Key",
+                              field="upstream_auth.header")
+    if any(c in auth.prefix for c in "\r\n"):
+        raise DefinitionError("upstream_auth.prefix: no line breaks",
+                              field="upstream_auth.prefix")
 
 
 def _check_source(m: Model, runtime: Runtime) -> None:
@@ -336,7 +362,12 @@ def check_model(m: Model, gpu_classes: Mapping[str, GpuClass],
             )
         for i, url in enumerate(m.upstream):
             _check_url(url, f"upstream[{i}]")
+        if m.upstream_auth is not None:
+            _check_auth(m.upstream_auth)
     else:
+        if m.upstream_auth is not None:
+            raise DefinitionError("upstream_auth: only an external model (upstream) has "
+                                  "one; remove it", field="upstream_auth")
         if not m.source:
             raise DefinitionError(
                 "source: a scheduled model needs a source (hf://org/repo, a mirror URL or a "

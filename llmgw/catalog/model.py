@@ -175,6 +175,22 @@ class Timeouts(_Spec, frozen=True):
     drain: Duration = Duration(30, "30s")
 
 
+class UpstreamAuth(_Spec, frozen=True):
+    """How the gateway authenticates to an external model's ``upstream``.
+
+    The secret is the gateway's environment variable ``env`` (set where the
+    gateway runs, like any other credential of its host), sent as
+    ``header: prefix + value`` on every request to the upstream. The URL
+    itself then carries no credential, so nothing that shows it (an error a
+    tenant reads, ``ctl model show``, the admin page, logs, the ledger) can
+    leak one; only the variable's name is stored and shown.
+    """
+
+    env: str
+    header: str = "Authorization"
+    prefix: str = "Bearer "
+
+
 class HealthCheck(_Spec, frozen=True):
     """Active health probes of an external model's ``upstream`` replicas.
 
@@ -216,6 +232,7 @@ class Model(_Spec, frozen=True):
     routing: RoutingSpec = RoutingSpec()
     fallbacks: list[ModelName] = []
     upstream: list[str] = []
+    upstream_auth: UpstreamAuth | None = None
     served_name: str | None = None
     timeouts: Timeouts = Timeouts()
     health: HealthCheck = HealthCheck()

@@ -90,8 +90,9 @@ def add(name: str, models: str, rpm: int | None, priority: str, keys_file: str |
 @_with_file_options
 @output_option
 def list_(keys_file: str | None, config: str | None, output: str) -> None:
-    """List the keys: names, models, limits. Never the keys themselves."""
+    """List the keys: names, ids, models, limits. Never the keys themselves."""
     from llmgw.gateway.keys import read_keys_file
+    from llmgw.tenancy import key_id
 
     with failures():
         content = read_keys_file(_keys_path(keys_file, config))
@@ -99,13 +100,13 @@ def list_(keys_file: str | None, config: str | None, output: str) -> None:
         return at.isoformat() if at else None
 
     if output == "json":
-        print_json([{"name": k.name, "models": k.models, "rpm": k.rpm,
+        print_json([{"name": k.name, "id": key_id(k.sha256), "models": k.models, "rpm": k.rpm,
                      "priority": k.priority, "created_at": created(k.created_at)}
                     for k in content.keys])
         return
-    print_table([[k.name, ",".join(k.models) or "all", k.rpm or "unlimited", k.priority,
-                  created(k.created_at)] for k in content.keys],
-                ["name", "models", "rpm", "priority", "created"])
+    print_table([[k.name, key_id(k.sha256), ",".join(k.models) or "all", k.rpm or "unlimited",
+                  k.priority, created(k.created_at)] for k in content.keys],
+                ["name", "id", "models", "rpm", "priority", "created"])
 
 
 @keys.command("revoke")

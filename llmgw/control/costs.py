@@ -93,11 +93,13 @@ class CostMeter:
         day = t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         month = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
         end = hour_of(now) + 3600
-        times = held_time(await self.store.holdings(month, end), month, end, now)
+        held = await self.store.holdings(month, end)
+        times = held_time(held, month, end, now)
         tokens = on_bases([(x.hour, x.team, x.model, x.tokens)
                            for x in await self.store.team_model_tokens(month, end)],
                           self.bases())
-        costs = TeamCosts(day_start=day, month_start=month)
+        costs = TeamCosts(day_start=day, month_start=month, at=now,
+                          rate=accrual_rates(held, tokens, now, self.gpu_classes, self.costs))
         for into, lo in ((costs.month, month), (costs.day, day)):
             teams, _, _ = attribute([r for r in times if r.hour >= lo],
                                     [x for x in tokens if x[0] >= lo], self.gpu_classes,
@@ -156,6 +158,39 @@ def held_time(holdings: list[StoredHolding], start: float, end: float,
             t = upto
     return [ReplicaTime(hour=h, model=m, gpu_class=g, gpu_seconds=v[0], core_seconds=v[1])
             for (h, m, g), v in sorted(sums.items())]
+
+
+def accrual_rates(holdings: list[StoredHolding], tokens: list[tuple[int, str, str, int]],
+                  now: float, gpu_classes: dict[str, GpuClass], costs: CostsConfig
+                  ) -> dict[str, float]:
+    """What each team's cost grows by per second from ``now``: every holding still open,
+    priced as ``attribute`` prices it, shared by the teams' tokens on its model this hour
+    (the hour before while this one has none yet). Idle models accrue to nobody's
+    budget, as ``attribute`` gives their cost to the overhead account."""
+    per_model: dict[str, float] = {}
+    for h in holdings:
+        if h.ended is not None or h.started > now:
+            continue
+        rate = 0.0
+        if h.gpus:
+            gc = gpu_classes.get(h.gpu_class)
+            if gc is not None and gc.price_per_hour is not None:
+                rate = h.gpus * gc.price_per_hour / 3600
+        elif costs.cpu_core_per_hour is not None:
+            rate = h.cores * costs.cpu_core_per_hour / 3600
+        if rate:
+            per_model[h.model] = per_model.get(h.model, 0.0) + rate
+    hour = hour_of(now)
+    rates: dict[str, float] = {}
+    for model, rate in per_model.items():
+        for lo in (hour, hour - 3600):
+            shares = [(team, n) for h_, team, m, n in tokens if h_ == lo and m == model and n > 0]
+            if shares:
+                total = sum(n for _, n in shares)
+                for team, n in shares:
+                    rates[team] = rates.get(team, 0.0) + rate * n / total
+                break
+    return rates
 
 
 class TeamCost(msgspec.Struct, kw_only=True):

@@ -28,6 +28,7 @@ from llmgw.tenancy import (
     encode_limits,
     generate_key,
     hash_key,
+    key_id,
     read_keys_file,
 )
 
@@ -53,6 +54,9 @@ class TeamView(msgspec.Struct, kw_only=True):
 
 class KeyView(msgspec.Struct, kw_only=True):
     name: str
+    # What owns the key's files, batches and responses and names it in usage records
+    # (``tenancy.key_id``): a later key of the same name has another.
+    id: str
     team: str
     limits: Limits
     created_by: str
@@ -63,6 +67,7 @@ class CreatedKey(msgspec.Struct, kw_only=True):
     """The one answer that carries a key: it is not stored and cannot be shown again."""
 
     name: str
+    id: str
     team: str
     key: str
 
@@ -93,7 +98,8 @@ async def list_teams(ctx: AppContext) -> list[TeamView]:
 
 async def list_keys(ctx: AppContext, team: str | None = None) -> list[KeyView]:
     _, keys = await _store(ctx).tenants()
-    return [KeyView(name=k.name, team=k.team, limits=decode_limits(k.settings),
+    return [KeyView(name=k.name, id=key_id(k.sha256), team=k.team,
+                    limits=decode_limits(k.settings),
                     created_by=k.created_by, created_at=k.created_at)
             for k in keys if team is None or k.team == team]
 
@@ -149,7 +155,7 @@ async def create_key(ctx: AppContext, request: KeyRequest, by: str) -> CreatedKe
         raise RefusedError(f"a key named {request.name!r} already exists (or team "
                            f"{request.team!r} was just revoked); revoke it first or choose "
                            "another name")
-    return CreatedKey(name=request.name, team=request.team, key=key)
+    return CreatedKey(name=request.name, id=key_id(row.sha256), team=request.team, key=key)
 
 
 async def revoke_key(ctx: AppContext, name: str) -> None:

@@ -22,6 +22,7 @@ from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
 from llmgw.control.context import AppContext
 from llmgw.errors import NotFoundError, StoreUnavailableError
+from llmgw.redact import redact_url
 from llmgw.scheduler.base import (
     SCALER_REPORT,
     ModelStatus,
@@ -191,8 +192,16 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
         scaler=(decisions or {}).get(m.name),
         stale_replicas=sum(1 for v in views if v.stale),
         memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
-        definition=m,
+        definition=shown_definition(m),
     )
+
+
+def shown_definition(m: Model) -> Model:
+    """The definition as a person sees it (API, ctl, the admin page): an upstream's
+    credentials masked like a source's (``llmgw.redact``)."""
+    if not m.upstream:
+        return m
+    return msgspec.structs.replace(m, upstream=[redact_url(u) for u in m.upstream])
 
 
 def find_model(ctx: AppContext, name: str) -> Model:

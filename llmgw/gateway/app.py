@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import socket
@@ -100,6 +101,7 @@ from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
 from llmgw.gateway.request import (
     estimated_tokens,
     header,
+    mark_authenticated,
     parse_head,
     read_body,
     with_usage,
@@ -109,11 +111,17 @@ from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.tenants import TenantsFollower
+from llmgw.redact import replica_id
 from llmgw.scheduler.base import Routing
-from llmgw.store.base import RequestLog, Store, UsageRecord
+from llmgw.store.base import OwnerId, RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
 log = requestid.tagged(logging.getLogger("llmgw.gateway"))
+
+# The scope of the request a task serves, so that authenticating its key can say so to
+# the connection guard (``request.AUTHENTICATED``) however deep in a handler it happens.
+_REQUEST_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+    "llmgw_request_scope", default=None)
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                              "/v1/rerank", "/v1/score", "/v1/audio/speech"})
@@ -203,7 +211,7 @@ class Gateway:
         self.keys_watcher: KeysFileWatcher | None = None
         self._keys_interval = float(gw.keys_check_interval)
         self.open_access = False
-        self.tenants = TenantsFollower(store, self.keys.replace_runtime)
+        self.tenants = TenantsFollower(store, self.keys.replace_runtime, owners=self._owners)
         if config.keys_file:
             self.keys_watcher = KeysFileWatcher(config.keys_file, self.keys)
             self.keys_watcher.load()
@@ -228,7 +236,8 @@ class Gateway:
         else:
             self.budgets = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.batch_worker = BatchWorker(self, holder, key_named=self.key_named)
+        self.batch_worker = BatchWorker(self, holder, key_by_id=self.key_by_id,
+                                        keys_ready=self.tenants.loaded)
         audio = AudioEndpoint(self)
         # Path prefixes of the endpoints served by their own modules.
         self._routes: tuple[tuple[str, Handler], ...] = (
@@ -484,6 +493,7 @@ class Gateway:
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
+        _REQUEST_SCOPE.set(scope)
         if path in INFERENCE_PATHS:
             await self._inference(scope, receive, send, path)
         elif path == "/metrics":
@@ -521,11 +531,16 @@ class Gateway:
     def authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
         return self._authenticate(headers)
 
-    def key_named(self, name: str) -> ApiKey | None:
-        """The key in force called ``name`` (the owner of a batch), if it still exists."""
+    def key_by_id(self, id: str) -> ApiKey | None:
+        """The key in force whose id is ``id`` (the owner of a batch), if it still exists:
+        never a later key that took the same name."""
         if self._is_open():
-            return OPEN_ACCESS if name == OPEN_ACCESS.name else None
-        return self.keys.named(name)
+            return OPEN_ACCESS if id == OPEN_ACCESS.id else None
+        return self.keys.by_id(id)
+
+    def _owners(self) -> dict[str, str]:
+        """Each key in force by name, and open access's ("" owns what it made)."""
+        return {OPEN_ACCESS.name: OPEN_ACCESS.id, **self.keys.owners()}
 
     def _is_open(self) -> bool:
         """Open access: no keys file on a loopback listener, and no runtime key either."""
@@ -533,6 +548,9 @@ class Gateway:
 
     def _authenticate(self, headers: Sequence[tuple[bytes, bytes]]) -> ApiKey:
         if self._is_open():
+            scope = _REQUEST_SCOPE.get()
+            if scope is not None:
+                mark_authenticated(scope)
             return OPEN_ACCESS
         value = header(headers, b"authorization")
         if value is None:
@@ -547,6 +565,9 @@ class Gateway:
         if key is None:
             raise InvalidKeyError("the API key is not valid (unknown or revoked); ask for a "
                                   "new one (`llmgw ctl key add` or `llmgw keys add NAME`)")
+        scope = _REQUEST_SCOPE.get()
+        if scope is not None:
+            mark_authenticated(scope)
         return key
 
     def _no_key_message(self) -> str:
@@ -639,9 +660,11 @@ class Gateway:
             gpu_class = (profile.gpu_class or "") if profile is not None else ""
         record = UsageRecord(
             id=ledger.next_id(), at=time.time(), key=key.name, team=key.team, model=model,
-            replica=req.replica, gpu_class=gpu_class, prompt_tokens=usage.prompt,
+            # An id, never the URL: an upstream's may carry credentials, kept 90 days here.
+            replica=replica_id(req.replica) if req.replica else "", gpu_class=gpu_class,
+            prompt_tokens=usage.prompt,
             cached_tokens=usage.cached, completion_tokens=usage.completion, status=status,
-            latency=latency, ttft=req.ttft)
+            latency=latency, ttft=req.ttft, key_id=key.id)
         ledger.record(record, urgent=key.budgeted)
         if key.log_requests != "off":
             bodies = key.log_requests == "bodies"
@@ -739,7 +762,7 @@ class Gateway:
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None,
-                      owner: str | None = None) -> Executed:
+                      owner: OwnerId | None = None) -> Executed:
         """One request on the gateway's own behalf (a batch line), through the same routing.
 
         The key's allow-list is not checked again here: the batch's lines were
@@ -750,11 +773,16 @@ class Gateway:
         expires. Nor is the line counted as a client's request (requests_total,
         request_duration: what interactive users get); the worker counts it in
         batch_lines_total. It is in the usage ledger, as its owner's (``owner``,
-        the key's name), when that key still exists.
+        the key's id, and its team). A line whose owner was revoked is not run
+        (401): nobody would be billed for it.
         """
         call = Call()
         answer = _Collected()
-        key = self.key_named(owner) if owner is not None else None
+        key = self.key_by_id(owner) if owner is not None else None
+        if owner is not None and key is None:
+            err = InvalidKeyError("the API key that created this batch was revoked (or its "
+                                  "team deleted); its remaining lines are not run")
+            return Executed(err.status, error_json(err), None)
         started = self._loop_time()
         if key is not None and key.budgeted and self.budgets is not None:
             try:

@@ -4,8 +4,10 @@ Creating a batch checks what can be checked at once (the endpoint can be
 batched, the input file exists, belongs to the caller and is a batch file)
 and records the batch as ``validating``; the worker — one across all
 gateway instances — takes it from there. A batch belongs to the API key
-that created it (``files.owner_of``, as files do). ``output_expires_after``
-makes its output and error files expire that long after they are written.
+that created it: its immutable id (``keys.ApiKey.owner``), so its lines
+are billed to that key and its team, never to a later key of the same name.
+``output_expires_after`` makes its output and error files expire that long
+after they are written.
 
 Cancelling moves a ``validating`` or ``in_progress`` batch to
 ``cancelling`` with a compare-and-set in the store, so it cannot be lost to
@@ -31,8 +33,8 @@ from llmgw.gateway.batchfile import (
     BatchRecord,
     api,
     check_endpoint,
-    decode_record,
     encode_record,
+    record_of,
 )
 from llmgw.gateway.errors import (
     InvalidRequestError,
@@ -44,10 +46,10 @@ from llmgw.gateway.errors import (
     send_error,
 )
 from llmgw.gateway.exchange import Core
-from llmgw.gateway.files import ExpiresAfter, owner_of, page, page_limit
+from llmgw.gateway.files import ExpiresAfter, page, page_limit
 from llmgw.gateway.files import not_found as file_not_found
 from llmgw.gateway.request import read_body
-from llmgw.store.base import BatchRow
+from llmgw.store.base import BatchRow, OwnerId
 
 _encode = msgspec.json.Encoder().encode
 MAX_WINDOW = 7 * 86400.0
@@ -123,14 +125,14 @@ class BatchesEndpoint:
         wanted = "POST" if rest else "GET"
         if method != wanted:
             raise MethodNotAllowedError(method, path, (wanted,))
-        owner = owner_of(self.core.authenticate(scope["headers"]))
+        owner = self.core.authenticate(scope["headers"]).owner
         if rest:
             await _send_json(send, api(await self._cancel(id, owner)))
             return
         row = await self.core.state.get_batch(id, owner)
         if row is None:
             raise _not_found(id)
-        await _send_json(send, api(decode_record(row.record)))
+        await _send_json(send, api(record_of(row)))
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         core = self.core
@@ -151,7 +153,7 @@ class BatchesEndpoint:
         if request.output_expires_after is not None:
             after = request.output_expires_after
             keep_for = after.expires_at(now, "output_expires_after") - now
-        owner = owner_of(key)
+        owner = key.owner
         file = await core.state.get_file(request.input_file_id, owner)
         if file is None:
             raise file_not_found(request.input_file_id)
@@ -169,20 +171,20 @@ class BatchesEndpoint:
         await _send_json(send, api(record))
 
     async def _list(self, scope: Scope, send: Send) -> None:
-        owner = owner_of(self.core.authenticate(scope["headers"]))
+        owner = self.core.authenticate(scope["headers"]).owner
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         after = query.get("after", [None])[0] or None
         limit = page_limit(query, default=20, most=100)
         rows = await self.core.state.list_batches(owner, after, limit + 1)
-        await _send_json(send, page([api(decode_record(r.record)) for r in rows], limit))
+        await _send_json(send, page([api(record_of(r)) for r in rows], limit))
 
-    async def _cancel(self, id: str, owner: str) -> BatchRecord:
+    async def _cancel(self, id: str, owner: OwnerId) -> BatchRecord:
         store = self.core.state
         for _ in range(10):
             row = await store.get_batch(id, owner)
             if row is None:
                 raise _not_found(id)
-            record = decode_record(row.record)
+            record = record_of(row)
             if record.status == "cancelling":
                 return record
             if record.status in FINAL or record.status == "finalizing":

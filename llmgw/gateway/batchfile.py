@@ -37,6 +37,7 @@ import msgspec
 
 from llmgw.gateway.errors import InvalidRequestError
 from llmgw.gateway.request import RequestHead
+from llmgw.store.base import BatchRow
 
 # Endpoints a batch may target: those whose answer is one JSON object.
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
@@ -208,7 +209,7 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     """A batch as the gateway keeps it; ``api`` is the object clients see."""
 
     id: str
-    owner: str
+    owner: str                  # the id of the API key that created it (OwnerId)
     endpoint: str
     input_file_id: str
     completion_window: str
@@ -266,6 +267,13 @@ def api(record: BatchRecord) -> dict[str, Any]:
 
 
 _record_decoder = msgspec.json.Decoder(BatchRecord)
+
+
+def record_of(row: BatchRow) -> BatchRecord:
+    """A stored batch's record; its owner is the row's (the column migrations rewrite)."""
+    record = decode_record(row.record)
+    record.owner = row.owner
+    return record
 
 
 def decode_record(data: bytes) -> BatchRecord:

@@ -59,11 +59,11 @@ from llmgw.gateway.batchfile import (
     Malformed,
     Request,
     TooLong,
-    decode_record,
     encode_record,
     error_line,
     output_line,
     parse_line,
+    record_of,
 )
 from llmgw.gateway.capabilities import describe, serves
 from llmgw.gateway.exchange import Core
@@ -71,7 +71,7 @@ from llmgw.gateway.files import FileWriter, new_file_id
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.responses_api import PATH as RESPONSES
 from llmgw.gateway.responses_api import batch_response
-from llmgw.store.base import BatchResult, BatchRow, FileRecord
+from llmgw.store.base import BatchResult, BatchRow, FileRecord, OwnerId
 
 log = logging.getLogger("llmgw.gateway.batches")
 
@@ -94,12 +94,14 @@ class _Cancelled(Exception):  # noqa: N818 - a signal inside the worker, not an 
 
 
 class BatchWorker:
-    def __init__(self, core: Core, holder: str, *, key_named: Callable[[str], ApiKey | None],
+    def __init__(self, core: Core, holder: str, *, key_by_id: Callable[[str], ApiKey | None],
+                 keys_ready: Callable[[], bool] = lambda: True,
                  poll: float = 1.0, lease_ttl: float = 30.0, save_every: float = 1.0,
                  retry_base: float = 1.0) -> None:
         self.core = core
         self.holder = holder
-        self.key_named = key_named
+        self.key_by_id = key_by_id
+        self.keys_ready = keys_ready
         self.poll = poll
         self.lease_ttl = lease_ttl
         self.save_every = save_every
@@ -133,7 +135,10 @@ class BatchWorker:
         outage: str | None = None       # logged once, not on every poll
         while True:
             try:
-                if await self.core.state.try_lease(LEASE, self.holder, self.lease_ttl):
+                # Not before the store's keys are in force: a batch of a runtime key would
+                # otherwise be failed as revoked, its owner not known yet.
+                if self.keys_ready() and await self.core.state.try_lease(
+                        LEASE, self.holder, self.lease_ttl):
                     await self._hold_and_work()
                 outage = None
             except StoreUnavailableError as exc:
@@ -184,7 +189,7 @@ class BatchWorker:
                 log.info("purged %d expired responses, %d abandoned uploads and %d expired "
                          "files", purged, dead, expired)
         for row in await store.active_batches():
-            await self._drive(decode_record(row.record))
+            await self._drive(record_of(row))
 
     # ------------------------------------------------------------ one batch
 
@@ -193,7 +198,7 @@ class BatchWorker:
 
     async def _current(self, id: str) -> BatchRecord | None:
         row = await self.core.state.get_batch(id, None)
-        return None if row is None else decode_record(row.record)
+        return None if row is None else record_of(row)
 
     async def _drive(self, record: BatchRecord) -> None:
         if record.status == "validating":
@@ -232,11 +237,11 @@ class BatchWorker:
 
     async def _validate(self, record: BatchRecord) -> bool:
         """Check every line; True when the batch moved on to ``in_progress``."""
-        key = self.key_named(record.owner)
+        key = self.key_by_id(record.owner)
         if key is None:
             await self._fail(record, "validating", [BatchError(
-                code="key_revoked", message=f"the API key {record.owner!r} that created this "
-                "batch no longer exists")])
+                code="key_revoked", message="the API key that created this batch was revoked "
+                "(or its team deleted)")])
             return False
         file = await self.core.state.get_file(record.input_file_id, None)
         if file is None:
@@ -386,11 +391,12 @@ class BatchWorker:
         for attempt in range(MAX_TRIES):
             self.lines_sent += 1
             if record.endpoint == RESPONSES:
-                status, body = await batch_response(self.core, request.body, record.owner)
+                status, body = await batch_response(self.core, request.body,
+                                                    OwnerId(record.owner))
             else:
                 status, body, _ = await self.core.execute(record.endpoint, request.body,
                                                           request.model, priority="batch",
-                                                          owner=record.owner)
+                                                          owner=OwnerId(record.owner))
             if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
                 break
             left = record.expires_at - time.time()

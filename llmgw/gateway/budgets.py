@@ -34,9 +34,12 @@ request, so a budget can be exceeded by:
 A team may also have ``cost_per_day`` and ``cost_per_month``: its share of GPU
 and CPU time as ``llmgw.control.costs`` attributes it. The cost meter
 publishes every team's cost so far each ``costs.meter_interval`` (a store
-report); gateways read it with their budget re-read and refuse a team at or
-over its cost budget. The overshoot bound is one meter interval (1m) of the
-team's cost plus a ledger cycle.
+report), with the rate at which the replicas held at that moment add to it;
+gateways read it with their budget re-read and refuse a team whose cost so far
+plus that rate times the time since reaches its budget. So the time held
+between two passes of the meter is counted as it passes, not one interval
+late; what a pass can still add is a replica started since the last one, or a
+shift of the team's share of the tokens within the hour.
 """
 
 from __future__ import annotations
@@ -231,7 +234,9 @@ class Budgets:
         start = costs.day_start if field == "cost_per_day" else costs.month_start
         if start != period_start(_cost_period(field), now):
             return None
-        return (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
+        spent = (costs.day if field == "cost_per_day" else costs.month).get(team, 0.0)
+        return spent + costs.rate.get(team, 0.0) * max(0.0, now - costs.at) if costs.at \
+            else spent
 
     def _check_cost(self, team: str, limits: Limits) -> None:
         if self.costs is None:

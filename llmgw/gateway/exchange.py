@@ -27,7 +27,7 @@ from llmgw.gateway.errors import Receive, Scope, Send
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.proxy import Body, ForwardRequest
-from llmgw.store.base import Store
+from llmgw.store.base import OwnerId, Store
 from llmgw.tenancy import Priority
 
 
@@ -95,7 +95,7 @@ class Core(Protocol):
 
     async def execute(self, path: str, body: bytes, model: str, *, priority: Priority = "batch",
                       variant: Callable[[Model], tuple[str, Body]] | None = None,
-                      owner: str | None = None) -> Executed:
+                      owner: OwnerId | None = None) -> Executed:
         """Run one request on behalf of the gateway itself (``variant``: as ForwardRequest's);
         ``owner``: the key it is run for (a batch's), whose usage it is."""
 

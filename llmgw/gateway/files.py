@@ -8,10 +8,10 @@ written so far deleted). The file becomes visible when its last chunk is
 written; one that was never finished is purged by the batch worker's
 housekeeping.
 
-A file belongs to the API key that uploaded it; another key does not see
-it. Batch output and error files belong to the batch's owner. Every endpoint
-here (and a batch naming its input file) asks ``owner_of`` who the caller is
-as an owner, so what ownership means is decided in one place.
+A file belongs to the API key that uploaded it — its immutable id, never its
+name (``keys.ApiKey.owner``, the one place that says what an owner is);
+another key does not see it. Batch output and error files belong to the
+batch's owner.
 
 A file may expire: ``expires_after`` on the upload (OpenAI's
 ``{"anchor": "created_at", "seconds": N}``, N from one hour to 30 days), or
@@ -44,11 +44,10 @@ from llmgw.gateway.errors import (
     send_error,
 )
 from llmgw.gateway.exchange import Core
-from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.multipart import MultipartReader, PartData, PartEnd, PartHead, boundary_of
 from llmgw.gateway.request import header
 from llmgw.gateway.requestid import tagged
-from llmgw.store.base import CHUNK_SIZE, FileRecord, Store
+from llmgw.store.base import CHUNK_SIZE, FileRecord, OwnerId, Store
 
 log = tagged(logging.getLogger("llmgw.gateway.files"))
 
@@ -71,11 +70,6 @@ def new_file_id() -> str:
     """A unique id that sorts by creation time: files are listed by (created_at, id), and
     several are created within one second."""
     return f"file-{time.time_ns():016x}{secrets.token_hex(6)}"
-
-
-def owner_of(key: ApiKey) -> str:
-    """Who owns what ``key`` uploads or creates, as the store records it (files, batches)."""
-    return key.name
 
 
 def file_object(record: FileRecord) -> dict[str, Any]:
@@ -187,7 +181,7 @@ class FilesEndpoint:
         allowed = ("GET",) if rest else ("GET", "DELETE")
         if method not in allowed:
             raise MethodNotAllowedError(method, path, allowed)
-        owner = owner_of(self.core.authenticate(scope["headers"]))
+        owner = self.core.authenticate(scope["headers"]).owner
         store = self.core.state
         if method == "DELETE":
             if not await store.delete_file(id, owner):
@@ -216,7 +210,7 @@ class FilesEndpoint:
     async def _list(self, scope: Scope, send: Send) -> None:
         """The caller's files, a page at a time, as OpenAI lists them: ``purpose``, ``limit``
         (1 to 10,000, all of them by default), ``order`` (``desc`` by default) and ``after``."""
-        owner = owner_of(self.core.authenticate(scope["headers"]))
+        owner = self.core.authenticate(scope["headers"]).owner
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         limit = page_limit(query, default=MAX_LIST, most=MAX_LIST)
         ascending = page_order(query) == "asc"
@@ -238,7 +232,7 @@ class FilesEndpoint:
         if declared is not None and declared.isdigit() and \
                 int(declared) > limit + _FORM_OVERHEAD:
             raise BodyTooLargeError(_too_large(int(declared), limit))
-        upload = _Upload(self.core.state, owner_of(key), limit)
+        upload = _Upload(self.core.state, key.owner, limit)
         try:
             record = await upload.read(receive, MultipartReader(boundary))
         except BaseException:
@@ -251,7 +245,7 @@ class FilesEndpoint:
 class _Upload:
     """One file upload being read: the form's fields, and the file written as it comes."""
 
-    def __init__(self, store: Store, owner: str, limit: int) -> None:
+    def __init__(self, store: Store, owner: OwnerId, limit: int) -> None:
         self.store = store
         self.owner = owner
         self.limit = limit

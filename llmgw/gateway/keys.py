@@ -43,6 +43,7 @@ from pathlib import Path
 import msgspec
 
 from llmgw.errors import ConfigError, DefinitionError, NotFoundError, RefusedError
+from llmgw.store.base import OwnerId
 from llmgw.tenancy import (
     BUDGET_FIELDS,
     DEFAULT_LOG_DAYS,
@@ -59,6 +60,7 @@ from llmgw.tenancy import (
     effective,
     generate_key,
     hash_key,
+    key_id,
     read_keys_file,
 )
 
@@ -155,6 +157,17 @@ class ApiKey:
     tokens: float = 0.0
     refilled_at: float = field(default=-1.0)
 
+    @property
+    def id(self) -> str:
+        """The key's immutable id (``tenancy.key_id``); "" for open access."""
+        return key_id(self.sha256) if self.sha256 else ""
+
+    @property
+    def owner(self) -> OwnerId:
+        """Who owns what this key creates: the one way an endpoint names the caller to the
+        store's owner checks (``keys.ApiKey.owner``)."""
+        return OwnerId(self.id)
+
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
 
@@ -209,6 +222,7 @@ class KeyRing:
 
     def __init__(self, entries: Sequence[KeyEntry] = ()) -> None:
         self._by_hash: dict[str, ApiKey] = {}
+        self._by_id: dict[str, ApiKey] = {}
         self._file: list[KeyEntry] = list(entries)
         self._teams: dict[str, RuntimeTeam] = {}
         self._runtime: list[RuntimeKey] = []
@@ -272,6 +286,7 @@ class KeyRing:
             fresh[r.sha256] = key
             names.add(r.name)
         self._by_hash = fresh
+        self._by_id = {k.id: k for k in fresh.values()}
         self._budget_fields = {f for limits in [*(t.limits for t in self._teams.values()),
                                                 *(r.limits for r in self._runtime)]
                                for f in BUDGET_FIELDS if limits.budget(f) is not None}
@@ -289,6 +304,14 @@ class KeyRing:
 
     def named(self, name: str) -> ApiKey | None:
         return next((k for k in self._by_hash.values() if k.name == name), None)
+
+    def by_id(self, id: str) -> ApiKey | None:
+        """The key in force whose id is ``id``: never another key that took its name."""
+        return self._by_id.get(id)
+
+    def owners(self) -> dict[str, str]:
+        """The id of each key in force, by name (the keys file's and the runtime ones)."""
+        return {k.name: k.id for k in self._by_hash.values()}
 
     def lookup(self, presented: str) -> ApiKey | None:
         digest = hash_key(presented)

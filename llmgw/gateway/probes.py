@@ -32,6 +32,7 @@ import aiohttp
 from llmgw.catalog.model import Model
 from llmgw.gateway.proxy import target_url
 from llmgw.gateway.routing import Balancer
+from llmgw.redact import redact_url, scrub
 
 log = logging.getLogger("llmgw.gateway.probes")
 
@@ -110,13 +111,14 @@ class UpstreamProber:
             if url not in self.down:
                 self.down.add(url)
                 log.warning("upstream %s of model %r fails its health probe (%s: %s); no "
-                            "requests go to it until it passes", url, model.name, probe,
-                            problem)
+                            "requests go to it until it passes", redact_url(url), model.name,
+                            redact_url(probe), scrub(problem, (url, probe)))
                 self._changed()
         elif url in self.down:
             self.down.discard(url)
             self.balancer.recovered(url)
-            log.info("upstream %s of model %r passes its health probe again", url, model.name)
+            log.info("upstream %s of model %r passes its health probe again", redact_url(url),
+                     model.name)
             self._changed()
 
     def _changed(self) -> None:

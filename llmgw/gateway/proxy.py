@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -84,6 +85,7 @@ from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
+from llmgw.redact import redact_url, scrub
 from llmgw.tenancy import Priority
 
 log = requestid.tagged(logging.getLogger("llmgw.gateway.proxy"))
@@ -190,15 +192,19 @@ def target_url(base: str, path: str) -> str:
 
     A base URL may or may not end in ``/v1`` (``http://10.0.0.5:8000`` from
     the scheduler, ``https://api.example.com/v1`` in a model's ``upstream``):
-    either way the request goes to ``<base without /v1>/v1/...``.
+    either way the request goes to ``<base without /v1>/v1/...``. A query the
+    base carries (``?api-version=…``) is kept after the path.
     """
     key = (base, path)
     url = _targets.get(key)
     if url is None:
-        root = base.rstrip("/")
+        root, _, query = base.partition("?")
+        root = root.rstrip("/")
         if root.endswith("/v1"):
             root = root[:-3]
         url = root + path
+        if query:
+            url += ("&" if "?" in path else "?") + query
         if len(_targets) > 4096:
             _targets.clear()
         _targets[key] = url
@@ -560,7 +566,8 @@ class Forwarder:
         if isinstance(outcome, _Broken):
             return await self._resume(url, model, req, send, outcome)
         self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
-        failures.append(f"{model.name} at {url}: {outcome.detail}")
+        # A tenant reads this in the 502: never an upstream's credentials (``redact``).
+        failures.append(scrub(f"{model.name} at {redact_url(url)}: {outcome.detail}", (url,)))
         reasons.append(outcome.reason)
         return None
 
@@ -621,8 +628,9 @@ class Forwarder:
                         activity.end(model)
                 if isinstance(outcome, _Failure):
                     self.metrics.upstream_errors.labels(model.name, outcome.reason).inc()
-                    broken = _Broken(broken.reason, f"{broken.message}; resuming on {url} "
-                                     f"failed: {outcome.detail}")
+                    broken = _Broken(broken.reason, scrub(
+                        f"{broken.message}; resuming on {redact_url(url)} failed: "
+                        f"{outcome.detail}", (url,)))
                     continue
                 self.metrics.resumed.labels(model.name).inc()
                 break
@@ -675,6 +683,14 @@ class Forwarder:
             path, body = req.variant(model)
         sent = False
         resp: aiohttp.ClientResponse | None = None
+        headers_out = upstream_headers(req.headers, model.engine)
+        if model.upstream_auth is not None:
+            auth = model.upstream_auth
+            secret = os.environ.get(auth.env)
+            if not secret:
+                return _Failure("upstream_auth", f"upstream_auth names the environment "
+                                f"variable {auth.env}, which is not set on this gateway")
+            headers_out[auth.header] = auth.prefix + secret
         self.balancer.acquire(url)
         answered = False
         try:
@@ -682,7 +698,7 @@ class Forwarder:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=upstream_headers(req.headers, model.engine),
+                        headers=headers_out,
                         timeout=aiohttp.ClientTimeout(total=None, connect=connect),
                     )
                     status = resp.status

@@ -8,12 +8,27 @@ the field at fault (``param`` in OpenAI's error object).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
+from typing import Any
 
 import msgspec
 
 from llmgw.gateway.errors import BodyTooLargeError, ClientGone, InvalidRequestError, Receive
 from llmgw.nesting import MAX_DEPTH, json_depth, too_deep
+
+# Set in a request's ``scope["state"]`` once its caller proved who it is (an API key or
+# an admin token): the server's connection guard (``llmgw.connection``) caps, per client
+# address, the connections that have not, and reads this to tell them apart.
+AUTHENTICATED = "llmgw.authenticated"
+
+
+def mark_authenticated(scope: MutableMapping[str, Any]) -> None:
+    """Say on ``scope`` that its caller is authenticated (see ``AUTHENTICATED``)."""
+    state = scope.get("state")
+    if isinstance(state, dict):
+        state[AUTHENTICATED] = True
+    else:
+        scope["state"] = {AUTHENTICATED: True}
 
 
 class RequestHead(msgspec.Struct):

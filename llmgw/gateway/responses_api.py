@@ -72,7 +72,7 @@ from llmgw.gateway.responses import (
     skeleton,
     stores,
 )
-from llmgw.store.base import StoredResponse
+from llmgw.store.base import OwnerId, StoredResponse
 
 log = tagged(logging.getLogger("llmgw.gateway.responses"))
 # A page of input items: OpenAI's default and largest.
@@ -138,7 +138,7 @@ class ResponsesEndpoint:
         key = self.core.authenticate(scope["headers"])
         store = self.core.state
         if method == "GET":
-            stored = await store.get_response(id, key.name)
+            stored = await store.get_response(id, key.owner)
             if stored is None:
                 raise _not_found(id)
             if rest:
@@ -146,7 +146,7 @@ class ResponsesEndpoint:
             else:
                 await _send_json(send, 200, stored.body)
             return
-        if not await store.delete_response(id, key.name):
+        if not await store.delete_response(id, key.owner):
             raise _not_found(id)
         await _send_json(send, 200, _encode({"id": id, "object": "response.deleted",
                                              "deleted": True}))
@@ -181,7 +181,7 @@ class _Create:
         items = input_items(raw)
         previous = raw.get("previous_response_id")
         if previous is not None:
-            stored = await core.state.get_response(previous, call.key.name)
+            stored = await core.state.get_response(previous, call.key.owner)
             if stored is None:
                 raise _not_found(previous, "previous_response_id")
             items = [*_decode(stored.context), *items]
@@ -198,7 +198,7 @@ class _Create:
                 kept.append(fallback)
         req.variant = variants.of
         base = skeleton(raw, id=new_id("resp"), created_at=int(time.time()), model=req.model)
-        answer = _Answer(send, base, raw, items, core, call.key.name,
+        answer = _Answer(send, base, raw, items, core, call.key.owner,
                          {m.name: responses_mode(m) for m in kept})
         return req, kept, answer.send
 
@@ -241,7 +241,7 @@ class _Answer:
     """The ASGI ``send`` between the forwarder and the client: translates, observes, stores."""
 
     def __init__(self, send: Send, base: Json, raw: Json, items: list[Json], core: Core,
-                 owner: str, modes: dict[str, Any]) -> None:
+                 owner: OwnerId, modes: dict[str, Any]) -> None:
         self._send = send
         self._base = base
         self._items = items
@@ -323,7 +323,7 @@ class _Answer:
         await keep(self._core, self._owner, self._items, response)
 
 
-async def keep(core: Core, owner: str, items: list[Json], response: Json) -> None:
+async def keep(core: Core, owner: OwnerId, items: list[Json], response: Json) -> None:
     """Store a finished response with its conversation; a store that is down costs nothing
     but the ability to retrieve or continue it (logged)."""
     if response.get("status") == "failed":
@@ -337,7 +337,7 @@ async def keep(core: Core, owner: str, items: list[Json], response: Json) -> Non
                     "retrieved or continued: %s", record.id, exc.message)
 
 
-async def batch_response(core: Core, body: bytes, owner: str) -> tuple[int, bytes]:
+async def batch_response(core: Core, body: bytes, owner: OwnerId) -> tuple[int, bytes]:
     """One ``/v1/responses`` line of a batch: the same resolution, variants and storage as a
     client's request, answered as one JSON Response (batch lines do not stream)."""
     try:

@@ -47,6 +47,7 @@ import aiohttp
 
 from llmgw.gateway.proxy import target_url
 from llmgw.gateway.routing import Balancer, EngineSample
+from llmgw.redact import redact_url, scrub
 
 log = logging.getLogger("llmgw.gateway.signals")
 
@@ -160,7 +161,7 @@ class SignalScraper:
             return
         self.balancer.observe(url, sample, self.clock())
         if self._failing.pop(url, None) is not None:
-            log.info("engine metrics at %s answer again; routing on them", url)
+            log.info("engine metrics at %s answer again; routing on them", redact_url(url))
 
     async def _fetch(self, url: str) -> tuple[int, bytes]:
         async with self._client().get(target_url(url, "/metrics")) as resp:
@@ -171,7 +172,7 @@ class SignalScraper:
         failures, _ = self._failing.get(url, (0, 0.0))
         if failures == 0:
             log.warning("cannot read engine metrics at %s (%s); routing to it by in-flight "
-                        "counts", target_url(url, "/metrics"), reason)
+                        "counts", redact_url(target_url(url, "/metrics")), scrub(reason, (url,)))
         delay = min(30.0, self.interval * 2 ** min(failures, 5))
         self._failing[url] = (failures + 1, self.clock() + delay)
 

@@ -56,9 +56,19 @@ import math
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NewType, Protocol
 
 import msgspec
+
+# Who owns a stored response, file or batch: the immutable id of the API key that made it
+# (``tenancy.key_id``), never its name. A type of its own so that a caller handing the
+# owner checks a name (``key.name``) fails the type check; ``ApiKey.owner`` makes one.
+OwnerId = NewType("OwnerId", str)
+# The owned tables, and the marks migration 10 and ``claim_legacy_owners`` leave in
+# ``owner``: a name not yet given to a key id, and a name whose key was gone by then.
+OWNED_TABLES = ("responses", "files", "batches")
+LEGACY_OWNER = "name:"
+REVOKED_OWNER = "revoked:"
 
 # Reports older than this are deleted (their writer is gone).
 REPORT_RETENTION = 600.0
@@ -86,14 +96,14 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     """A Response kept for ``GET /v1/responses/{id}`` and ``previous_response_id``."""
 
     id: str
-    owner: str                 # the API key's name: only it may read or delete the response
+    owner: str                 # the API key's id (OwnerId): only it may read or delete it
     body: bytes                # the Response object, JSON
     context: bytes             # JSON array: the conversation's items through this response
 
 
 class FileRecord(msgspec.Struct, frozen=True, kw_only=True):
     id: str
-    owner: str
+    owner: str                 # the API key's id (OwnerId)
     purpose: str
     filename: str
     bytes: int
@@ -107,7 +117,7 @@ class BatchRow(msgspec.Struct, frozen=True, kw_only=True):
     """A batch: the columns the store queries by, and the rest as one JSON document."""
 
     id: str
-    owner: str
+    owner: str                 # the API key's id (OwnerId)
     status: str
     created_at: int
     record: bytes              # the gateway's batch record, JSON
@@ -150,7 +160,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc
 
     id: str                    # made by the gateway; a record written twice is kept once
     at: float                  # Unix seconds when the request ended
-    key: str                   # the key's name
+    key: str                   # the key's name, as shown (a later key may reuse it)
     team: str
     model: str                 # the model that answered (a fallback's name if one did)
     replica: str
@@ -161,6 +171,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc
     status: int
     latency: float
     ttft: float | None
+    # Whose request it was: the key's immutable id (``tenancy.key_id``); "" in records
+    # written before key ids were recorded.
+    key_id: str = ""
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -405,10 +418,10 @@ class Store(Protocol):
     async def put_response(self, response: StoredResponse, ttl: float) -> None:
         """Keep ``response`` for ``ttl`` seconds of database time (replacing one of that id)."""
 
-    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+    async def get_response(self, id: str, owner: OwnerId) -> StoredResponse | None:
         """The unexpired response ``id`` if ``owner`` stored it, else None."""
 
-    async def delete_response(self, id: str, owner: str) -> bool: ...
+    async def delete_response(self, id: str, owner: OwnerId) -> bool: ...
 
     async def purge_responses(self) -> int:
         """Delete every expired response; the number deleted."""
@@ -425,10 +438,10 @@ class Store(Protocol):
         """Mark ``file_id`` complete (``processed``) with its size, and its expiry when given
         (a form may name it after the file); only then is it visible."""
 
-    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+    async def get_file(self, id: str, owner: OwnerId | None) -> FileRecord | None:
         """A complete, unexpired file of ``owner`` (any owner when None)."""
 
-    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+    async def list_files(self, owner: OwnerId, *, purpose: str | None, after: str | None,
                          limit: int, ascending: bool) -> list[FileRecord]:
         """``owner``'s complete, unexpired files (of ``purpose`` when given), newest first by
         (created_at, id) or oldest first when ``ascending``, starting after the file
@@ -437,7 +450,7 @@ class Store(Protocol):
     async def read_file_chunks(self, file_id: str, first: int, count: int) -> list[bytes]:
         """Chunks ``first`` .. ``first + count - 1`` in order (fewer at the end)."""
 
-    async def delete_file(self, id: str, owner: str | None) -> bool:
+    async def delete_file(self, id: str, owner: OwnerId | None) -> bool:
         """Delete a file and its chunks in one transaction; False if there was none."""
 
     async def purge_uploads(self, before: int) -> int:
@@ -450,9 +463,9 @@ class Store(Protocol):
 
     async def create_batch(self, batch: BatchRow) -> None: ...
 
-    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None: ...
+    async def get_batch(self, id: str, owner: OwnerId | None) -> BatchRow | None: ...
 
-    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+    async def list_batches(self, owner: OwnerId, after: str | None, limit: int) -> list[BatchRow]:
         """``owner``'s batches, newest first, starting after the batch ``after``."""
 
     async def update_batch(self, batch: BatchRow, expect: str) -> bool:
@@ -506,6 +519,14 @@ class Store(Protocol):
         """Create a key; False if its name is taken or its team does not exist."""
 
     async def delete_key(self, name: str) -> bool: ...
+
+    async def claim_legacy_owners(self, ids: dict[str, str]) -> int:
+        """Give the responses, files and batches that a key *name* owned (rows from before
+        owners were key ids, marked ``name:`` by migration 10) to the id of the key of that
+        name in force now (``ids``: name to id); those of names not in ``ids`` become
+        ``revoked:NAME``, which no key can ever be. One transaction; after it no ``name:``
+        row is left, so a later call (another instance, a restart) changes nothing and a
+        name created after the first claim never owns them. The number claimed."""
 
     # --- the usage ledger -----------------------------------------------------------
 

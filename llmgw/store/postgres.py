@@ -57,11 +57,15 @@ from llmgw.redact import redact_url
 from llmgw.store.base import (
     HOLDINGS_BETWEEN,
     KEY_USAGE_SINCE,
+    LEGACY_OWNER,
+    OWNED_TABLES,
     REPORT_RETENTION,
+    REVOKED_OWNER,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
+    OwnerId,
     Report,
     RequestLog,
     StoredHolding,
@@ -528,7 +532,7 @@ class PostgresStore:
             (response.id, response.owner, response.body, response.context, float(ttl)),
         )
 
-    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+    async def get_response(self, id: str, owner: OwnerId) -> StoredResponse | None:
         rows = await self._query(
             f"read response {id!r}",
             "SELECT body, context FROM responses"
@@ -538,7 +542,7 @@ class PostgresStore:
         return StoredResponse(id=id, owner=owner, body=bytes(rows[0][0]),
                               context=bytes(rows[0][1]))
 
-    async def delete_response(self, id: str, owner: str) -> bool:
+    async def delete_response(self, id: str, owner: OwnerId) -> bool:
         rows = await self._query(
             f"delete response {id!r}",
             "DELETE FROM responses WHERE id = %s AND owner = %s AND expires_at > now()"
@@ -573,13 +577,13 @@ class PostgresStore:
             " expires_at = COALESCE(%s, expires_at) WHERE id = %s",
             (size, expires_at, file_id))
 
-    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+    async def get_file(self, id: str, owner: OwnerId | None) -> FileRecord | None:
         rows = await self._query(
             f"read file {id!r}",
             _GET_FILE, (id, owner, owner))
         return _file(rows[0]) if rows else None
 
-    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+    async def list_files(self, owner: OwnerId, *, purpose: str | None, after: str | None,
                          limit: int, ascending: bool) -> list[FileRecord]:
         rows = await self._query(
             f"list the files of {owner!r}", _LIST_FILES[ascending],
@@ -593,7 +597,7 @@ class PostgresStore:
             " ORDER BY seq LIMIT %s", (file_id, first, count))
         return [bytes(r[0]) for r in rows]
 
-    async def delete_file(self, id: str, owner: str | None) -> bool:
+    async def delete_file(self, id: str, owner: OwnerId | None) -> bool:
         # One statement, so one transaction: the chunks go with the file or not at all.
         rows = await self._query(
             f"delete file {id!r}",
@@ -627,14 +631,14 @@ class PostgresStore:
             " VALUES (%s, %s, %s, %s, %s)",
             (batch.id, batch.owner, batch.status, batch.created_at, batch.record))
 
-    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
+    async def get_batch(self, id: str, owner: OwnerId | None) -> BatchRow | None:
         rows = await self._query(
             f"read batch {id!r}",
             "SELECT id, owner, status, created_at, record FROM batches"
             " WHERE id = %s AND (%s::text IS NULL OR owner = %s)", (id, owner, owner))
         return _batch(rows[0]) if rows else None
 
-    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+    async def list_batches(self, owner: OwnerId, after: str | None, limit: int) -> list[BatchRow]:
         if after is None:
             rows = await self._query(
                 "list batches",
@@ -780,6 +784,13 @@ class PostgresStore:
         return await self._tenant_change(
             f"delete key {name!r}", "DELETE FROM api_keys WHERE name = %s RETURNING 1", (name,))
 
+    async def claim_legacy_owners(self, ids: dict[str, str]) -> int:
+        names = list(ids)
+        rows = await self._query(
+            f"give the objects of {len(names)} key name(s) to their key ids", _CLAIM_OWNERS,
+            (names, [ids[n] for n in names]))
+        return int(rows[0][0])
+
     # --- the usage ledger ---------------------------------------------------------------
 
     async def record_usage(self, records: list[UsageRecord]) -> int:
@@ -884,6 +895,21 @@ _PUT_HOLDINGS = (
     " AND id NOT IN (SELECT id FROM put)"
 )
 _HOLDINGS_BETWEEN = HOLDINGS_BETWEEN.replace("?", "%s")
+# One statement, so one transaction: every ``name:`` owner becomes its key's id, or
+# ``revoked:`` when no key of that name is in force. (Table names are constants.)
+_CLAIM_TABLE = (
+    "{t} AS (UPDATE"  # noqa: S608
+    " {t} AS o SET owner = COALESCE("
+    " (SELECT m.id FROM m WHERE '" + LEGACY_OWNER + "' || m.name = o.owner),"
+    " '" + REVOKED_OWNER + "' || substr(o.owner, " + str(len(LEGACY_OWNER) + 1) + "))"
+    " WHERE o.owner LIKE '" + LEGACY_OWNER + "%%'"
+    " RETURNING o.owner NOT LIKE '" + REVOKED_OWNER + "%%' AS claimed)")
+_CLAIM_OWNERS = (
+    "WITH m AS"  # noqa: S608
+    " (SELECT * FROM unnest(%s::text[], %s::text[]) AS m (name, id)), "
+    + ", ".join(_CLAIM_TABLE.format(t=t) for t in OWNED_TABLES)
+    + " SELECT " + " + ".join(f"(SELECT count(*) FROM {t} WHERE claimed)"  # noqa: S608
+                               for t in OWNED_TABLES))
 # New records only (ON CONFLICT skips an id already stored) feed the roll-ups,
 # in the same statement, so a retried batch adds nothing twice. Roll-up rows are
 # upserted in key order, so two instances' batches lock them in the same order.
@@ -891,9 +917,10 @@ _HOLDINGS_BETWEEN = HOLDINGS_BETWEEN.replace("?", "%s")
 _RECORD_USAGE = (
     "WITH added AS"  # noqa: S608
     " (INSERT INTO usage (id, at, key, team, model, replica, gpu_class,"
-    " prompt_tokens, cached_tokens, completion_tokens, status, latency, ttft)"
+    " prompt_tokens, cached_tokens, completion_tokens, status, latency, ttft, key_id)"
     " SELECT r->>0, (r->>1)::float8, r->>2, r->>3, r->>4, r->>5, r->>6, (r->>7)::int8,"
-    " (r->>8)::int8, (r->>9)::int8, (r->>10)::int2, (r->>11)::float8, (r->>12)::float8"
+    " (r->>8)::int8, (r->>9)::int8, (r->>10)::int2, (r->>11)::float8, (r->>12)::float8,"
+    " r->>13"
     " FROM json_array_elements(%s::json) AS r ON CONFLICT (id) DO NOTHING"
     " RETURNING at, team, key, model, prompt_tokens, cached_tokens, completion_tokens),"
     " hourly AS (SELECT (floor(at / 3600) * 3600)::bigint AS hour, team, key, model,"

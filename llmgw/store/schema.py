@@ -57,6 +57,8 @@ from collections.abc import Collection
 
 import msgspec
 
+from llmgw.store.base import LEGACY_OWNER, OWNED_TABLES
+
 # usage_rollup from rows shaped like usage_hourly's (``%s``: a table or a subquery), in
 # both dialects. Each (hour, team, key, model) row adds to six roll-ups: by team, by key
 # and by model, each per hour (``grain`` 3600) and per UTC day (86400). ``name`` is the
@@ -80,6 +82,15 @@ ROLL_UP_BY = (
     " cached_tokens = usage_rollup.cached_tokens + excluded.cached_tokens,"
     " completion_tokens = usage_rollup.completion_tokens + excluded.completion_tokens"
 )
+
+# Responses, files and batches were owned by a key's name; they are owned by a key's id
+# now (``Store.claim_legacy_owners``). SQL cannot know which id a name meant, since the
+# keys file is not in the database, so the migration only marks each such owner as a
+# name; the first gateway to start with this schema gives each to the key of that name
+# in force then, and marks the rest revoked.
+MARK_LEGACY_OWNERS = tuple(
+    f"UPDATE {table} SET owner = '{LEGACY_OWNER}' || owner"  # noqa: S608 - constants
+    for table in OWNED_TABLES)
 
 # Replica time metered per hour becomes, per (hour, model, gpu class), one holding of
 # that hour with its average cards and cores: every report adds up as before.
@@ -519,6 +530,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX files_owner ON files (owner, created_at)",
             "CREATE INDEX files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL",
         ),
+    ),
+    Migration(
+        number=10,
+        name="owned objects belong to key ids, and usage records name theirs",
+        sqlite=(*MARK_LEGACY_OWNERS,
+                "ALTER TABLE usage ADD COLUMN key_id TEXT NOT NULL DEFAULT ''"),
+        postgres=(*MARK_LEGACY_OWNERS,
+                  "ALTER TABLE usage ADD COLUMN key_id text NOT NULL DEFAULT ''"),
     ),
 )
 

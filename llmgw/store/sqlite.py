@@ -56,12 +56,16 @@ from llmgw.store.base import (
     CLOSE_UNSEEN,
     HOLDINGS_BETWEEN,
     KEY_USAGE_SINCE,
+    LEGACY_OWNER,
+    OWNED_TABLES,
     PUT_HOLDING,
     REPORT_RETENTION,
+    REVOKED_OWNER,
     BatchResult,
     BatchRow,
     CatalogChange,
     FileRecord,
+    OwnerId,
     Report,
     RequestLog,
     StoredHolding,
@@ -648,14 +652,14 @@ class SqliteStore:
         row = (response.id, response.owner, response.body, response.context, float(ttl))
         await self._conn(self._writes).run(lambda db: db.execute(_PUT_RESPONSE, row))
 
-    async def get_response(self, id: str, owner: str) -> StoredResponse | None:
+    async def get_response(self, id: str, owner: OwnerId) -> StoredResponse | None:
         row = await self._conn(self._reads).run(
             lambda db: db.execute(_GET_RESPONSE, (id, owner)).fetchone())
         if row is None:
             return None
         return StoredResponse(id=id, owner=owner, body=bytes(row[0]), context=bytes(row[1]))
 
-    async def delete_response(self, id: str, owner: str) -> bool:
+    async def delete_response(self, id: str, owner: OwnerId) -> bool:
         count = await self._conn(self._writes).run(
             lambda db: db.execute(_DELETE_RESPONSE, (id, owner)).rowcount)
         return bool(count > 0)
@@ -685,12 +689,12 @@ class SqliteStore:
             " expires_at = COALESCE(?, expires_at) WHERE id = ?",
             (size, expires_at, file_id)))
 
-    async def get_file(self, id: str, owner: str | None) -> FileRecord | None:
+    async def get_file(self, id: str, owner: OwnerId | None) -> FileRecord | None:
         row = await self._conn(self._reads).run(
             lambda db: db.execute(_GET_FILE, (id, owner, owner)).fetchone())
         return None if row is None else _file(row)
 
-    async def list_files(self, owner: str, *, purpose: str | None, after: str | None,
+    async def list_files(self, owner: OwnerId, *, purpose: str | None, after: str | None,
                          limit: int, ascending: bool) -> list[FileRecord]:
         args = (owner, purpose, purpose, after, after, limit)
         rows = await self._conn(self._reads).run(
@@ -703,7 +707,7 @@ class SqliteStore:
             " ORDER BY seq LIMIT ?", (file_id, first, count)).fetchall())
         return [bytes(r[0]) for r in rows]
 
-    async def delete_file(self, id: str, owner: str | None) -> bool:
+    async def delete_file(self, id: str, owner: OwnerId | None) -> bool:
         def run(db: sqlite3.Connection) -> bool:
             if owner is None:
                 cur = db.execute("DELETE FROM files WHERE id = ?", (id,))
@@ -738,12 +742,12 @@ class SqliteStore:
             "INSERT INTO batches (id, owner, status, created_at, record) VALUES (?, ?, ?, ?, ?)",
             row))
 
-    async def get_batch(self, id: str, owner: str | None) -> BatchRow | None:
+    async def get_batch(self, id: str, owner: OwnerId | None) -> BatchRow | None:
         row = await self._conn(self._reads).run(
             lambda db: db.execute(_GET_BATCH, (id, owner, owner)).fetchone())
         return None if row is None else _batch(row)
 
-    async def list_batches(self, owner: str, after: str | None, limit: int) -> list[BatchRow]:
+    async def list_batches(self, owner: OwnerId, after: str | None, limit: int) -> list[BatchRow]:
         def run(db: sqlite3.Connection) -> list[tuple[Any, ...]]:
             if after is None:
                 return db.execute(_LIST_BATCHES, (owner, limit)).fetchall()
@@ -872,6 +876,23 @@ class SqliteStore:
     async def delete_key(self, name: str) -> bool:
         return await self._tenant_change(lambda db: db.execute(
             "DELETE FROM api_keys WHERE name = ?", (name,)).rowcount > 0)
+
+    async def claim_legacy_owners(self, ids: dict[str, str]) -> int:
+        pairs = [(id, LEGACY_OWNER + name) for name, id in ids.items()]
+
+        def run(db: sqlite3.Connection) -> int:
+            claimed = 0
+            for table in OWNED_TABLES:
+                before = db.total_changes
+                db.executemany(f"UPDATE {table} SET owner = ? WHERE owner = ?",  # noqa: S608
+                               pairs)
+                claimed += db.total_changes - before
+                db.execute(f"UPDATE {table} SET owner = ? || substr(owner, ?)"  # noqa: S608
+                           " WHERE owner LIKE ?",
+                           (REVOKED_OWNER, len(LEGACY_OWNER) + 1, LEGACY_OWNER + "%"))
+            return claimed
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
 
     # --- the usage ledger ---------------------------------------------------------------
 

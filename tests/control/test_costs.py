@@ -216,3 +216,34 @@ def test_an_adapters_tokens_share_its_bases_gpu_time_for_the_team_using_it() -> 
                       {"big-law": "big"})
     teams, _, _ = attribute(times, tokens, GPUS, COSTS)
     assert {t.team: round(t.cost, 6) for t in teams} == {"legal": 3.0, "ml": 1.0}
+
+
+async def test_a_cost_budget_counts_the_time_held_since_the_meters_last_pass(
+        store: Store) -> None:
+    """Published at 15:30 with ml at 2.00 of a 3.00 day and two cards still held for it,
+    the budget is spent at 16:00 though the meter has not run since: a gateway adds the
+    cards' cost per second times the time since, rather than waiting a meter interval."""
+
+    from llmgw.gateway.budgets import Budgets, QuotaExceededError
+    from llmgw.gateway.ledger import Ledger
+    from llmgw.tenancy import Limits
+
+    published_at = HOUR + 1800.0
+    meter = CostMeter(store, no_holdings, "a", 60, clock=lambda: published_at,
+                      gpu_classes=GPUS, costs=COSTS)
+    await store.put_holdings([held("today", "big", 2, HOUR)], published_at)
+    await store.record_usage([UsageRecord(
+        id="a", at=HOUR + 5, key="k", team="ml", model="big", replica="r", gpu_class="h100",
+        prompt_tokens=10, cached_tokens=0, completion_tokens=0, status=200, latency=0.1,
+        ttft=None)])
+    costs = await meter.publish(published_at)
+    assert costs.day == {"ml": 2.0}
+    assert costs.rate == {"ml": pytest.approx(2 * 2.0 / 3600)}     # two cards at 2.0 an hour
+    clock = [published_at + 60.0]
+    budgets = Budgets(store, Ledger(store, interval=1, capacity=10, retention=86400),
+                      cost_in_use=lambda: True, clock=lambda: clock[0])
+    budgets.costs = costs
+    budgets.check("ml", "k", Limits(cost_per_day=3.0), None)          # 2.07: admitted
+    clock[0] = published_at + 1800.0                                    # 4.00 by now
+    with pytest.raises(QuotaExceededError, match="has spent 4.00 of its 3.00"):
+        budgets.check("ml", "k", Limits(cost_per_day=3.0), None)

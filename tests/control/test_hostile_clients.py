@@ -16,8 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 from llmgw.config import GatewayConfig
+from llmgw.gateway.keys import add_key
 
 TOKEN = "hostile-t0ken"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -46,7 +48,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def llmgw_serve(tmp_path: Path, gateway: str) -> Iterator[Served]:
+def llmgw_serve(tmp_path: Path, gateway: str, keys_file: Path | None = None
+                ) -> Iterator[Served]:
     """``llmgw serve`` with ``gateway`` settings, in front of a simulated engine."""
     sim = subprocess.Popen([sys.executable, "-m", "llmgw.testing.simengine"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -57,6 +60,7 @@ def llmgw_serve(tmp_path: Path, gateway: str) -> Iterator[Served]:
     config.write_text(
         f"listen: 127.0.0.1:{port}\ndatabase: sqlite:///{tmp_path}/llmgw.db\n"
         f"admin_tokens: [{TOKEN}]\ngateway: {gateway}\n"
+        + (f"keys_file: {keys_file}\n" if keys_file is not None else "") +
         f"models:\n  - name: chat\n    upstream: [{engine}]\n")
     log_path = tmp_path / "serve.log"
     log = open(log_path, "wb")  # noqa: SIM115
@@ -68,7 +72,7 @@ def llmgw_serve(tmp_path: Path, gateway: str) -> Iterator[Served]:
         while True:
             assert proc.poll() is None, log_path.read_text()
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     break
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
@@ -289,3 +293,176 @@ def test_a_request_on_a_connection_idle_as_the_server_stops_is_answered(tmp_path
         late = client.post(f"{served.url}/v1/chat/completions", json=body)
         assert late.status_code == 200, late.text
         assert late.headers["connection"] == "close"
+
+
+# ------------------------------------------------------------------ one client against others
+
+
+def _closed_by_server(sock: socket.socket, keep_sending: Callable[[], bytes],
+                      within: float) -> bool:
+    """Send what ``keep_sending`` gives every 0.2 s until the server closes the connection
+    (True) or ``within`` seconds pass (False), reading and dropping what it answers."""
+    sock.settimeout(0.2)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(keep_sending())
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return True
+    return False
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "keys.json"
+    return path, add_key(path, "good")
+
+
+def test_an_early_401_closes_the_connection_while_its_body_still_trickles(
+        tmp_path: Path, keys_file: tuple[Path, str]) -> None:
+    """A bogus key is answered 401 from the head; the body it trickles afterwards does not
+    keep the connection: it is closed after a short linger, long before the body ends."""
+    path, _ = keys_file
+    with llmgw_serve(tmp_path, "{keepalive_timeout: 10m, body_timeout: 10m}", path) as s, \
+            connect(s) as sock:
+        send_all(sock, chat_head(b"Authorization: Bearer sk-llmgw-bogus\r\n", 1_000_000))
+        sock.settimeout(DEADLINE)
+        answer = sock.recv(65536)
+        assert status_of(answer) == 401
+        # 1 MB at one byte every 0.2 s would take days; the linger is two seconds.
+        assert _closed_by_server(sock, lambda: b"x", within=30.0)
+
+
+def test_a_steadily_trickled_body_is_cut_at_the_whole_request_deadline(tmp_path: Path) -> None:
+    """A body that never stops but never ends is closed at gateway.body_deadline, though
+    each byte comes well within body_timeout."""
+    with llmgw_serve(tmp_path, "{body_deadline: 3s, body_timeout: 2s}") as s, \
+            connect(s) as sock:
+        send_all(sock, chat_head(length=1_000_000) + b'{"model": "chat", "messages": [')
+        assert _closed_by_server(sock, lambda: b" ", within=30.0)
+
+
+def test_trickling_sockets_with_a_bogus_key_do_not_lock_others_out(
+        tmp_path: Path, keys_file: tuple[Path, str]) -> None:
+    """300 sockets from one address (127.0.0.2) sending a bogus key and trickling bodies,
+    reconnecting as they are closed, at max_connections 300: every request of a client
+    with a key from another address (127.0.0.1) is answered 200."""
+    path, key = keys_file
+    stop = threading.Event()
+    with llmgw_serve(tmp_path, "{max_connections: 300, keepalive_timeout: 10m, "
+                               "body_timeout: 10m}", path) as s:
+        attack = threading.Thread(target=_trickle_with_a_bogus_key, args=(s.port, 300, stop))
+        attack.start()
+        try:
+            deadline = time.monotonic() + DEADLINE
+            while _attackers_connected.value < 300 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            statuses = []
+            for _ in range(20):
+                with httpx.Client(timeout=DEADLINE) as client:   # a new connection each
+                    r = client.post(f"{s.url}/v1/chat/completions", content=chat_body(),
+                                    headers={"content-type": "application/json",
+                                             "authorization": f"Bearer {key}"})
+                    statuses.append(r.status_code)
+        finally:
+            stop.set()
+            attack.join(DEADLINE)
+    assert statuses == [200] * 20, statuses
+
+
+class _Counter:
+    value = 0
+
+
+_attackers_connected = _Counter()
+
+
+def _trickle_with_a_bogus_key(port: int, count: int, stop: threading.Event) -> None:
+    """Keep ``count`` sockets from 127.0.0.2 open, each sending a bogus key and then a
+    byte of body every half second; reopen each one the server closes. Bounded by
+    ``stop`` and by DEADLINE."""
+    head = chat_head(b"Authorization: Bearer sk-llmgw-bogus\r\n", 1_000_000)
+
+    def opened() -> socket.socket | None:
+        sock = socket.socket()
+        sock.settimeout(2)
+        try:
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(head)
+        except OSError:
+            sock.close()
+            return None
+        sock.setblocking(False)
+        return sock
+
+    socks = [opened() for _ in range(count)]
+    _attackers_connected.value = count       # all opened: the others may begin
+    deadline = time.monotonic() + DEADLINE
+    while not stop.is_set() and time.monotonic() < deadline:
+        for i, sock in enumerate(socks):
+            alive = sock is not None
+            if sock is not None:
+                try:
+                    with contextlib.suppress(BlockingIOError):
+                        while sock.recv(65536):
+                            pass
+                        alive = False        # the server closed it
+                    if alive:
+                        sock.send(b"x")
+                except OSError:
+                    alive = False
+            if not alive:
+                if sock is not None:
+                    sock.close()
+                socks[i] = opened()
+        stop.wait(0.5)
+    for sock in socks:
+        if sock is not None:
+            sock.close()
+
+
+def test_the_per_address_cap_counts_only_connections_nobody_authenticated_on(
+        tmp_path: Path, keys_file: tuple[Path, str]) -> None:
+    """At max_unauthenticated_per_client 2: two idle connections that sent nothing fill the
+    address's share and a third is answered 503; two on which a key was accepted do not,
+    and a further connection is served."""
+    path, key = keys_file
+    body = chat_body()
+    good = chat_head(f"Authorization: Bearer {key}\r\n".encode(), len(body)) + body
+    with llmgw_serve(tmp_path, "{max_unauthenticated_per_client: 2, keepalive_timeout: 10m}",
+                     path) as s:
+        idle = [connect(s) for _ in range(2)]
+        try:
+            with connect(s) as sock:
+                send_all(sock, good)
+                answer = read_all(sock)
+                assert status_of(answer) == 503
+                assert b"max_unauthenticated_per_client" in answer
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + DEADLINE
+        served = [connect(s) for _ in range(2)]
+        try:
+            for sock in served:
+                send_all(sock, good)
+                assert status_of(sock.recv(65536)) == 200      # kept open (keep-alive)
+            while True:   # the closed idle ones may take a moment to be gone
+                with connect(s) as sock:
+                    send_all(sock, good)
+                    status = status_of(sock.recv(65536))
+                if status == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert status == 200
+        finally:
+            for sock in served:
+                sock.close()

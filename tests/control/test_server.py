@@ -102,3 +102,34 @@ async def test_a_gateway_started_with_the_store_down_answers_503_for_models_it_c
         assert int(r.headers["retry-after"]) >= 1
         r = await client.get("/v1/models")
         assert [m["id"] for m in r.json()["data"]] == ["declared-ext"]
+
+
+async def test_an_upstreams_credentials_are_masked_in_the_api_and_the_admin_definition(
+) -> None:
+    """`ctl model show`, /api/v1/models and the admin page's definition (all built from
+    one view) show an upstream's password and secret query values as ***."""
+    from llmgw.admin.pages import definition_yaml
+    from llmgw.control.views import model_view
+
+    backend = RecordingBackend()
+    url = "http://operator:hunter2-pw@127.0.0.1:9/v1?key=sk-query-secret"
+    config = ServerConfig(
+        database=f"postgresql://postgres@127.0.0.1:{closed_port()}/llmgw",
+        admin_tokens=[AdminToken(name="ops", token="t0ken-ops")],
+        models=[Model(name="declared-ext", upstream=[url])],
+    )
+    server = Server(config, backend=backend)
+    headers = {"Authorization": "Bearer t0ken-ops"}
+    async with AsyncTestClient(server.api) as client:
+        listed = await client.get("/api/v1/models", headers=headers)
+        shown = await client.get("/api/v1/models/declared-ext", headers=headers)
+    for r in (listed, shown):
+        assert r.status_code == 200, r.text
+        assert "hunter2-pw" not in r.text
+        assert "sk-query-secret" not in r.text
+    assert shown.json()["definition"]["upstream"] == [
+        "http://operator:***@127.0.0.1:9/v1?key=***"]
+    view = model_view(server.ctx, server.ctx.models.catalog.models["declared-ext"], [])
+    page = definition_yaml(view)
+    assert "hunter2-pw" not in page
+    assert "operator:***@" in page

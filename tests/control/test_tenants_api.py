@@ -240,3 +240,22 @@ async def test_a_teams_request_logs_are_listed_newest_first(
         "name": "k", "team": "ml", "limits": {"log_requests": "off"}})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "log_requests"
+
+
+async def test_a_keys_id_is_shown_and_a_key_made_again_under_its_name_has_another(
+        client: AsyncTestClient) -> None:
+    """What owns a key's objects (and names it in usage records) is listed; revoking the
+    key and creating one of the same name gives a new id, which owns nothing of the old."""
+    from llmgw.tenancy import key_id
+
+    assert (await client.post("/api/v1/teams", headers=ADMIN, json={"name": "ml"})
+            ).status_code == 201
+    first = (await client.post("/api/v1/keys", headers=ADMIN,
+                               json={"name": "ka", "team": "ml"})).json()
+    assert first["id"] == key_id(hash_key(first["key"]))
+    [listed] = (await client.get("/api/v1/keys", headers=ADMIN)).json()
+    assert listed["id"] == first["id"]
+    assert (await client.delete("/api/v1/keys/ka", headers=ADMIN)).status_code == 204
+    again = (await client.post("/api/v1/keys", headers=ADMIN,
+                               json={"name": "ka", "team": "ml"})).json()
+    assert again["id"] != first["id"]

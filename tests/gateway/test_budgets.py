@@ -9,10 +9,11 @@ from pathlib import Path
 
 from llmgw.gateway.batchworker import RETRY_STATUSES
 from llmgw.gateway.budgets import Budgets, period_start, resets_at
+from llmgw.gateway.keys import hash_key
 from llmgw.gateway.ledger import Ledger
-from llmgw.store.base import UsageRecord
+from llmgw.store.base import OwnerId, UsageRecord
 from llmgw.store.sqlite import SqliteStore
-from llmgw.tenancy import Limits
+from llmgw.tenancy import Limits, key_id
 from tests.gateway.conftest import GatewayFactory, chat_model
 from tests.gateway.engine import FakeEngine
 from tests.gateway.test_tenants import make_key, make_team, until
@@ -59,9 +60,10 @@ async def test_a_batch_line_of_a_team_over_its_budget_is_refused_for_the_worker_
 
     await until(accepted, "the key to be accepted")          # 8 tokens
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-    first = await gw.gateway.execute("/v1/chat/completions", body, "m", owner="k1")
+    owner = OwnerId(key_id(hash_key(k1)))
+    first = await gw.gateway.execute("/v1/chat/completions", body, "m", owner=owner)
     assert first.status == 200                               # 8 < 10: admitted, now 16
-    refused = await gw.gateway.execute("/v1/chat/completions", body, "m", owner="k1")
+    refused = await gw.gateway.execute("/v1/chat/completions", body, "m", owner=owner)
     assert refused.status == 429
     assert b"insufficient_quota" in refused.body
     assert 429 in RETRY_STATUSES

@@ -21,6 +21,7 @@ from llmgw.gateway.keys import (
     read_keys_file,
     revoke_key,
 )
+from llmgw.tenancy import key_id
 
 
 def test_add_prints_the_key_once_and_stores_only_its_hash(tmp_path: Path) -> None:
@@ -59,6 +60,9 @@ def test_list_never_shows_keys(tmp_path: Path) -> None:
     rows = json.loads(as_json.output)
     assert [(r["name"], r["models"], r["rpm"]) for r in rows] == [("alice", ["m1"], 30),
                                                                    ("bob", [], None)]
+    # The id that owns each key's objects, the same in the table.
+    assert rows[0]["id"] == key_id(hash_key(key))
+    assert rows[0]["id"] in table.output
 
 
 def test_revoke_removes_the_key_and_unknown_names_fail(tmp_path: Path) -> None:

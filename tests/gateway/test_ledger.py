@@ -14,12 +14,14 @@ import pytest
 from llmgw.catalog.model import GpuClass
 from llmgw.catalog.units import Size
 from llmgw.errors import StoreUnavailableError
-from llmgw.gateway.keys import add_key
+from llmgw.gateway.keys import add_key, hash_key
 from llmgw.gateway.ledger import Ledger
 from llmgw.gateway.proxy import UsageChunkFilter
 from llmgw.gateway.request import with_usage
+from llmgw.redact import replica_id
 from llmgw.store.base import UsageRecord
 from llmgw.store.sqlite import SqliteStore
+from llmgw.tenancy import key_id
 from tests.gateway.conftest import GatewayFactory, chat_model, wait_for
 from tests.gateway.doubles import FakeBackend
 from tests.gateway.engine import FakeEngine
@@ -71,9 +73,10 @@ async def test_each_request_is_recorded_without_its_key_or_prompt(
         await asyncio.sleep(0.02)
     [row] = found
     (_, at, key_name, team, model, replica, _, prompt, cached, completion, status,
-     latency, ttft) = row
+     latency, ttft, owner) = row
     assert (key_name, team, model, replica, prompt, cached, completion, status) == (
-        "alice", "-", "m", engine.url, 5, 0, 3, 200)
+        "alice", "-", "m", replica_id(engine.url), 5, 0, 3, 200)
+    assert owner == key_id(hash_key(key))
     assert isinstance(latency, float)
     assert ttft is None
     assert abs(float(at) - time.time()) < 600   # type: ignore[arg-type]
@@ -106,7 +109,7 @@ async def test_the_record_names_the_gpu_class_of_the_profile_that_answered(
     assert r.status_code == 200, r.text
     await gw.gateway.ledger.flush()            # type: ignore[union-attr]
     [row] = await rows(gw.store)
-    assert (row[5], row[6]) == (engine.url, "l4")
+    assert (row[5], row[6]) == (replica_id(engine.url), "l4")
 
 
 async def test_a_stream_is_counted_and_the_client_gets_no_usage_it_did_not_ask_for(

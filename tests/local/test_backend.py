@@ -23,7 +23,7 @@ from llmgw.scheduler.local import backend as backend_module
 from llmgw.scheduler.local.backend import LocalBackend
 from llmgw.scheduler.local.supervisor import backoff
 
-from .conftest import FAST, cpu_model, until
+from .conftest import FAST, cpu_model, laptop_4c_8g, server_config, until
 
 
 def missing(tmp_path: Path) -> str:
@@ -306,3 +306,38 @@ def test_events_read_as_one_line_each() -> None:
                          message="no room for 2 cores on this machine: 1 of 4 free")
     assert waiting.line() == ("m: waiting for capacity: no room for 2 cores on this machine: "
                               "1 of 4 free")
+
+
+async def test_a_restart_keeps_what_was_held_ending_open_holdings_at_the_last_heartbeat(
+        tmp_path: Path) -> None:
+    """With state_dir, a replica's holding outlives an llmgw that died without stopping
+    (no close): the next one reports it, ended at the dead one's last heartbeat rather
+    than lost or cut at the cost meter's last pass."""
+    from llmgw.scheduler.local.journal import HoldingsJournal
+
+    state = tmp_path / "state"
+    config = server_config(state_dir=str(state))
+    first = LocalBackend(config, machine=laptop_4c_8g(), timing=FAST)
+    clock = itertools.count(1000.0, 10.0)
+    first.clock = lambda: next(clock)
+    await first.start()
+    try:
+        await first.apply(build_catalog([cpu_model("pair", missing(tmp_path), min_=1)]))
+        [open_one] = await first.holdings()
+        assert open_one.end is None
+        journal = HoldingsJournal(state)
+
+        async def written() -> bool:
+            return any(h.id == open_one.id for h in journal.load())
+        await until(written, "the holding to reach the journal", 30)
+        # Its heartbeat stops (as in a SIGKILL); the last one at a known time.
+        await first._close_journal()
+        await asyncio.to_thread(journal.save, [open_one], 5000.0)
+        # The second process starts before the first is stopped: the first "died".
+        second = LocalBackend(config, machine=laptop_4c_8g(), timing=FAST)
+        second.clock = lambda: 6000.0
+        carried = {h.id: h for h in await second.holdings()}
+        assert carried[open_one.id].start == open_one.start
+        assert carried[open_one.id].end == 5000.0
+    finally:
+        await first.close()

@@ -23,6 +23,7 @@ from llmgw.errors import DefinitionError
 from llmgw.testing.fake_hub import FakeHub, FakeRepo
 from llmgw.weights.check import check_source, model_source_checker
 from llmgw.weights.mirror.server import MirrorServer
+from llmgw.weights.reach import Reach
 
 from .servers import FileServer, ThreadedMirror, closed_port_url, running
 
@@ -147,7 +148,7 @@ async def test_a_server_without_a_length_is_refused() -> None:
     """A URL whose HEAD promises no length is refused: a node could not tell a cut
     download from a complete one. Only HEAD was sent."""
     with running(lambda: FileServer(b"x" * 100, head_length=False)) as srv:
-        message = await refused(srv.url)
+        message = await refused(srv.url, reach=Reach.of(allow_hosts=["127.0.0.1"]))
         assert {s.method for s in srv.seen} == {"HEAD"}
     assert "without a Content-Length" in message
 
@@ -221,7 +222,8 @@ async def test_a_password_in_the_source_url_is_not_repeated_in_the_error(
     """The error for a URL carrying ``user:password@`` names the source with the
     password masked, since it reaches API clients and logs."""
     with pytest.raises(DefinitionError) as err:
-        await check(f"http://ops:s3cr3t-t0ken@127.0.0.1:{mirror_server.port}/nope/x.gguf")
+        await check(f"http://ops:s3cr3t-t0ken@127.0.0.1:{mirror_server.port}/nope/x.gguf",
+                    mirror=mirror_server.url)
     assert "s3cr3t-t0ken" not in err.value.message
     assert "ops:***@127.0.0.1" in err.value.message
     assert "not found" in err.value.message

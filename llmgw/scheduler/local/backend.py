@@ -55,6 +55,7 @@ from llmgw.scheduler.base import (
     Replica,
 )
 from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
+from llmgw.scheduler.local.journal import HEARTBEAT, HoldingsJournal
 from llmgw.scheduler.local.machine import detect_machine
 from llmgw.scheduler.local.planner import ReplicaView, desired_count, plan
 from llmgw.scheduler.local.resources import Demand, Grant, Ledger, Machine, demand_of
@@ -162,6 +163,12 @@ class LocalBackend:
         # Each replica's hold on cards and cores (costs); replica ids restart with
         # llmgw, so a holding's id carries this backend's own prefix.
         self._holdings: dict[str, Holding] = {}
+        # Kept on disk with state_dir, so a restart loses none of them (``journal``).
+        self._journal = HoldingsJournal(local.state_dir) if local.state_dir else None
+        if self._journal is not None:
+            self._holdings.update((h.id, h) for h in self._journal.load())
+        self._journal_wake = asyncio.Event()
+        self._journal_task: asyncio.Task[None] | None = None
         self._run_id = os.urandom(4).hex()
         self.clock: Callable[[], float] = time.time
         self._listeners: list[EventCallback] = [on_event] if on_event else []
@@ -218,6 +225,24 @@ class LocalBackend:
             # engines must not outlive llmgw (PDEATHSIG covers a SIGKILL).
             atexit.register(kill_all_groups)
             _atexit_registered = True
+        if self._journal is not None and self._journal_task is None:
+            self._journal_task = asyncio.create_task(self._keep_journal(),
+                                                     name="llmgw-local-holdings")
+
+    async def _keep_journal(self) -> None:
+        """Write the holdings when they change and every ``HEARTBEAT`` (see ``journal``)."""
+        journal = self._journal
+        assert journal is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HEARTBEAT):
+                    await self._journal_wake.wait()
+            self._journal_wake.clear()
+            try:
+                await asyncio.to_thread(journal.save, list(self._holdings.values()),
+                                        self.clock())
+            except OSError as exc:
+                log.warning("cannot write the holdings to %s: %s", journal.path, exc)
 
     async def close(self) -> None:
         """Stop every replica (gracefully, then by force) and return when all have exited."""
@@ -227,6 +252,7 @@ class LocalBackend:
             r.request_stop()
         self._notify_changed()
         await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+        await self._close_journal()
         for task in list(self._stoppers):
             try:
                 await task
@@ -236,6 +262,18 @@ class LocalBackend:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+
+    async def _close_journal(self) -> None:
+        task, self._journal_task = self._journal_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._journal is not None:
+            try:
+                await asyncio.to_thread(self._journal.save, list(self._holdings.values()),
+                                        self.clock())
+            except OSError as exc:
+                log.warning("cannot write the holdings to %s: %s", self._journal.path, exc)
 
     async def check_placement(self, model: Model, catalog: Catalog) -> None:
         if model.external:
@@ -527,6 +565,7 @@ class LocalBackend:
         self._holdings[rid] = Holding(
             id=f"local:{self._run_id}:{rid}", model=m.name, gpu_class=gpu_class,
             gpus=len(grant.gpus), cores=len(grant.cores) or demand.cores, start=self.clock())
+        self._journal_wake.set()
         runner = ReplicaRunner(
             id=rid, model=m.name, profile=profile.name, fingerprint=fingerprint(m, profile),
             seq=self._seq, node=self.machine.name,
@@ -559,6 +598,7 @@ class LocalBackend:
             held = self._holdings.get(r.id)
             if held is not None and held.end is None:
                 self._holdings[r.id] = msgspec.structs.replace(held, end=self.clock())
+                self._journal_wake.set()
             self._runners.pop(r.id, None)
         self._notify_changed()
         if kind in ("loading", "ready", "unhealthy", "failed", "stopped"):
