@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import msgspec
 
+from llmgw.catalog.source import HfSource, Source
 from llmgw.catalog.units import format_size
 from llmgw.cli.client import ApiClient
 from llmgw.cli.output import failures, output_option, print_json, print_table
@@ -77,9 +78,9 @@ def serve(directory: str, listen: str) -> None:
         pass
 
 
-def _source_hint(source: str, mirror_url: str | None, result: AddResult) -> str | None:
-    if source.strip().startswith("hf://"):
-        return source.strip()   # jobs fetch it from the mirror at the path it was put at
+def _source_hint(source: Source, mirror_url: str | None, result: AddResult) -> str | None:
+    if isinstance(source, HfSource):
+        return source.text.strip()   # jobs fetch it from the mirror at the path it was put at
     if not mirror_url:
         return None
     base = mirror_url.rstrip("/")
@@ -111,12 +112,14 @@ def add(source: str, name: str | None, version: str | None, sha256: str | None,
     checked against what the source promised and a sha256 is written beside each file.
     An existing version is never replaced.
     """
+    from llmgw.catalog.decode import decode_value
     from llmgw.weights.mirror.add import add as add_source
 
     with failures():
-        result = add_source(source, mirror_dir, name=name, version=version, sha256=sha256,
+        src = decode_value(source, Source, source="source")
+        result = add_source(src, mirror_dir, name=name, version=version, sha256=sha256,
                             progress=sys.stderr.isatty())
-    hint = _source_hint(source, mirror_url, result)
+    hint = _source_hint(src, mirror_url, result)
     if output == "json":
         print_json({**msgspec.to_builtins(result), "source": hint})
         return

@@ -15,6 +15,7 @@ import re
 import click
 import msgspec
 
+from llmgw.catalog.source import HfSource, parse_source
 from llmgw.catalog.units import format_size
 from llmgw.cli.client import ApiClient, pass_client
 from llmgw.cli.output import failures, output_option, print_json, print_table
@@ -170,16 +171,23 @@ def plan(client: ApiClient, source: str, pool_texts: tuple[str, ...], params: in
         print_json(msgspec.to_builtins(result.candidates))
     else:
         _print(result)
-        if not pools:
+        if not pools and found.repository is not None:
             with failures():
-                for line in warm_lines(client, source.removeprefix("hf://").split("@")[0]):
+                for line in warm_lines(client, found.repository):
                     click.echo(line)
 
 
 def warm_lines(client: ApiClient, repo: str) -> list[str]:
     """For each catalog model of this repository, the live nodes holding its weights."""
-    models = [m for m in client.get("/api/v1/models")
-              if _repo_of(m.get("definition", {}).get("source")) == repo.lower()]
+    models = []
+    for m in client.get("/api/v1/models"):
+        # Read by the catalog's own parser; the Hub ignores the case of a repository id.
+        try:
+            source = parse_source(m.get("definition", {}).get("source"))
+        except ValueError:
+            continue  # no source this client reads, so none of this repository
+        if isinstance(source, HfSource) and source.repo_id.lower() == repo.lower():
+            models.append(m)
     if not models:
         return []
     fleet = client.get("/api/v1/fleet")
@@ -190,10 +198,3 @@ def warm_lines(client: ApiClient, repo: str) -> list[str]:
         out.append(f"warm for {m['name']}: {held}")
     return out
 
-
-def _repo_of(source: object) -> str | None:
-    """The Hub repository an hf:// source names, lower-cased (the Hub ignores case)."""
-    if not isinstance(source, str) or not source.startswith("hf://"):
-        return None
-    org, _, rest = source[5:].partition("/")
-    return f"{org}/{rest.split('@')[0].split('/')[0]}".lower()

@@ -77,6 +77,7 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     config: dict[str, Any]
     parameters: ParameterCount | None
+    repository: str | None = None  # the Hub repository id it was read from; None for a dir
 
 
 _HUB_ERRORS: dict[str, type[LlmgwError]] = {
@@ -96,8 +97,10 @@ def _hub_error(exc: HubError, repo: str) -> LlmgwError:
 
 def hub_source(text: str) -> HfSource:
     """``org/repo[@rev]`` or ``hf://org/repo[@rev]`` as the repository it names."""
+    stripped = text.strip()  # as the catalog's parser does
     try:
-        src = parse_source(text if text.startswith(HF_SCHEME) else f"{HF_SCHEME}{text}")
+        src = parse_source(stripped if stripped.startswith(HF_SCHEME)
+                           else f"{HF_SCHEME}{stripped}")
     except ValueError as exc:
         raise DefinitionError(
             f"{text!r} is neither a directory nor a Hub repository id ({exc}); give the path "
@@ -212,7 +215,7 @@ def resolve_model(source: str, *, params: int | None = None, revision: str | Non
                                 by_dtype=info.parameters) if info.parameters else None)
     count = given or hub_count
     return ModelInput(name=repo if rev is None else f"{repo}@{rev}", config=config,
-                      parameters=count)
+                      parameters=count, repository=repo)
 
 
 class FactsUnavailableError(Exception):

@@ -244,15 +244,19 @@ def output_copy(a: Architecture, inv: list[Tensor], sizes: list[int], gpus: int)
     layer lands in another buffer than the input embedding
     (llama-model-loader.cpp, create_tensor, reuses the tensor only within one
     buffer type): always when the output layer is on a GPU, since the input
-    embedding never is. On a CPU replica it is made when the CPU backend
-    repacks the output's type into a buffer of its own, as AMX does on recent
-    Xeons (Gemma 3 270M at q4_K_M on such a host: token_embd repacked into
-    the AMX buffer as the output layer, its q8_0 original kept for the
-    input) and ARM's dot-product and int8-matmul kernels do; both take every
-    quantised type a tied embedding gets here, and no CPU backend repacks a
-    16-bit one. A CPU without those shares one copy, and this counts one
-    embedding more than it holds there: the side to err on, since the
-    planner cannot tell the CPU and too little is an out-of-memory.
+    embedding never is. On a CPU replica it is made when one of the CPU
+    backend's extra buffer types has a matrix-product kernel for the output's
+    type on that CPU and so takes the output layer into a buffer of its own.
+    A tied embedding here is q6_K or q8_0. In the llama.cpp that
+    llama-cpp-python 0.3.16 vendors, the AMX buffer takes both
+    (ggml-cpu/amx/common.h, qtype_has_amx_kernels): Gemma 3 270M at q4_K_M
+    on an AMX Xeon has token_embd repacked into the AMX buffer as the output
+    layer, its q8_0 original kept for the input. The repacking buffer takes
+    neither (ggml-cpu/repack.cpp takes q4_0, q4_K, iq4_nl and q2_K, by CPU
+    feature), so an AVX-512 EPYC or an ARM server shares one copy, and this
+    counts one embedding more than it holds there: the side to err on, since
+    the planner cannot tell the CPU and too little is an out-of-memory. No
+    CPU backend repacks a 16-bit embedding.
     """
     if not a.tie_embeddings:
         return 0

@@ -33,7 +33,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -335,6 +335,9 @@ class Load:
 
     outcomes: list[Outcome] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    # By instance: the streams whose answer has begun and not ended, so a test can
+    # stop an instance while it is answering rather than between answers.
+    streaming: dict[int, int] = field(default_factory=dict)
 
     def errors(self, *, stream: bool | None = None) -> list[Outcome]:
         return [o for o in self.outcomes if o.error and (stream is None or o.stream == stream)]
@@ -344,9 +347,10 @@ class UnansweredError(Exception):
     """The connection closed or was reset before any of the answer arrived."""
 
 
-async def _one(client: httpx.AsyncClient, model: str, stream: bool, tokens: int, n: int
-               ) -> str:
-    """One request; the error a client would see, or ""."""
+async def _one(client: httpx.AsyncClient, model: str, stream: bool, tokens: int, n: int,
+               answering: Callable[[int], None] = lambda change: None) -> str:
+    """One request; the error a client would see, or "". ``answering(+1)`` once its
+    answer has begun, ``answering(-1)`` once it has ended."""
     body = {"model": model, "max_tokens": tokens, "stream": stream,
             "messages": [{"role": "user", "content": f"Tell story number {n}."}]}
     expected = answer_text(tokens)
@@ -355,9 +359,11 @@ async def _one(client: httpx.AsyncClient, model: str, stream: bool, tokens: int,
         r = await client.send(request, stream=True)
     except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
         raise UnansweredError(f"{type(exc).__name__}: {exc}") from exc
+    answering(+1)
     try:
         return await _read(r, stream, expected)
     finally:
+        answering(-1)
         await r.aclose()
 
 
@@ -416,10 +422,14 @@ async def drive(url: str | Sequence[str], model: str, load: Load, *, clients: in
             via = i % len(pool)
             for attempt in range(len(pool)):
                 via = (i + attempt) % len(pool)
+
+                def answering(change: int, via: int = via) -> None:
+                    if stream:
+                        load.streaming[via] = load.streaming.get(via, 0) + change
                 try:
                     error = await _one(pool[via], model, stream,
                                        stream_tokens if stream else plain_tokens,
-                                       i * 100000 + n)
+                                       i * 100000 + n, answering)
                 except httpx.ConnectError as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     continue

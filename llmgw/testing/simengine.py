@@ -198,6 +198,9 @@ class SimEngine:
         self.prefix_hits = 0
         self.prompt_total = 0
         self.generated_total = 0
+        # The time its steps are modelled to take, summed: what a test compares where
+        # wall time would also count how busy the machine running the test is.
+        self.busy_seconds = 0.0
         self.finished = 0
         self._breaks = 0                 # streams still to cut
         self._break_after = 0            # ... after this many events
@@ -345,8 +348,10 @@ class SimEngine:
                     work += take
                     if s.left == 0:
                         prefilled.append(s)
-            await asyncio.sleep(spec.step_time + spec.decode_per_seq * len(decoding)
-                                + spec.prefill_per_token * work)
+            step = (spec.step_time + spec.decode_per_seq * len(decoding)
+                    + spec.prefill_per_token * work)
+            await asyncio.sleep(step)
+            self.busy_seconds += step
             for s in [*decoding, *prefilled]:
                 if s in prefilled:
                     self._cache_blocks(s)

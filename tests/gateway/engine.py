@@ -44,6 +44,7 @@ class FakeEngine:
         # its own dialect would (vLLM's integer code, FastAPI's detail, plain text).
         self.fail_body: tuple[bytes, str] | None = None
         self.response_delay = 0.0               # before answering (headers included)
+        self.hold: asyncio.Event | None = None  # before answering: wait for this
         self.hang = False                       # never answer
         self.headers_then_die = False           # send 200 headers, then close before a chunk
         self.chunks = 3
@@ -57,6 +58,7 @@ class FakeEngine:
         self.chat_chunks: list[dict[str, Any]] | None = None
         self.speech = b"ID3" + bytes(range(256)) * 64    # what /v1/audio/speech returns
         self.in_flight = 0
+        self.peak_in_flight = 0                 # the most requests it has held at once
         self.finished = 0
         self.cancelled = 0
         self.cancel_seen = asyncio.Event()
@@ -102,6 +104,7 @@ class FakeEngine:
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
         self.paths.append(request.path)
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             try:
                 response = await self._answer(request, body)
@@ -144,6 +147,8 @@ class FakeEngine:
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.hang:
             await asyncio.Event().wait()
+        if self.hold is not None:
+            await self.hold.wait()
         if self.response_delay:
             await asyncio.sleep(self.response_delay)
         if self.fail_status is not None:

@@ -197,6 +197,11 @@ async def restart_one_of_two(fleet: SimFleet, tmp_path: Path, sig: int
         try:
             await wait_for(lambda: len(load.outcomes) >= 2 * CLIENTS or driving.done(),
                            timeout=120, what="load to be under way on both instances")
+            # Stopped while it is answering a stream: on a busy CPU every request it has
+            # could otherwise still be waiting for its first byte, and a request with no
+            # answer yet is sent to the other instance, so nothing would be in flight.
+            await wait_for(lambda: load.streaming.get(0, 0) > 0 or driving.done(),
+                           timeout=120, what="instance 0 to be answering a stream")
             signalled = loop.time()
             await first.stop(sig)
             ended = loop.time()

@@ -260,6 +260,11 @@ async def test_an_idle_stream_ends_with_an_error_event(make_gateway: GatewayFact
     await wait_for(lambda: stalling.cancelled == 1, what="the engine to be cancelled")
 
 
+# One probe that times out marks a replica down, the healthy one included: its timeout
+# must hold the slowest answer a loaded machine gives on loopback, not only a quiet one's.
+PROBES = {"interval": "1s", "timeout": "1s"}
+
+
 async def test_unhealthy_replica_absent_from_endpoints_gets_no_traffic(
         make_gateway: GatewayFactory, engines) -> None:
     """A replica the scheduler does not report healthy receives no request at all."""
@@ -488,7 +493,7 @@ async def test_an_upstream_failing_its_health_probe_gets_no_requests(
     sick.health_status = 503
     gw = await make_gateway([chat_model("m", upstream=[good.url, sick.url],
                                         routing={"policy": "round-robin"},
-                                        health={"interval": "200ms", "timeout": "200ms"})])
+                                        health=PROBES)])
     await wait_for(lambda: sick.url in gw.gateway.prober.down, what="the failed probe")
     assert [(await gw.chat("m")).status_code for _ in range(6)] == [200] * 6
     assert (len(good.requests), len(sick.requests)) == (6, 0)
@@ -505,7 +510,7 @@ async def test_a_restarted_upstream_gets_requests_without_waiting_out_its_ejecti
     good, flaky = await engines("good"), await engines("flaky")
     gw = await make_gateway([chat_model("m", upstream=[flaky.url, good.url],
                                         routing={"policy": "round-robin"},
-                                        health={"interval": "200ms", "timeout": "200ms"})],
+                                        health=PROBES)],
                             eject_for="10m", eject_max="10m")
     flaky.fail_status, flaky.fail_times = 500, 1
     for _ in range(2):

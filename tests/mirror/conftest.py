@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -66,23 +67,41 @@ def threaded_mirror(mirror_root: Path) -> Iterator[ThreadedMirror]:
         server.stop()
 
 
+# Run the CLI as a terminal's foreground job would: with SIGINT at its default. A
+# shell that starts a command in the background without job control (a CI runner's
+# ``bash .ci/run &``, a script's ``cmd &``) makes the command ignore SIGINT, its
+# children inherit that, and Python then leaves SIGINT ignored, rightly: a Ctrl-C
+# test of such a child would wait for a signal that is never delivered.
+_AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 class CliMirror:
     """``llmgw mirror serve DIR --listen 127.0.0.1:0`` as a child process."""
 
     def __init__(self, root: Path) -> None:
+        # stderr goes to a file: a pipe nobody reads fills at 64 KiB, and a server
+        # blocked writing its log can neither serve nor stop.
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(
-            [LLMGW, "mirror", "serve", str(root), "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-c", _AS_FROM_A_TERMINAL, LLMGW, "mirror", "serve", str(root),
+             "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until the server has bound its port
         if " on http://" not in line:
             self.proc.kill()
             with self.proc:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"mirror serve did not start: {line!r} {err}")
+                pass
+            raise AssertionError(f"mirror serve did not start: {line!r} {self.output()}")
         self.url = line.rsplit(" on ", 1)[1].strip()
         self.pid = self.proc.pid
+
+    def output(self) -> str:
+        """What the server wrote to stderr so far."""
+        self.log.seek(0)
+        return self.log.read()
 
     def rss(self, field: str = "VmRSS") -> int:
         """A memory figure of the server process from /proc, in bytes."""
@@ -93,13 +112,19 @@ class CliMirror:
 
     def stop(self, sig: signal.Signals = signal.SIGINT) -> int:
         """Send ``sig`` (by default what Ctrl-C sends), reap the server, close its pipes."""
-        with self.proc:
-            self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait(30)
+        try:
+            with self.proc:
+                if self.proc.returncode is None:
+                    self.proc.send_signal(sig)
+                try:
+                    return self.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(60)
+                    raise AssertionError(f"mirror serve did not stop on {sig.name} within "
+                                         f"60 s: {self.output()}") from None
+        finally:
+            self.log.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from llmgw.catalog.source import HfSource, parse_source
 from llmgw.cli import main
 from llmgw.errors import LlmgwError
 from llmgw.testing.fake_hub import FakeHub, FakeRepo
@@ -235,3 +236,39 @@ def test_copying_from_another_mirror_verifies_its_sums(threaded_mirror: Threaded
     assert "\r" not in result.output  # no progress bar off a terminal
     assert (target / "qwen/2024-11/model.gguf.sha256").read_text() == \
         (tmp_path / "mirror" / "qwen/2024-11/model.gguf.sha256").read_text()
+
+
+@pytest.mark.parametrize(("source", "version"), [
+    ("hf://Qwen/Qwen2.5-0.5B-Instruct", "main"),
+    (f"hf://Qwen/Qwen2.5-0.5B-Instruct@{COMMIT}/model.safetensors", COMMIT),
+    (" hf://Qwen/Qwen2.5-0.5B-Instruct@main/config.json ", "main"),
+])
+def test_the_cli_takes_every_hub_form_the_catalog_reads(hub: FakeHub, root: Path, source: str,
+                                                        version: str) -> None:
+    """A Hub source the catalog reads (with a revision, a file, spaces around it) is added
+    under that revision, and the source it prints for the catalog reads back the same."""
+    assert isinstance(parse_source(source), HfSource)
+    result = CliRunner().invoke(main, ["mirror", "add", source, "--dir", str(root),
+                                       "-o", "json"])
+    assert result.exit_code == 0, result.output
+    added = json.loads(result.stdout)
+    assert added["directory"] == f"{HUB_DIR}/{version}/"
+    assert added["source"] == source.strip()
+    assert parse_source(added["source"]) == parse_source(source.strip())
+
+
+@pytest.mark.parametrize("source", [
+    "hf://Qwen", "hf://Qwen/", "hf://Qwen/Qwen2.5-0.5B-Instruct@",
+    "hf://Qwen/Qwen2.5-0.5B-Instruct/../config.json", "hf://Qwen/Qwen2.5-0.5B-Instruct@..%2Fmain",
+    "hf://Qw en/Qwen2.5-0.5B-Instruct", "hf+x://Qwen/Qwen2.5-0.5B-Instruct",
+])
+def test_the_cli_refuses_every_source_the_catalog_refuses(hub: FakeHub, root: Path,
+                                                          source: str) -> None:
+    """A source the catalog refuses is refused with the catalog's own sentence, before the
+    Hub is asked anything."""
+    with pytest.raises(ValueError, match=".") as refused:
+        parse_source(source)
+    result = CliRunner().invoke(main, ["mirror", "add", source, "--dir", str(root)])
+    assert result.exit_code == 1
+    assert str(refused.value) in result.output
+    assert hub.seen == []

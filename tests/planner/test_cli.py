@@ -214,3 +214,67 @@ def test_lora_slots_show_their_reservation_beside_the_table(qwen_dir: Path) -> N
     assert "the host cache holds" in out
     code, out, _ = run("model", "plan", str(qwen_dir), "--pool", "l40s=2x46068MiB@eth")
     assert "lora:" not in out
+
+
+@pytest.mark.parametrize(("source", "matches"), [
+    ("hf://Qwen/Qwen2.5-14B", True),
+    ("hf://qwen/qwen2.5-14b@main", True),               # the Hub ignores case
+    ("hf://Qwen/Qwen2.5-14B@refs%2Fpr%2F3", True),      # a revision holding '/'
+    ("hf://Qwen/Qwen2.5-14B/model-q4_k_m.gguf", True),  # one file of the repository
+    ("hf://Qwen/Qwen2.5-14B@abc/sub/model.gguf", True),
+    (" hf://Qwen/Qwen2.5-14B ", True),                  # the catalog strips a source
+    ("hf://Qwen/Qwen2.5-14B-Instruct", False),
+    ("hf://Qwen/Qwen2.5-14B@", False),                  # refused by the catalog
+    ("hf://Qwen/Qwen2.5-14B/../x", False),
+    ("hf://Qwen/Qwen2.5-14B@..%2Fmain", False),
+    ("hf://Qwen", False),
+    ("https://mirror.example/qwen--qwen2.5-14b/main/", False),
+    ("/models/Qwen/Qwen2.5-14B", False),
+    (None, False),
+])
+def test_a_catalog_model_is_of_the_planned_repository_as_the_catalog_reads_its_source(
+        source: str | None, matches: bool) -> None:
+    """The warm lines take a catalog model as one of the planned repository exactly when the
+    catalog's own parser reads its source as that Hub repository."""
+    from llmgw.catalog.source import HfSource, parse_source
+    from llmgw.cli.plan import warm_lines
+
+    try:
+        parsed = parse_source(source)
+    except ValueError:
+        parsed = None
+    assert matches == (isinstance(parsed, HfSource)
+                       and parsed.repo_id.lower() == "qwen/qwen2.5-14b")
+    api = _Api([{"name": "m", "definition": {"source": source}}], [{"name": "n", "warm": ["m"]}])
+    assert warm_lines(api, "Qwen/Qwen2.5-14B") == (  # type: ignore[arg-type]
+        ["warm for m: n"] if matches else [])
+
+
+@pytest.mark.parametrize("source", ["Qwen/Qwen2.5-14B-Instruct", "hf://Qwen/Qwen2.5-14B-Instruct",
+                                    "hf://Qwen/Qwen2.5-14B-Instruct@main",
+                                    " hf://Qwen/Qwen2.5-14B-Instruct@main "])
+def test_plan_reads_a_hub_repository_in_every_form_the_catalog_reads(
+        fake_hub: FakeHub, source: str) -> None:
+    """A repository id, or an hf:// source with or without a revision, plans that repository."""
+    code, out, err = run("model", "plan", source, "--pool", "h100=1x81559MiB", "-q", "q4_K_M",
+                         "-o", "json", env={"HF_ENDPOINT": fake_hub.url})
+    assert code == 0, err
+    assert json.loads(out)[0]["fits"]
+
+
+@pytest.mark.parametrize(("source", "says"), [
+    ("hf://Qwen/Qwen2.5-14B-Instruct@", "has an '@' but no revision after it"),
+    ("hf://Qwen/Qwen2.5-14B-Instruct/../x", "cannot hold '..'"),
+    ("hf://Qwen/Qwen2.5-14B-Instruct@..%2Fmain", "is not a branch, tag or commit"),
+    ("hf://Qwen", "is not hf://ORG/REPO[@REVISION][/FILE]"),
+    ("hf://Qwen/Qwen2.5-14B-Instruct/config.json", "neither a directory nor a Hub repository"),
+])
+def test_plan_refuses_what_the_catalog_refuses_and_files(fake_hub: FakeHub, source: str,
+                                                         says: str) -> None:
+    """A source the catalog refuses is refused with the catalog's reason, and one file of a
+    repository is not a repository to plan; the Hub is not asked."""
+    code, _, err = run("model", "plan", source, "--pool", "h100=1x81559MiB",
+                       env={"HF_ENDPOINT": fake_hub.url})
+    assert code == 1
+    assert says in err
+    assert fake_hub.seen == []

@@ -306,11 +306,13 @@ def _add_http(src: UrlSource, root: Path, name: str | None, version: str | None,
                                       sha256=got.sha256)])
 
 
-def add(source: str, root: str | Path, *, name: str | None = None, version: str | None = None,
-        sha256: str | None = None, progress: bool = False, hf_token: str | None = None,
-        hub: Hub | None = None, timeout: float = 60.0) -> AddResult:
-    """Add ``source`` (``hf://org/repo[@rev][/file]`` or an http(s) URL) to the mirror at
-    ``root`` as ``<name>/<version>/``. Raises RefusedError if that version exists."""
+def add(source: str | Source, root: str | Path, *, name: str | None = None,
+        version: str | None = None, sha256: str | None = None, progress: bool = False,
+        hf_token: str | None = None, hub: Hub | None = None, timeout: float = 60.0,
+        ) -> AddResult:
+    """Add ``source`` (``hf://org/repo[@rev][/file]`` or an http(s) URL, as text or as
+    the catalog's parsed value) to the mirror at ``root`` as ``<name>/<version>/``.
+    Raises RefusedError if that version exists."""
     base = Path(root)
     if not base.is_dir():
         raise DefinitionError(f"mirror directory {root} does not exist; create it or give "
