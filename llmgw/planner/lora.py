@@ -3,7 +3,7 @@
 A LoRA adapter replaces a weight ``W`` (``d_out x d_in``) by ``W + B A``
 with ``A`` of ``r x d_in`` and ``B`` of ``d_out x r``: ``r (d_in + d_out)``
 parameters per adapted matrix (Hu et al., "LoRA: Low-Rank Adaptation of
-Large Language Models", 2021, §4.1). vLLM does not allocate per adapter: at
+Large Language Models", 2021, section 4.1). vLLM does not allocate per adapter: at
 start it reserves, for every layer it can adapt, stacked tensors of
 ``max_loras`` slots at ``max_lora_rank`` — ``lora_a_stacked`` of
 ``max_loras x max_lora_rank x d_in`` and ``lora_b_stacked`` of
