@@ -229,7 +229,9 @@ class Gateway:
                                  capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
                                  urgent_interval=float(gw.budget_interval),
                                  on_drop=self.metrics.ledger_dropped.inc,
-                                 on_flush=self._refresh_budgets)
+                                 on_flush=self._refresh_budgets, on_cycle=self._ledger_gauges,
+                                 journal_dir=gw.journal_dir, journal_max=gw.journal_max,
+                                 on_unjournaled=self.metrics.ledger_unjournaled.inc)
             self.budgets: Budgets | None = Budgets(store, self.ledger,
                                                    in_use=self.keys.budget_fields,
                                                    cost_in_use=self.keys.cost_budgeted)
@@ -614,6 +616,8 @@ class Gateway:
                 req, chain = await self._admit(scope, receive, path, started, call)
             else:
                 req, chain, send = await exchange.admit(scope, receive, send, started, call)
+            if self.ledger is not None:
+                send = self._journaling(send, call, started)
             status = await self._serve(req, chain, receive, send)
         except LlmgwError as err:
             status = err.status
@@ -630,12 +634,42 @@ class Gateway:
             mm.done(status)
             latency = self._loop_time() - started
             mm.latency.observe(latency)
-            if call.key is not None and call.request is not None:
+            if call.key is not None and call.request is not None and not call.accounted:
                 self._account(call.key, call.request, status, latency)
+
+    def _journaling(self, send: Send, call: Call, started: float) -> Send:
+        """``send``, recording the request in the ledger just before its answer's last byte.
+
+        So with a journal (``gateway.journal``) every answer that reached its client whole
+        has its usage record on disk: a process killed after that byte loses no record of
+        it. The forwarder has the usage by then (it reads it before passing the end on).
+        """
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = message["status"]
+            elif (kind == "http.response.body" and not message.get("more_body", False)
+                  and not call.accounted and call.key is not None
+                  and call.request is not None):
+                call.accounted = True
+                self._account(call.key, call.request, status, self._loop_time() - started)
+            await send(message)
+
+        return sending
 
     async def _refresh_budgets(self) -> None:
         if self.budgets is not None:
             await self.budgets.refresh()
+
+    def _ledger_gauges(self) -> None:
+        ledger = self.ledger
+        if ledger is not None:
+            self.metrics.ledger_waiting.set(ledger.waiting)
+            if ledger.journal is not None:
+                self.metrics.ledger_journal_bytes.set(ledger.journal.bytes)
 
     def _account(self, key: ApiKey, req: ForwardRequest, status: int, latency: float) -> None:
         """The request's ledger record and its team's token counters."""
