@@ -52,8 +52,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -91,6 +89,7 @@ from llmgw.gateway.errors import (
 )
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
+from llmgw.gateway.holders import holder_name
 from llmgw.gateway.keepalive import HeldStream
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.ledger import Ledger
@@ -182,7 +181,7 @@ class Gateway:
         self.balancer = Balancer(gw.eject_for, gw.eject_max,
                                  signal_ttl=3 * float(gw.signal_interval))
         self.metrics = GatewayMetrics(self._replica_counts, self._live_figures)
-        holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        holder = holder_name(f"{id(self):x}")
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
@@ -803,8 +802,8 @@ class Gateway:
         checked against its owner's key when it was validated. Its token and
         cost budgets are, line by line, as for a client's request: a batch
         whose owner ran out is answered 429 ``insufficient_quota``, which the
-        worker retries with back-off until the budget resets or the batch
-        expires. Nor is the line counted as a client's request (requests_total,
+        worker takes as the line's final answer (``batchworker``: quota is final).
+        Nor is the line counted as a client's request (requests_total,
         request_duration: what interactive users get); the worker counts it in
         batch_lines_total. It is in the usage ledger, as its owner's (``owner``,
         the key's id, and its team). A line whose owner was revoked is not run
