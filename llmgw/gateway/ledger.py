@@ -289,13 +289,13 @@ class Ledger:
                 await self.tick()
 
     async def tick(self) -> None:
+        self._cycled()      # the gauges, also while a write waits on a store that hangs
         if self.journal is not None:
             try:
                 await asyncio.to_thread(self.journal.sync)
             except OSError as exc:
                 log.warning("syncing the usage journal failed: %s", exc)
         if not self.store.is_open:
-            self._cycled()
             return
         try:
             await self.flush()
