@@ -24,7 +24,10 @@ counts as done, and the batch row records the line through which every
 result is stored (``done_through``, saved every second). After a restart,
 or on another instance, the worker skips those lines and the few after them
 that have results, so no finished line is sent twice; a line that was in
-flight when the worker stopped had no result and runs again. A worker killed
+flight when the worker stopped had no result and runs again — unless the
+engine had answered it: with ``gateway.journal_dir`` its result is journaled
+locally as the answer comes back and stored before the next pass
+(``batchjournal``), so its answer is neither lost nor generated twice. A worker killed
 without releasing its lease does not make the next one wait out the lease's
 ttl when the next one runs on the same machine: the holder's name says which
 process held it (``holders``), and a holder of this machine whose process is
@@ -80,6 +83,7 @@ from llmgw.gateway.batchfile import (
     parse_line,
     record_of,
 )
+from llmgw.gateway.batchjournal import BatchJournal
 from llmgw.gateway.capabilities import describe, serves
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.files import FileWriter, new_file_id
@@ -151,6 +155,8 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._housekept = -math.inf
         self.lines_sent = 0            # every line sent to a replica (tests, the benchmark)
+        journal_dir = core.config.gateway.journal_dir
+        self.results = BatchJournal(journal_dir) if journal_dir is not None else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -169,6 +175,8 @@ class BatchWorker:
         await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.core.state.release_lease(LEASE, self.holder)
+        if self.results is not None:
+            self.results.close()
 
     async def _run(self) -> None:
         outage: str | None = None       # logged once, not on every poll
@@ -176,6 +184,10 @@ class BatchWorker:
             try:
                 # Not before the store's keys are in force: a batch of a runtime key would
                 # otherwise be failed as revoked, its owner not known yet.
+                # Results journaled here (or left by a process that is gone) first: a line
+                # whose answer was kept must be found done, by whichever worker runs next.
+                if self.results is not None:
+                    await self.results.flush(self.core.state)
                 if self.keys_ready() and await self._take_lease():
                     await self._hold_and_work()
                 outage = None
@@ -459,8 +471,14 @@ class BatchWorker:
         ok = 200 <= status < 300
         self.core.metrics.batch_lines.labels(request.model,
                                              "succeeded" if ok else "failed").inc()
-        await self._record(record, progress, number, ok,
-                           output_line(request.custom_id, status, body))
+        result = output_line(request.custom_id, status, body)
+        # Kept before any await: the answer's usage record was journaled as it came back,
+        # and the two must survive a kill together.
+        if self.results is not None:
+            self.results.keep(record.id, number, ok, result)
+        await self._record(record, progress, number, ok, result)
+        if self.results is not None:
+            self.results.stored(record.id, number)
 
     async def _finalize(self, record: BatchRecord) -> None:
         """Write the output and error files from the results, then the final state."""

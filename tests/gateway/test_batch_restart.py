@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
+from llmgw.errors import StoreUnavailableError
+from llmgw.gateway.batchjournal import BatchJournal
 from llmgw.gateway.batchworker import LEASE
 from llmgw.gateway.holders import holder_name, is_gone
+from llmgw.store.base import BatchResult, BatchRow
 from llmgw.store.sqlite import SqliteStore
+from tests.gateway.conftest import GatewayFactory, chat_model
 from tests.gateway.engine import FakeEngine
-from tests.gateway.test_files_batches import CHAT, finished, line, seen_lines, upload
+from tests.gateway.test_files_batches import CHAT, finished, jsonl, line, seen_lines, upload
 from tests.gateway.test_ledger_loss import Child
 
 
@@ -54,10 +61,11 @@ async def test_a_killed_workers_batch_resumes_before_its_lease_would_expire(
         first = Child(tmp_path, engine, f"sqlite:///{store_path}", {})
         second = Child(tmp_path, engine, f"sqlite:///{store_path}", {})
         try:
-            client = openai.AsyncOpenAI(base_url=f"{await first.start()}/v1", api_key="x")
-            file_id = await upload(client, b"".join(line(i, model="m") for i in range(60)))
-            batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
-                                                completion_window="24h")
+            async with openai.AsyncOpenAI(base_url=f"{await first.start()}/v1",
+                                          api_key="x") as client:
+                file_id = await upload(client, b"".join(line(i, model="m") for i in range(60)))
+                batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                                    completion_window="24h")
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while len(await store.batch_result_lines(batch.id, 0)) < 12:
@@ -66,8 +74,9 @@ async def test_a_killed_workers_batch_resumes_before_its_lease_would_expire(
             await first.kill()
             expiry = lease_expiry(store_path)
             stored = await store.batch_result_lines(batch.id, 0)
-            client = openai.AsyncOpenAI(base_url=f"{await second.start()}/v1", api_key="x")
-            done = await finished(client, batch.id, timeout=120)
+            async with openai.AsyncOpenAI(base_url=f"{await second.start()}/v1",
+                                          api_key="x") as client:
+                done = await finished(client, batch.id, timeout=120)
             assert time.time() < expiry, "the restarted worker waited out the old lease"
             assert done.status == "completed"
             assert done.request_counts.completed == 60
@@ -95,3 +104,84 @@ def test_only_a_holder_of_this_machine_whose_process_is_gone_is_gone() -> None:
     assert not is_gone(f"elsewhere:{dead}:t@{machine}")
     assert not is_gone(f"{socket.gethostname()}:{dead}:t@0000.1")
     assert not is_gone(f"{socket.gethostname()}:{dead}:t")
+
+
+async def test_an_answer_whose_result_could_not_be_stored_is_not_generated_again(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]],
+        tmp_path: Path) -> None:
+    """With a journal, a line whose answer came back but whose result the store refused
+    is stored from the journal before the next pass: every line reaches the engine once."""
+    engine = await engines("e")
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])],
+                            journal_dir=str(tmp_path / "journal"))
+    original = gw.store.put_batch_results
+    calls = 0
+
+    async def flaky(batch_id: str, results: list[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 7:
+            raise StoreUnavailableError("SQLite database x could not be written; check the disk")
+        await original(batch_id, results)
+
+    gw.store.put_batch_results = flaky  # type: ignore[method-assign]
+    client = gw.openai()
+    file_id = await upload(client, b"".join(line(i) for i in range(20)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="24h")
+    done = await finished(client, batch.id)
+    assert calls > 7
+    assert done.request_counts.model_dump() == {"total": 20, "completed": 20, "failed": 0}
+    output = jsonl((await client.files.content(done.output_file_id)).content)
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
+    assert seen_lines(engine) == Counter({f"line {i}": 1 for i in range(20)})
+
+
+_KILLED = """
+import sys, time
+from llmgw.gateway.batchjournal import BatchJournal
+j = BatchJournal(sys.argv[1])
+j.keep("running", 3, True, b'{"id": "line 3"}')
+j.keep("running", 4, False, b'{"id": "line 4"}')
+j.stored("running", 4)
+j.keep("running", 5, True, b'{"id": "line 5"}')
+j.keep("finished", 1, True, b'{"id": "late"}')
+print("kept", flush=True)
+time.sleep(600)
+"""
+
+
+class _Batches:
+    """Just the batch calls the journal makes, over two batches."""
+
+    def __init__(self) -> None:
+        self.put: dict[str, list[BatchResult]] = {}
+
+    async def get_batch(self, id: str, owner: object) -> BatchRow:
+        return BatchRow(id=id, owner="o", status="in_progress" if id == "running" else
+                        "completed", created_at=0, record=b"")
+
+    async def put_batch_results(self, batch_id: str, results: list[BatchResult]) -> None:
+        self.put.setdefault(batch_id, []).extend(results)
+
+
+async def test_results_left_by_a_killed_process_are_stored_by_the_next(tmp_path: Path) -> None:
+    """A SIGKILLed process's journaled results reach the store through the next process
+    on the directory, only for batches still running, and the file goes."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED, str(tmp_path), stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"kept\n"
+        store = _Batches()
+        journal = BatchJournal(tmp_path)
+        assert await journal.flush(store) == 0      # its process lives: not taken
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    await journal.flush(store)  # type: ignore[arg-type]
+    # Line 4 was stored before the kill; the file kept it (only emptied with none waiting).
+    assert sorted(r.line for r in store.put["running"]) == [3, 4, 5]
+    assert "finished" not in store.put
+    journal.close()
+    assert list(tmp_path.iterdir()) == []
