@@ -29,7 +29,8 @@ schema of its own, dropped afterwards.
   (every request from a key of a budgeted team) and the journal, against the
   same gateway with all three off (the same key, so authentication costs both
   alike) and a second one off as the control; target CPU per request off/on
-  >= 0.97.
+  >= 0.97. Two more gateways, one without the journal and one without the
+  journal and the budget, give each part's share.
 * outage: two gateway instances with journals on one Postgres reached through
   ``llmgw.testing.tcpproxy``, ``--rate`` requests/s (every fourth streaming)
   spread over them; the proxy freezes every connection for each of
@@ -232,9 +233,10 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     journal; every gateway is sent the same key, so that authentication costs
     them all alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    # With ``full``, "unjournaled" is "on" without the journal: the journal's own share.
-    names: tuple[str, ...] = ("off", "on", "unjournaled", "control") if full else \
-        ("off", "on", "control")
+    # With ``full``, "unjournaled" is "on" without the journal, and "unbudgeted" that
+    # without the budget too (the ledger alone): each part's own share.
+    names: tuple[str, ...] = ("off", "on", "unjournaled", "unbudgeted", "control") if full \
+        else ("off", "on", "control")
     rps: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
@@ -255,7 +257,8 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
         journal = {"LLMGW_BENCH_JOURNAL": journals.name} if full else {}
         servers = {
             name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
-                **env, "LLMGW_BENCH_LEDGER": "1" if name in ("on", "unjournaled") else "0",
+                **env, "LLMGW_BENCH_LEDGER": "0" if name in ("off", "control") else "1",
+                **({"LLMGW_BENCH_BUDGET": "none"} if name == "unbudgeted" else {}),
                 "LLMGW_BENCH_LEDGER_INTERVAL": interval,
                 **(journal if name == "on" else {})}))
             for name in names}
@@ -307,10 +310,14 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
           f"{'; target >= 0.97' if full else ''}), off/control "
           f"{statistics.median(cpu_control):.3f}")
     if full:
-        shares = [a / b for a, b in zip(cpu["unjournaled"], cpu["on"], strict=True)]
-        print(f"  the journal's share: ledger + budget without it median "
-              f"{statistics.median(cpu['unjournaled']):.0f} us per request; without/with "
-              f"median of the pairs {statistics.median(shares):.3f}")
+        for part, without, with_ in (("the journal", "unjournaled", "on"),
+                                     ("the budget", "unbudgeted", "unjournaled"),
+                                     ("the ledger", "off", "unbudgeted")):
+            shares = [a / b for a, b in zip(cpu[without], cpu[with_], strict=True)]
+            print(f"  {part}'s share: CPU per request without it median "
+                  f"{statistics.median(cpu[without]):.0f} us, with it "
+                  f"{statistics.median(cpu[with_]):.0f} us; without/with median of the "
+                  f"pairs {statistics.median(shares):.3f}")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:
