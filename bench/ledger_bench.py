@@ -30,7 +30,9 @@ schema of its own, dropped afterwards.
   same gateway with all three off (the same key, so authentication costs both
   alike) and a second one off as the control; target CPU per request off/on
   >= 0.97. Two more gateways, one without the journal and one without the
-  journal and the budget, give each part's share.
+  journal and the budget, give each part's share. ``ab-full-postgres``: the
+  same on Postgres (every gateway in one schema), where the store's work is
+  the database's rather than a writer process of the gateway's.
 * outage: two gateway instances with journals on one Postgres reached through
   ``llmgw.testing.tcpproxy``, ``--rate`` requests/s (every fourth streaming)
   spread over them; the proxy freezes every connection for each of
@@ -230,8 +232,8 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     the ledger's writer process included): what the ledger costs.
 
     ``full``: "on" is the ledger, a budget checked on every request and the
-    journal; every gateway is sent the same key, so that authentication costs
-    them all alike."""
+    journal; every gateway is sent a key (one of its own), so that
+    authentication costs them all alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     # With ``full``, "unjournaled" is "on" without the journal, and "unbudgeted" that
     # without the budget too (the ledger alone): each part's own share.
@@ -240,9 +242,9 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     rps: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
-    key = generate_key() if full else None
-    if key is not None:
-        env["LLMGW_BENCH_KEY"] = key
+    # A key of its own for each gateway (they may share one database).
+    keys = {name: generate_key() if full else None for name in names}
+    assert not (full and together), "ab-full takes turns"
     journals = tempfile.TemporaryDirectory(prefix="llmgw-bench-journal-")
     where = "Postgres" if database else "SQLite"
     cores = sorted(os.sched_getaffinity(0))
@@ -257,13 +259,14 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
         journal = {"LLMGW_BENCH_JOURNAL": journals.name} if full else {}
         servers = {
             name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
-                **env, "LLMGW_BENCH_LEDGER": "0" if name in ("off", "control") else "1",
+                **env, **({"LLMGW_BENCH_KEY": keys[name]} if keys[name] else {}),
+                "LLMGW_BENCH_LEDGER": "0" if name in ("off", "control") else "1",
                 **({"LLMGW_BENCH_BUDGET": "none"} if name == "unbudgeted" else {}),
                 "LLMGW_BENCH_LEDGER_INTERVAL": interval,
                 **(journal if name == "on" else {})}))
             for name in names}
-        for url, _pid in servers.values():
-            load(url, 32, 2.0, tmp, key=key)     # warm up
+        for name, (url, _pid) in servers.items():
+            load(url, 32, 2.0, tmp, key=keys[name])     # warm up
         for i in range(rounds):
             if together:
                 if pinned:
@@ -271,7 +274,7 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
                         pin(pid, cores[0])
                 before = {name: cpu_seconds(pid) for name, (_url, pid) in servers.items()}
                 figures = wrk_together([url for url, _pid in servers.values()], 32,
-                                       duration, tmp, key)
+                                       duration, tmp)
                 for (name, (_url, pid)), (got, _med, _bad) in zip(servers.items(), figures,
                                                                   strict=True):
                     rps[name].append(got)
@@ -281,7 +284,7 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
             for name in names if i % 2 == 0 else names[::-1]:
                 url, pid = servers[name]
                 before_one = cpu_seconds(pid)
-                got, _med, bad = load(url, 32, duration, tmp, warm=False, key=key)
+                got, _med, bad = load(url, 32, duration, tmp, warm=False, key=keys[name])
                 if bad:
                     raise RuntimeError(f"{bad} requests to the {name} gateway were not 2xx")
                 rps[name].append(got)
@@ -564,6 +567,11 @@ def main() -> None:
         ab(args.rounds, args.duration, None)
     if "ab-full" in parts:
         ab(args.rounds, args.duration, None, full=True)
+    if "ab-full-postgres" in parts:
+        async def run_ab_full() -> None:
+            async with schema(args.postgres) as url:
+                await asyncio.to_thread(ab, args.rounds, args.duration, url, full=True)
+        asyncio.run(run_ab_full())
     if "outage" in parts:
         asyncio.run(outage(args.postgres, [float(x) for x in args.freezes.split(",")],
                            args.rate, args.settle))
