@@ -330,3 +330,32 @@ async def test_the_rendered_job_serves_two_adapters_through_the_openai_client(
         host = s.mirror.removeprefix("http://").replace(":", "_")
         assert f"/llmgw-cache/{host}/adapters/qwen-sql/" in paths
         assert s.gateway.adapters.loads == 2
+
+
+async def test_an_adapter_gone_from_a_warm_nodes_disk_is_fetched_again(tmp_path: Path) -> None:
+    """The node is known to hold the adapter, but its files are gone (a sweep, a hand):
+    the engine finds nothing at the path, the fetch runs again there, and the request is
+    answered as the adapter."""
+    async with stack(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
+        sql = adapter("qwen-sql", s.mirror)
+        await s.add(sql)
+        client = s.openai()
+        try:
+            await ask(client, "qwen-sql")
+            [url] = [u for u, names in (await s.loaded()).items() if names]
+            node = s.node_of(url)
+            for f in s.on_disk(node, sql).iterdir():
+                f.unlink()
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{url}/v1/unload_lora_adapter",
+                                    json={"lora_name": "qwen-sql"})
+                assert r.status_code == 200
+            await eventually(lambda: not s.gateway.adapters.loaded_where(),
+                             "the gateway reads that no replica holds it now")
+            assert s.backend.adapter_warm(sql, url)
+            await ask(client, "qwen-sql")
+        finally:
+            await client.close()
+        assert [names for names in (await s.loaded()).values() if names] == [["qwen-sql"]]
+        assert [code for _, _, code in s.fetches.ran] == [0, 0]
+        assert (s.on_disk(node, sql) / "adapter_config.json").exists()

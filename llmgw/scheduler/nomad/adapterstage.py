@@ -73,6 +73,13 @@ class AdapterStager:
         self._attempts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.fetches = 0          # attempts this process registered (tests, metrics)
 
+    async def close(self) -> None:
+        """Stop following the attempts under way (their jobs run on in Nomad)."""
+        tasks = list(self._attempts.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     # ---- what the nodes hold ------------------------------------------------
 
     def note_nodes(self, nodes: Iterable[wire.Node],

@@ -195,6 +195,7 @@ class NomadBackend:
                 await self._task
             self._task = None
         await self._discovery.close()
+        await self._stager.close()
         if self._store is not None and self.leader:
             try:
                 await self._store.release_lease(LEASE, self._holder)
