@@ -131,7 +131,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     # report less memory than their gpu class declares)
     warning: str | None = None
     # The models whose weights this node's cache holds (a replica starts here without
-    # downloading them)
+    # downloading them), and the adapters (a replica here loads one without a fetch)
     warm: list[str] = []
 
 

@@ -243,6 +243,9 @@ async def test_a_runtime_added_adapter_is_fetched_onto_its_replicas_node_and_ans
                          == cache.tag(found[1]),
                          "the leader records the adapter on the node's metadata")
         assert cache_key("qwen-sql") not in s.nomad.node_meta(other)
+        views = {v.name: v.warm for v in (await s.backend.fleet()).nodes}
+        assert "qwen-sql" in views[node]
+        assert "qwen-sql" not in views[other]
 
 
 async def test_a_failed_adapter_fetch_answers_503_with_the_fetchs_reason(

@@ -32,9 +32,12 @@ the load's bound (``gateway.adapter_load_wait``). The alternatives weighed:
 
 One job per (adapter, node) makes every fetch its own job: two gateway processes
 asking for the same one register one spec — the second register is checked with
-``EnforceIndex`` against the index it read (nomad/job_endpoint.go ``Register``,
-which calls ``Job.EnforceIndex`` before it applies anything), so one of them
-registers and both wait on the same allocation.
+``EnforceIndex`` against the index it read, 0 for "create only" (nomad/job_endpoint.go
+``Register``, which calls ``Job.EnforceIndex`` before it applies anything;
+docs/nomad-api.md §1.1, "Check-and-set"), so one of them registers and both wait on
+the same allocation. A finished attempt's allocation keeps its place for its
+version, and a new version runs again (docs/nomad-api.md, "Node metadata at run
+time, affinities, allocation files"), which is how a fetch is tried again.
 A fetch is tried once (restart and reschedule attempts 0): the gateway, not
 Nomad, decides whether to try again — on the next request, or on another replica.
 

@@ -804,9 +804,11 @@ class NomadBackend:
         nodes, allocs = await self._offload.run(self._fleet_inputs)
         f = build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
         models = list(self._catalog) if self._catalog else []
+        adapters = list(self._catalog.adapters.values()) if self._catalog else []
         # What llmgw wrote to a node's metadata counts before Nomad shows it (caches).
         meta = {n.ID: self._caches.meta(n) for n in nodes}
-        views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror))
+        views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror,
+                                                       adapters))
                  for v in f.nodes]
         return msgspec.structs.replace(f, nodes=views)
 

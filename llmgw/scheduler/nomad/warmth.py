@@ -113,14 +113,18 @@ def prefetch_refusal(model: Model, mirror: str | None) -> str | None:
 
 
 def holds(node_meta: Mapping[str, str] | None, models: Iterable[Model],
-          mirror: str | None) -> list[str]:
-    """The models whose weights a node's metadata says it holds."""
+          mirror: str | None, adapters: Iterable[Adapter] = ()) -> list[str]:
+    """The models (and adapters) whose weights a node's metadata says it holds."""
     meta = node_meta or {}
     out = []
     for m in models:
         entry = None if m.external else weights_entry(m, mirror)
         if entry is not None and meta.get(cache_key(m.name)) == cache.tag(entry):
             out.append(m.name)
+    for a in adapters:
+        found = adapter_fetch_of(a, mirror)
+        if found is not None and meta.get(cache_key(a.name)) == cache.tag(found[1]):
+            out.append(a.name)
     return out
 
 
