@@ -8,7 +8,10 @@ node's directory as the task's host-volume mount shows it
 (``nomad_vllm.host_mounts``), its ``${NOMAD_ALLOC_DIR}`` a directory of its own —
 then leaves the progress file in the allocation's directory for the client fs API
 (``write_alloc_file``) and ends the allocation by the exit code: 0 completes it,
-anything else fails it ("Exit Code: N", the Docker driver's exit result). So what
+anything else fails it with the ``Terminated`` event "Exit Code: N" the task runner
+records of the driver's exit result (client/allocrunner/taskrunner/task_runner.go
+``emitExitResultEvent``); a batch group with no restart attempts left then fails
+the allocation. So what
 reaches the node is what the real fetcher brings from the real mirror, verified the
 way it verifies, and a fetch that fails says why the way it would on Nomad.
 """
