@@ -214,15 +214,16 @@ async def ask(client: openai.AsyncOpenAI, model: str) -> str:
 
 async def test_a_runtime_added_adapter_is_fetched_onto_its_replicas_node_and_answers(
         tmp_path: Path) -> None:
-    """The first request for an adapter added at run time has its weights fetched from the
-    mirror onto the node of the replica chosen — that node only — loaded from there, and
-    answered as the adapter; the node's metadata then says it holds them."""
+    """The first requests for an adapter added at run time — two at once, too few to
+    spread it (``adapterplace.SPREAD``) — have its weights fetched once from the mirror
+    onto the node of the replica chosen, that node only, loaded from there, and answered
+    as the adapter; the node's metadata then says it holds them."""
     async with stack(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
         sql = adapter("qwen-sql", s.mirror)
         await s.add(sql)
         client = s.openai()
         try:
-            await ask(client, "qwen-sql")
+            await asyncio.gather(*(ask(client, "qwen-sql") for _ in range(2)))
             [(url, names)] = [(u, n) for u, n in (await s.loaded()).items() if n]
         finally:
             await client.close()
