@@ -163,7 +163,8 @@ class AdapterStager:
     def _read(self, jid: str) -> tuple[int | None, int, list[wire.Allocation],
                                       wire.AllocationMetric | None]:
         """The job's version and index, its allocations, and — while the version has
-        none — why its latest evaluation placed nothing, if it says."""
+        none — why its latest evaluation placed nothing, if it says (an evaluation names
+        the job version it was made for by its JobModifyIndex: docs/nomad-api.md §5.2)."""
         try:
             job = self._client.job_version(jid)
             allocs = self._client.job_allocations(jid)
