@@ -34,7 +34,7 @@ from llmgw.catalog.model import Model
 from llmgw.catalog.units import Duration
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
-from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
+from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica, SameDisk
 from llmgw.store import open_store
 from llmgw.store.base import Store, StoredKey, StoredTeam
 from llmgw.tenancy import Limits, encode_limits, hash_key
@@ -45,7 +45,7 @@ class StaticCatalog:
         self.catalog = catalog
 
 
-class NoScheduler:
+class NoScheduler(SameDisk):
     """A Backend with no scheduled model: the benchmark's model is external."""
 
     async def start(self) -> None: ...

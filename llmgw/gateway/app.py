@@ -196,7 +196,8 @@ class Gateway:
             profile_of=backend.profile_of, load_wait=float(gw.adapter_load_wait),
             interval=float(gw.signal_interval),
             on_load=lambda base, name, outcome:
-                self.metrics.adapter_loads.labels(base, name, outcome).inc())
+                self.metrics.adapter_loads.labels(base, name, outcome).inc(),
+            stage=backend.stage_adapter, warm=backend.adapter_warm)
         self.forwarder.placer = self.adapters
         self.signals = SignalScraper(
             self.balancer, self._scrape_targets, self._loop_time,
