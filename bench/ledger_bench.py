@@ -462,8 +462,9 @@ async def _waiting(urls: list[str]) -> str:
             figures = dict(re.findall(
                 r"^llmgw_gateway_ledger_(waiting_records|journal_bytes) ([\d.e+]+)$", text,
                 re.MULTILINE))
-            out.append(f"{float(figures.get('waiting_records', 0)):,.0f} records / "
-                       f"{float(figures.get('journal_bytes', 0)) / 1024:,.0f} KiB")
+            out.append(f"{float(figures.get('waiting_records', 0)):,.0f} records "
+                       f"(journal files {float(figures.get('journal_bytes', 0)) / 1024:,.0f} "
+                       "KiB)")
     return ", ".join(out)
 
 
