@@ -1,8 +1,9 @@
 """One gateway in a process of its own, for tests that need two sharing a store.
 
 ``python -m tests.gateway.gateway_process --store PATH --dir DIR --models JSON``
-serves a Gateway with the SQLite store at PATH and a FileBackend in DIR on a
-free loopback port, and prints its base URL on the first line of stdout.
+serves a Gateway with the SQLite store at PATH (or the Postgres database a
+``postgresql://`` URL names) and a FileBackend in DIR on a free loopback port,
+and prints its base URL on the first line of stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
 from llmgw.config import ServerConfig
 from llmgw.gateway import Gateway
+from llmgw.store.base import Store
+from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SqliteStore
 from tests.gateway.doubles import CatalogHolder, FileBackend
 
@@ -29,7 +32,8 @@ async def main() -> None:
     parser.add_argument("--models", required=True)
     args = parser.parse_args()
     models = convert(json.loads(args.models), list[Model])
-    store = SqliteStore(f"sqlite:///{args.store}")
+    store: Store = PostgresStore(args.store) if args.store.startswith("postgresql://") \
+        else SqliteStore(f"sqlite:///{args.store}")
     await store.open()
     gateway = Gateway(ServerConfig(listen="127.0.0.1:0"), CatalogHolder(models),
                       FileBackend(Path(args.dir)), store)

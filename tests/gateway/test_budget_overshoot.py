@@ -1,0 +1,99 @@
+"""A token budget shared by several gateway processes on one Postgres is never passed
+when every request states max_tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.store.postgres import PostgresStore
+from llmgw.tenancy import Limits
+from llmgw.testing.simengine import SimEngine, SimSpec
+from tests.gateway.test_tenants import make_key, make_team
+from tests.store.conftest import fresh_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = 12_000
+CLIENTS = 48
+MAX_TOKENS = 16
+INSTANCES = 3
+
+
+@asynccontextmanager
+async def gateways(url: str, engine: str, tmp_path: Path, n: int) -> AsyncIterator[list[str]]:
+    """``n`` gateway processes on the store at ``url``, serving model m from ``engine``."""
+    models = json.dumps([{"name": "m", "upstream": [engine], "health": {"path": None},
+                          "routing": {"policy": "least-outstanding"}}])
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.gateway.gateway_process", "--store", url,
+        "--dir", str(tmp_path), "--models", models, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE) for _ in range(n)]
+    try:
+        urls = []
+        for proc in procs:
+            assert proc.stdout is not None
+            urls.append((await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip())
+        yield urls
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+async def client(url: str, key: str, stream: bool) -> int:
+    """Send requests one after another until the budget refuses one; how many were answered."""
+    body = {"model": "m", "max_tokens": MAX_TOKENS, "stream": stream,
+            "messages": [{"role": "user", "content": "count to sixteen"}]}
+    answered = 0
+    deadline = time.monotonic() + 300
+    async with httpx.AsyncClient(base_url=url, timeout=120,
+                                 headers={"Authorization": f"Bearer {key}"}) as http:
+        while time.monotonic() < deadline:
+            r = await http.post("/v1/chat/completions", json=body)
+            if r.status_code == 200:
+                answered += 1
+                continue
+            code = r.json()["error"]["code"]
+            if code == "insufficient_quota":
+                return answered
+            assert code in {"invalid_api_key", "budget_refilling"}, r.text
+            await asyncio.sleep(0.1)
+    raise AssertionError("the budget never refused this client")
+
+
+@pytest.mark.postgres
+async def test_several_instances_never_serve_past_the_budget(
+        postgres_url: str, tmp_path: Path) -> None:
+    """Three gateway processes, 48 concurrent clients (streaming and not) with max_tokens,
+    one 12,000-token daily budget: the tokens the engine served stay within it (and come
+    near it, so the bound is not met by refusing everything)."""
+    engine = SimEngine(SimSpec(max_seqs=64, step_time=0.005, default_max_tokens=MAX_TOKENS))
+    engine_url = await engine.start()
+    try:
+        async with fresh_schema(postgres_url) as url:
+            store = PostgresStore(url)
+            await store.open()
+            try:
+                await make_team(store, "burst", Limits(tokens_per_day=BUDGET))
+                key = await make_key(store, "burst-key", "burst")
+            finally:
+                await store.close()
+            async with gateways(url, engine_url, tmp_path, INSTANCES) as urls:
+                answered = await asyncio.gather(*(
+                    client(urls[i % INSTANCES], key, stream=i % 2 == 0)
+                    for i in range(CLIENTS)))
+        served = engine.prompt_total + engine.generated_total
+        assert sum(answered) > 0
+        assert served <= BUDGET, f"served {served} tokens on a budget of {BUDGET}"
+        assert served > BUDGET // 2, f"served only {served} tokens of {BUDGET}"
+    finally:
+        await engine.stop()
