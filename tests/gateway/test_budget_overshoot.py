@@ -1,5 +1,6 @@
 """A token budget shared by several gateway processes on one Postgres is never passed
-when every request states max_tokens."""
+when every request states max_tokens; cut off from Postgres, a budget refuses once its
+slice lapses."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 
+from llmgw.catalog.decode import convert
+from llmgw.catalog.model import Model
+from llmgw.config import GatewayConfig, ServerConfig
+from llmgw.gateway import Gateway
 from llmgw.store.postgres import PostgresStore
 from llmgw.tenancy import Limits
 from llmgw.testing.simengine import SimEngine, SimSpec
-from tests.gateway.test_tenants import make_key, make_team
-from tests.store.conftest import fresh_schema
+from tests.gateway.conftest import serve
+from tests.gateway.doubles import CatalogHolder, FakeBackend
+from tests.gateway.test_tenants import make_key, make_team, until
+from tests.store.conftest import FreezingProxy, fresh_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 12_000
@@ -97,3 +105,66 @@ async def test_several_instances_never_serve_past_the_budget(
         assert served > BUDGET // 2, f"served only {served} tokens of {BUDGET}"
     finally:
         await engine.stop()
+
+
+@pytest.mark.postgres
+async def test_a_gateway_cut_off_from_the_store_refuses_once_its_lease_lapses(
+        postgres_url: str) -> None:
+    """Postgres stops answering: the gateway serves from its slice while its lease has time
+    left, then refuses the budget (503 budget_unavailable, counted); once the store answers
+    again it serves again."""
+    engine = SimEngine(SimSpec(step_time=0.001, default_max_tokens=MAX_TOKENS))
+    engine_url = await engine.start()
+    async with fresh_schema(postgres_url) as url:
+        parts = urlsplit(url)
+        proxy = FreezingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+        await proxy.start()
+        store = PostgresStore(urlunsplit(parts._replace(
+            netloc=f"{parts.username}@127.0.0.1:{proxy.port}")), query_timeout=2.0)
+        await store.open()
+        models = [convert({"name": "m", "upstream": [engine_url], "health": {"path": None}},
+                          Model)]
+        gateway = Gateway(ServerConfig(listen="127.0.0.1:0", gateway=convert(
+            {"budget_lease_ttl": "3s", "budget_interval": "100ms"}, GatewayConfig)),
+            CatalogHolder(models), FakeBackend(), store)
+        try:
+            await make_team(store, "ml", Limits(tokens_per_day=1_000_000))
+            key = await make_key(store, "k", "ml")
+            await gateway.start()
+            async with serve(gateway) as base, httpx.AsyncClient(
+                    base_url=base, timeout=60,
+                    headers={"Authorization": f"Bearer {key}"}) as http:
+                body = {"model": "m", "max_tokens": MAX_TOKENS,
+                        "messages": [{"role": "user", "content": "hi"}]}
+
+                async def answered() -> bool:
+                    return (await http.post("/v1/chat/completions", json=body)).status_code \
+                        == 200
+
+                await until(answered, "the key to be served")
+                proxy.freeze()
+                assert await answered()               # the lease still has time left
+
+                async def refused() -> bool:
+                    r = await http.post("/v1/chat/completions", json=body)
+                    return r.status_code == 503 and \
+                        r.json()["error"]["code"] == "budget_unavailable"
+
+                await until(refused, "the lapsed slice to refuse", timeout=60)
+                metrics = (await http.get("/metrics")).text
+                assert 'llmgw_gateway_budget_unchecked_requests_total{budget="tokens_per_day",' \
+                    'outcome="refused",team="ml"}' in metrics
+
+                async def failure_counted() -> bool:
+                    return 'llmgw_gateway_budget_slice_renewals_total{outcome="failed"}' in \
+                        (await http.get("/metrics")).text
+
+                await until(failure_counted, "the failed renewal to be counted", timeout=60)
+                proxy.thaw()
+                await until(answered, "the budget to be served again", timeout=60)
+        finally:
+            proxy.thaw()
+            await gateway.close()
+            await store.close()
+            await proxy.close()
+            await engine.stop()
