@@ -37,8 +37,11 @@ never grants one that does not, and lasts one renewal interval.
 
 **Failure modes.** A process that dies holding a slice stops renewing it; the
 store drops it ``gateway.budget_lease_ttl`` after its last renewal (the next
-holder of the budget to renew does), and its tokens come back; what its
-requests had spent and not yet written is lost with its unwritten records.
+holder of the budget to renew does), and its tokens come back. What its
+requests had spent and not yet written is then counted nowhere: without a
+journal it is lost with its records; with one (``gateway.journal_dir``) it is
+written when a process next starts on that directory, and the budget can pass
+its limit by that much — at most the dead process's slice.
 A process that cannot renew — the store is down — keeps serving from its
 slice while its own lease has time left, measured from before its last
 successful renewal was sent, so it never outlives the store's copy. After

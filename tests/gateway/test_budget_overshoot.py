@@ -41,7 +41,7 @@ async def gateways(url: str, engine: str, tmp_path: Path, n: int) -> AsyncIterat
     models = json.dumps([{"name": "m", "upstream": [engine], "health": {"path": None},
                           "routing": {"policy": "least-outstanding"}}])
     procs = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.gateway.gateway_process", "--store", url,
+        sys.executable, "-m", "tests.gateway.gateway_process", "--database", url,
         "--dir", str(tmp_path), "--models", models, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE) for _ in range(n)]
     try:
