@@ -196,9 +196,9 @@ class Slices:
         unchecked: Slice | None = None
         for sl in slices:
             sl.wanted_at = now
-            sl.biggest = max(sl.biggest, tokens)      # what the next renewal must cover
             if tokens > sl.limit:
                 raise self._too_small(sl, tokens)
+            sl.biggest = max(sl.biggest, tokens)      # what the next renewal must cover
             if now < sl.valid_until:
                 if sl.available >= tokens:
                     continue
@@ -345,6 +345,8 @@ class Slices:
         sl.granted = max(committed, min(sl.granted, keep))
         floor = sl.granted
         want = floor if final else max(floor, committed + 2 * target)
+        # One large request sizes the slice for a while, not for good.
+        sl.biggest -= sl.biggest // 4
         wall = self.wall()
         ask = SliceAsk(scope=sl.scope, holder=self.holder, team=sl.team, key=sl.key,
                        since=wall - 60.0 if sl.field == "tokens_per_minute"

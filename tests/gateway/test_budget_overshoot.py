@@ -36,20 +36,22 @@ INSTANCES = 3
 
 
 @asynccontextmanager
-async def gateways(url: str, engine: str, tmp_path: Path, n: int) -> AsyncIterator[list[str]]:
-    """``n`` gateway processes on the store at ``url``, serving model m from ``engine``."""
+async def gateways(url: str, engine: str, tmp_path: Path, n: int, gateway: str = "{}"
+                   ) -> AsyncIterator[list[tuple[str, asyncio.subprocess.Process]]]:
+    """``n`` gateway processes on the store at ``url``, serving model m from ``engine``:
+    each one's URL and process."""
     models = json.dumps([{"name": "m", "upstream": [engine], "health": {"path": None},
                           "routing": {"policy": "least-outstanding"}}])
     procs = [await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.gateway.gateway_process", "--database", url,
-        "--dir", str(tmp_path), "--models", models, cwd=ROOT,
+        "--dir", str(tmp_path), "--models", models, "--gateway", gateway, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE) for _ in range(n)]
     try:
         urls = []
         for proc in procs:
             assert proc.stdout is not None
             urls.append((await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip())
-        yield urls
+        yield list(zip(urls, procs, strict=True))
     finally:
         for proc in procs:
             if proc.returncode is None:
@@ -95,7 +97,8 @@ async def test_several_instances_never_serve_past_the_budget(
                 key = await make_key(store, "burst-key", "burst")
             finally:
                 await store.close()
-            async with gateways(url, engine_url, tmp_path, INSTANCES) as urls:
+            async with gateways(url, engine_url, tmp_path, INSTANCES) as served_by:
+                urls = [u for u, _ in served_by]
                 answered = await asyncio.gather(*(
                     client(urls[i % INSTANCES], key, stream=i % 2 == 0)
                     for i in range(CLIENTS)))
@@ -168,3 +171,55 @@ async def test_a_gateway_cut_off_from_the_store_refuses_once_its_lease_lapses(
             await store.close()
             await proxy.close()
             await engine.stop()
+
+
+@pytest.mark.postgres
+async def test_the_slice_of_a_killed_gateway_comes_back_when_its_lease_expires(
+        postgres_url: str, tmp_path: Path) -> None:
+    """A gateway SIGKILLed holding a slice: another refuses what that slice holds until the
+    lease expires, then serves it."""
+    engine = SimEngine(SimSpec(step_time=0.001, default_max_tokens=MAX_TOKENS))
+    engine_url = await engine.start()
+    settings = json.dumps({"budget_lease_ttl": "3s", "budget_interval": "100ms"})
+    body = {"model": "m", "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with fresh_schema(postgres_url) as url:
+            store = PostgresStore(url)
+            await store.open()
+            try:
+                await make_team(store, "ml", Limits(tokens_per_day=1_200))
+                key = await make_key(store, "k", "ml")
+            finally:
+                await store.close()
+            async with gateways(url, engine_url, tmp_path, 2, settings) as served_by, \
+                    httpx.AsyncClient(timeout=60,
+                                      headers={"Authorization": f"Bearer {key}"}) as http:
+                (doomed, proc), (survivor, _) = served_by
+
+                async def status(base: str) -> int:
+                    r = await http.post(f"{base}/v1/chat/completions", json=body)
+                    return r.status_code
+
+                async def doomed_serves() -> bool:
+                    return await status(doomed) == 200
+
+                # Concurrent requests make the doomed gateway take a large slice.
+                await until(doomed_serves, "the first gateway to serve the key")
+                await asyncio.gather(*(status(doomed) for _ in range(8)))
+                proc.kill()
+                await proc.wait()
+
+                async def survivor_refused() -> bool:
+                    return await status(survivor) == 429
+
+                await until(survivor_refused, "the survivor to run out of room", timeout=120)
+                assert engine.prompt_total + engine.generated_total < 1_200 - 200
+
+                async def survivor_serves() -> bool:
+                    return await status(survivor) == 200
+
+                await until(survivor_serves, "the dead gateway's slice to come back",
+                            timeout=120)
+    finally:
+        await engine.stop()
