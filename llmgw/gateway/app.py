@@ -11,7 +11,9 @@ its team's token budget (429 ``insufficient_quota``, ``budgets``); the key's
 rate limit (429, before the body is read, so a client over its limit costs
 almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
-(400); the model in the catalog in force (404); the key's allow-list (403).
+(400); the model in the catalog in force (404); the key's allow-list (403);
+the request's worst case reserved on its budgets' slices (429
+``insufficient_quota``, ``slices``).
 Then the capability check (400 when the model does not serve the endpoint;
 fallbacks that do not are skipped, see ``capabilities``). Then, for an
 on-demand model with no replica, the hold for a cold start; then admission
