@@ -125,11 +125,12 @@ async def served_so_far(http: httpx.AsyncClient, upstream: str) -> int:
     return int(sum(float(v) for _, v in _COUNTER.findall(text)))
 
 
-async def client(url: str, key: str, stream: bool, max_tokens: int) -> int:
-    """Requests one after another until the budget refuses one; how many were answered."""
+async def client(url: str, key: str, stream: bool, max_tokens: int) -> tuple[int, int]:
+    """Requests one after another until the budget refuses one; how many were answered,
+    and how many were told to retry while a slice was refilled (``budget_refilling``)."""
     body = {"model": "m", "max_tokens": max_tokens, "stream": stream,
             "messages": [{"role": "user", "content": "write a short story about a budget"}]}
-    answered = 0
+    answered = refilling = 0
     async with httpx.AsyncClient(base_url=url, timeout=120,
                                  headers={"Authorization": f"Bearer {key}"}) as http:
         deadline = time.monotonic() + 600
@@ -142,16 +143,18 @@ async def client(url: str, key: str, stream: bool, max_tokens: int) -> int:
                 continue
             code = r.json()["error"]["code"]
             if code == "insufficient_quota":
-                return answered
+                return answered, refilling
             if code not in {"invalid_api_key", "budget_refilling"}:
                 raise RuntimeError(f"{url}: {r.status_code} {r.text}")
+            refilling += code == "budget_refilling"
             await asyncio.sleep(0.05)
     raise RuntimeError("the budget never refused this client")
 
 
 async def one_run(store: PostgresStore, urls: list[str], upstream: str, run: int,
-                  args: argparse.Namespace) -> tuple[int, int, float]:
-    """(tokens served, requests answered, seconds) of one run on a new team's budget."""
+                  args: argparse.Namespace) -> tuple[int, int, int, float]:
+    """(tokens served, requests answered, told to retry, seconds) of one run on a new
+    team's budget."""
     team = f"run-{run}-{uuid.uuid4().hex[:6]}"
     await store.put_team(StoredTeam(
         name=team, settings=encode_limits(Limits(tokens_per_day=args.budget)),
@@ -162,12 +165,12 @@ async def one_run(store: PostgresStore, urls: list[str], upstream: str, run: int
     async with httpx.AsyncClient(timeout=30) as http:
         before = await served_so_far(http, upstream)
         started = time.monotonic()
-        answered = await asyncio.gather(*(
+        outcomes = await asyncio.gather(*(
             client(urls[i % len(urls)], key, i % 2 == 0, args.max_tokens)
             for i in range(args.clients)))
         took = time.monotonic() - started
         after = await served_so_far(http, upstream)
-    return after - before, sum(answered), took
+    return (after - before, sum(a for a, _ in outcomes), sum(r for _, r in outcomes), took)
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -181,10 +184,11 @@ async def bench(args: argparse.Namespace) -> None:
                     with servers(n, url, upstream, Path(tmp)) as urls:
                         over = []
                         for run in range(args.runs):
-                            served, answered, took = await one_run(
+                            served, answered, refilling, took = await one_run(
                                 store, urls, upstream, run, args)
                             over.append(served - args.budget)
-                            print(f"{n} instances, run {run + 1} ({took:.1f} s): served "
+                            print(f"{n} instances, run {run + 1} ({took:.1f} s, "
+                                  f"{refilling} told to retry while a slice refilled): served "
                                   f"{served:,} tokens in {answered:,} requests on a budget of "
                                   f"{args.budget:,}: "
                                   f"overshoot {served - args.budget:+,} "
