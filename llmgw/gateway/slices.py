@@ -89,6 +89,8 @@ _PERIOD = {"tokens_per_minute": "minute", "tokens_per_day": "day (UTC)",
            "tokens_per_month": "month (UTC)"}
 # How long a request whose slice ran dry waits for the loop to refill it.
 REFILL_WAIT = 2.0
+# How long close() spends giving slices back.
+CLOSE_TIMEOUT = 10.0
 
 
 class BudgetUnavailableError(UnavailableError):
@@ -398,11 +400,16 @@ class Slices:
         the totals, what is not stays held until the lease expires."""
         if not self.store.is_open:
             return
-        for sl in list(self._slices.values()):
-            if self._unwritten(sl) == 0 and not sl.reserved:
-                await self._release(sl)
-            else:
-                await self.renew(sl, final=True)
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                for sl in list(self._slices.values()):
+                    if self._unwritten(sl) == 0 and not sl.reserved:
+                        await self._release(sl)
+                    else:
+                        await self.renew(sl, final=True)
+        except TimeoutError:
+            log.warning("giving back this gateway's budget slices took over %.0f s; the "
+                        "store drops the rest when they expire", CLOSE_TIMEOUT)
 
     # ------------------------------------------------------------ metrics
 
