@@ -149,3 +149,19 @@ async def test_a_budget_smaller_than_the_reservation_is_refused_at_once(
                        match=r"key 'k''s budget of 50 tokens per minute is smaller than this "
                              r"request's reservation of 80 tokens"):
         slices.reserve(held, 80)
+
+
+async def test_a_closing_process_gives_its_slice_back(store: FlakyStore) -> None:
+    """On shutdown, after the ledger's last write, a process's slices go back: another
+    process can lease everything the written tokens leave."""
+    a = slices_on(store, Counts(), "a")
+    held = a.slices_of("ml", "k", Limits(tokens_per_day=1000), None)
+    await leased(a, held, 200)                        # 100 tokens spent and recorded
+    assert held[0].granted > 100
+    await a.ledger.flush()
+    await a.close()
+    b = slices_on(store, Counts(), "b")
+    theirs = b.slices_of("ml", "k", Limits(tokens_per_day=1000), None)
+    theirs[0].biggest = 1000
+    await b.tick()
+    assert theirs[0].granted == 900
