@@ -36,6 +36,7 @@ from llmgw.catalog.decode import to_builtins
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.traffic import upstream_health_of
 from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
@@ -84,7 +85,8 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 
 async def models_context(ctx: AppContext) -> dict[str, Any]:
     replicas = await replicas_of(ctx)
-    views = [model_view(ctx, m, replicas) for m in ctx.models.catalog]
+    upstreams = await upstream_health_of(ctx, list(ctx.models.catalog))
+    views = [model_view(ctx, m, replicas, upstreams=upstreams) for m in ctx.models.catalog]
     loaded = ctx.adapters_loaded() if ctx.adapters_loaded is not None else {}
     adapters = [adapter_view(ctx, a, loaded.get(a.name))
                 for a in sorted(ctx.models.catalog.adapters.values(), key=lambda a: a.name)]
@@ -101,7 +103,8 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
 async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
     m = find_model(ctx, name)
     replicas = await replicas_of(ctx, name)
-    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx))
+    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx),
+                                 await upstream_health_of(ctx, [m]))
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
     prefetch = None
     if not m.external:

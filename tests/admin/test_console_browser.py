@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,11 +19,17 @@ import pytest
 import yaml
 
 from llmgw.control.context import AppContext
-from llmgw.scheduler.base import SCALER_REPORT, ScalerDecision, ScalerDecisions
-from llmgw.store.base import Store
+from llmgw.scheduler.base import (
+    PROBES_REPORT,
+    SCALER_REPORT,
+    ProbeReport,
+    ScalerDecision,
+    ScalerDecisions,
+)
+from llmgw.store.base import Store, UsageRecord
 from llmgw.store.sqlite import SqliteStore
 
-from .browser import browser, errors, expect, live, page, sign_in
+from .browser import WAIT_MS, browser, errors, expect, live, page, sign_in
 from .conftest import ADMIN_TOKEN, cpu_yaml
 
 if TYPE_CHECKING:
@@ -233,4 +240,52 @@ def test_a_declared_model_offers_only_what_can_be_done_and_says_why(
     expect(page).to_have_url(f"{base}/admin/models/partner-llm/remove")
     expect(page.locator("#remove-what")).to_contain_text("http://10.0.7.3:8000/v1")
     expect(page.locator("main")).not_to_contain_text("replica")
+    assert errors == []
+
+
+def failed_requests(db: Path, model: str, statuses: list[int], team: str = "web") -> None:
+    """Requests for ``model`` as the gateway's ledger records them, a second apart, the
+    last just now."""
+    now = time.time()
+    rows = [UsageRecord(id=f"{model}-{i}-{status}", at=now - (len(statuses) - i),
+                        key=f"{team}-prod", team=team, model=model, replica="", gpu_class="",
+                        prompt_tokens=0 if status >= 400 else 300, cached_tokens=0,
+                        completion_tokens=0 if status >= 400 else 80, status=status,
+                        latency=0.02, ttft=None)
+            for i, status in enumerate(statuses)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(db, write)
+
+
+def test_an_external_model_whose_upstream_is_dead_is_not_ok(
+        live: tuple[str, AppContext], page: Page, errors: list[str], tmp_path: Path) -> None:
+    """An external model answered 200 a while ago and then three 502s in a row: the list
+    and its page say its upstream is failing, not "ok", as the API does; once a gateway's
+    probe also finds its only upstream down, the page says so."""
+    base, _ = live
+    sign_in(page, base)
+    api(page, base, "POST", "/api/v1/models?skip_source_check=true",
+        {"name": "partner-llm", "upstream": ["http://10.0.7.3:8000/v1"]})
+    page.goto(f"{base}/admin/models")
+    expect(page.locator("tr[data-model='partner-llm'] .notes")).to_have_text("ok")
+    failed_requests(tmp_path / "llmgw.db", "partner-llm", [200, 502, 502, 502])
+    row = page.locator("tr[data-model='partner-llm']")
+    expect(row.locator(".notes .upstream")).to_contain_text(
+        "upstream failing: its last 3 requests failed (latest 502", timeout=WAIT_MS)
+    expect(row.locator(".notes li.ok")).to_have_count(0)
+    assert api(page, base, "GET", "/api/v1/models/partner-llm")["upstream"]["failing"] is True
+
+    report = ProbeReport(probed={"partner-llm": 1},
+                         down={"partner-llm": ["http://10.0.7.3:8000/v1"]})
+
+    async def probed(store: Store) -> None:
+        await store.put_report(PROBES_REPORT, "gw-1", msgspec.json.encode(report))
+
+    with_store(tmp_path / "llmgw.db", probed)
+    page.goto(f"{base}/admin/models/partner-llm")
+    expect(page.locator("#model-status .notes .upstream")).to_contain_text(
+        "every upstream fails its health probe (http://10.0.7.3:8000/v1)")
     assert errors == []
