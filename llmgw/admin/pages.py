@@ -36,7 +36,13 @@ from llmgw.catalog.decode import to_builtins
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
-from llmgw.control.traffic import upstream_health_of
+from llmgw.control.traffic import (
+    NEAR,
+    STATUS_WINDOW,
+    budget_use,
+    status_counts,
+    upstream_health_of,
+)
 from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
@@ -257,6 +263,35 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
                    chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
     except LlmgwError as exc:
         out["usage_error"] = exc.message
+    out.update(await traffic_context(ctx, now))
+    return out
+
+
+# Statuses shown with what they mean to the operator; the rest by their number alone.
+STATUS_MEANING = {
+    400: "refused as malformed", 401: "no or unknown key", 403: "model not allowed",
+    404: "unknown model", 408: "timed out", 413: "too large",
+    429: "budget, rate limit or queue full", 499: "client went away",
+    500: "engine error", 502: "upstream failed", 503: "no replica ready",
+    504: "upstream timed out",
+}
+
+
+async def traffic_context(ctx: AppContext, now: float) -> dict[str, Any]:
+    """Budget use against each limit, and the last hour's answers by status."""
+    out: dict[str, Any] = {"budgets": [], "statuses": None, "traffic_error": None,
+                           "status_meaning": STATUS_MEANING, "near": NEAR}
+    try:
+        out["budgets"] = sorted(await budget_use(ctx, now),
+                                key=lambda b: (not b.over, -b.share, b.team, b.key or ""))
+        report = await status_counts(ctx, now - STATUS_WINDOW)
+    except LlmgwError as exc:
+        out["traffic_error"] = exc.message
+        return out
+    out["statuses"] = report
+    out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": report.since.isoformat()})
+    out["errors"] = [c for c in report.counts if c.status >= 400]
+    out["answered"] = sum(c.requests for c in report.counts)
     return out
 
 
@@ -274,6 +309,7 @@ async def teams_context(ctx: AppContext) -> dict[str, Any]:
     try:
         out["teams"] = await list_teams(ctx)
         out["keys"] = await list_keys(ctx)
+        out["over"] = {b.team for b in await budget_use(ctx) if b.over and b.key is None}
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out

@@ -32,7 +32,7 @@ import msgspec
 
 from llmgw.catalog.model import Model
 from llmgw.control.context import AppContext
-from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.tenants import list_keys, list_teams, store_of
 from llmgw.scheduler.base import PROBES_REPORT, ProbeReport
 from llmgw.store.base import REPORT_RETENTION, StatusCount, TokenTotal
 from llmgw.tenancy import (
@@ -160,7 +160,7 @@ async def budget_use(ctx: AppContext, now: float | None = None) -> list[BudgetUs
 
 async def status_counts(ctx: AppContext, since: float | None = None) -> StatusReport:
     start = time.time() - STATUS_WINDOW if since is None else since
-    rows = await ctx.store.status_counts(start)
+    rows = await store_of(ctx).status_counts(start)
     return StatusReport(since=datetime.fromtimestamp(start, UTC), counts=[
         StatusView(team=r.team, key=r.key, model=r.model, status=r.status,
                    requests=r.requests, last_at=datetime.fromtimestamp(r.last_at, UTC))

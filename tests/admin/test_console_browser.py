@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -288,4 +289,58 @@ def test_an_external_model_whose_upstream_is_dead_is_not_ok(
     page.goto(f"{base}/admin/models/partner-llm")
     expect(page.locator("#model-status .notes .upstream")).to_contain_text(
         "every upstream fails its health probe (http://10.0.7.3:8000/v1)")
+    assert errors == []
+
+
+def test_a_team_over_its_budget_stands_out_with_its_reset_and_refusals_by_status(
+        live: tuple[str, AppContext], page: Page, errors: list[str], tmp_path: Path) -> None:
+    """research has used 212,764 of its 200,000 tokens per day and is answered 429: the
+    usage page shows that budget over, with both numbers (as the API counts them) and the
+    next UTC midnight as its reset; 502, 429 and 403 answers are listed by status, team
+    and key with the API's counts; the teams page marks the team over budget."""
+    base, _ = live
+    sign_in(page, base)
+    api(page, base, "POST", "/api/v1/teams",
+        {"name": "research", "limits": {"tokens_per_day": 200000}})
+    api(page, base, "POST", "/api/v1/teams", {"name": "web", "limits": {"rpm": 600}})
+    for key, team in (("research-ci", "research"), ("web-prod", "web")):
+        api(page, base, "POST", "/api/v1/keys", {"name": key, "team": team})
+    now = time.time()
+    midnight = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0,
+                                                        microsecond=0)
+    at = max(now - 5, midnight.timestamp() + 1)   # today's, whenever the test runs
+    rows = [UsageRecord(id=f"r{i}", at=at, key="research-ci", team="research", model="trial",
+                        replica="", gpu_class="", prompt_tokens=prompt, cached_tokens=0,
+                        completion_tokens=completion, status=200, latency=0.5, ttft=0.1)
+            for i, (prompt, completion) in enumerate([(150000, 40000), (20000, 2764)])]
+    rows += [UsageRecord(id=f"e{i}-{status}", at=at, key=key, team=team, model="trial",
+                         replica="", gpu_class="", prompt_tokens=0, cached_tokens=0,
+                         completion_tokens=0, status=status, latency=0.01, ttft=None)
+             for status, key, team, n in ((429, "research-ci", "research", 7),
+                                          (403, "web-prod", "web", 2),
+                                          (502, "web-prod", "web", 3))
+             for i in range(n)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(tmp_path / "llmgw.db", write)
+    page.goto(f"{base}/admin/usage")
+    over = page.locator("tr[data-budget='research//tokens_per_day']")
+    expect(over).to_have_class("over")
+    expect(over).to_contain_text("212,764")
+    expect(over).to_contain_text("200,000")
+    expect(over).to_contain_text("over: answering 429")
+    reset = (midnight + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+    expect(over.locator("time")).to_have_attribute("datetime", reset)
+    [budget] = api(page, base, "GET", "/api/v1/budgets")
+    assert (budget["used"], budget["limit"], budget["over"]) == (212764, 200000, True)
+    for status, team, count in ((429, "research", "7"), (403, "web", "2"), (502, "web", "3")):
+        row = page.locator(f"table.statuses tr[data-status='{status}'][data-team='{team}']")
+        expect(row.locator("td.num")).to_have_text(count)
+    expect(page.locator("table.statuses tr[data-status='502']")).to_contain_text(
+        "upstream failed")
+    page.goto(f"{base}/admin/teams")
+    expect(page.locator("tr[data-team='research'] .tag")).to_have_text("over budget")
+    expect(page.locator("tr[data-team='web'] .tag")).to_have_count(0)
     assert errors == []
