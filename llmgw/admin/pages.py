@@ -260,7 +260,8 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
                            "since": report.since.isoformat(), "until": report.until.isoformat()})
         out.update(report=report, series=series_of(report.totals),
                    usage_api=f"/api/v1/usage?{query}",
-                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
+                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly,
+                                     now=datetime.fromtimestamp(now, UTC)))
     except LlmgwError as exc:
         out["usage_error"] = exc.message
     out.update(await traffic_context(ctx, now))

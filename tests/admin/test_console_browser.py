@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from .browser import WAIT_MS, browser, errors, expect, live, page, sign_in
 from .conftest import ADMIN_TOKEN, cpu_yaml
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
 __all__ = ["browser", "errors", "live", "page"]  # fixtures, used by name
 
@@ -343,4 +343,61 @@ def test_a_team_over_its_budget_stands_out_with_its_reset_and_refusals_by_status
     page.goto(f"{base}/admin/teams")
     expect(page.locator("tr[data-team='research'] .tag")).to_have_text("over budget")
     expect(page.locator("tr[data-team='web'] .tag")).to_have_count(0)
+    assert errors == []
+
+
+def test_the_usage_chart_fills_its_box_has_ticks_marks_now_and_reads_local_times(
+        live: tuple[str, AppContext], browser: Browser, errors: list[str],
+        tmp_path: Path) -> None:
+    """In a browser in Kolkata (UTC+5:30): the chart fills its box at 1280 and 390 px,
+    its y axis has round ticks beyond 0 and the maximum, the current hour is labelled
+    "now", hour labels read in local time (HH:30), and the span's times read as local
+    ISO-like text with the UTC text on hover."""
+    base, _ = live
+    now = time.time()
+    rows = [UsageRecord(id=f"c{i}", at=now - i * 3600, key="research-ci", team="research",
+                        model="trial", replica="", gpu_class="", prompt_tokens=1000 * (i + 1),
+                        cached_tokens=0, completion_tokens=500, status=200, latency=0.5,
+                        ttft=0.1) for i in range(6)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(tmp_path / "llmgw.db", write)
+    for viewport in ({"width": 1280, "height": 900}, {"width": 390, "height": 844}):
+        context = browser.new_context(viewport=viewport,  # type: ignore[arg-type]
+                                      timezone_id="Asia/Kolkata")
+        context.set_default_timeout(WAIT_MS)
+        pg = context.new_page()
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            sign_in(pg, base)
+            pg.goto(f"{base}/admin/usage")
+            chart = pg.locator("#usage-chart svg.usage-chart")
+            expect(chart).to_be_visible()
+            box, figure = chart.bounding_box(), pg.locator("#usage-chart").bounding_box()
+            assert box is not None
+            assert figure is not None
+            assert box["width"] >= figure["width"] - 24, (box, figure)   # its padding
+            ticks = pg.locator("svg.usage-chart text.tick").all_text_contents()
+            assert len(ticks) >= 3, ticks
+            assert ticks[0] == "0", ticks
+            assert any(t.endswith("k") for t in ticks), ticks
+            expect(pg.locator("svg.usage-chart text.now-label")).to_have_text("now")
+            labels = pg.locator("svg.usage-chart text.time")
+            expect(labels.first).to_have_attribute("data-local", "1")
+            shown = labels.evaluate_all("(ts) => ts.map((t) => t.firstChild.textContent)")
+            assert shown
+            assert all(re.fullmatch(r"\d\d:30", t) for t in shown), shown
+            since = pg.locator("main p.hint time").first
+            expect(since).to_have_attribute("data-local", "1")
+            utc = since.get_attribute("datetime")
+            assert utc is not None
+            local = datetime.fromisoformat(utc).astimezone(timezone(timedelta(hours=5.5)))
+            expect(since).to_have_text(local.strftime("%Y-%m-%d %H:%M GMT+5:30"))
+            expect(since).to_have_attribute(
+                "title", datetime.fromisoformat(utc).strftime("%Y-%m-%d %H:%M UTC"))
+            assert "+00:00" not in pg.locator("main").inner_text()
+        finally:
+            context.close()
     assert errors == []
