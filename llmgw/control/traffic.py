@@ -140,14 +140,22 @@ async def budget_use(ctx: AppContext, now: float | None = None) -> list[BudgetUs
             costs = msgspec.json.decode(reports[0].payload, type=TeamCosts) if reports else None
         except (msgspec.DecodeError, msgspec.ValidationError):
             costs = None
+    # Added up once per period, by team and by (team, key): a fleet has a thousand keys.
+    by_team: dict[BudgetField, dict[str, int]] = {}
+    by_key: dict[BudgetField, dict[tuple[str, str], int]] = {}
+    for field, found in totals.items():
+        teams_used, keys_used = by_team.setdefault(field, {}), by_key.setdefault(field, {})
+        for t in found:
+            teams_used[t.team] = teams_used.get(t.team, 0) + t.tokens
+            keys_used[(t.team, t.key)] = keys_used.get((t.team, t.key), 0) + t.tokens
     out: list[BudgetUse] = []
     for team, key, lim in limits:
         for field in BUDGET_FIELDS:
             limit = lim.budget(field)
             if limit is None:
                 continue
-            used = sum(t.tokens for t in totals.get(field, [])
-                       if t.team == team and (key is None or t.key == key))
+            used = (by_team.get(field, {}).get(team, 0) if key is None
+                    else by_key.get(field, {}).get((team, key), 0))
             out.append(_use(team, key, field, limit, used, now))
         for cost_field in COST_FIELDS:
             cost_limit: float | None = getattr(lim, cost_field)
