@@ -361,11 +361,12 @@ async def teams_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[s
                            "key_fields": KEY_FIELDS, "q": q,
                            "paged": Paged([], 1, "/admin/teams", {"q": q})}
     try:
-        out["teams"] = await list_teams(ctx)
-        paged = Paged(matching(await list_keys(ctx), q, lambda k: f"{k.name} {k.team}"),
+        teams, keys = await list_teams(ctx), await list_keys(ctx)
+        paged = Paged(matching(keys, q, lambda k: f"{k.name} {k.team}"),
                       number, "/admin/teams", {"q": q})
-        out["paged"], out["keys"] = paged, paged.rows
-        out["over"] = {b.team for b in await budget_use(ctx) if b.over and b.key is None}
+        out["teams"], out["paged"], out["keys"] = teams, paged, paged.rows
+        out["over"] = {b.team for b in await budget_use(ctx, teams=teams, keys=keys)
+                       if b.over and b.key is None}
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out

@@ -32,7 +32,7 @@ import msgspec
 
 from llmgw.catalog.model import Model
 from llmgw.control.context import AppContext
-from llmgw.control.tenants import list_keys, list_teams, store_of
+from llmgw.control.tenants import KeyView, TeamView, list_keys, list_teams, store_of
 from llmgw.scheduler.base import PROBES_REPORT, ProbeReport
 from llmgw.store.base import REPORT_RETENTION, StatusCount, TokenTotal
 from llmgw.tenancy import (
@@ -120,10 +120,14 @@ def _use(team: str, key: str | None, budget: str, limit: float, used: float,
                          resets_at(period, now), UTC))  # type: ignore[arg-type]
 
 
-async def budget_use(ctx: AppContext, now: float | None = None) -> list[BudgetUse]:
-    """Every budget of every runtime team and key, with its use so far."""
+async def budget_use(ctx: AppContext, now: float | None = None, *,
+                     teams: list[TeamView] | None = None,
+                     keys: list[KeyView] | None = None) -> list[BudgetUse]:
+    """Every budget of every runtime team and key, with its use so far (``teams`` and
+    ``keys`` when the caller has just listed them)."""
     now = time.time() if now is None else now
-    teams, keys = await list_teams(ctx), await list_keys(ctx)
+    teams = await list_teams(ctx) if teams is None else teams
+    keys = await list_keys(ctx) if keys is None else keys
     limits: list[tuple[str, str | None, Limits]] = [(t.name, None, t.limits) for t in teams]
     limits += [(k.team, k.name, k.limits) for k in keys]
     totals: dict[BudgetField, list[TokenTotal]] = {}

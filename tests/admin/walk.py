@@ -6,6 +6,7 @@ What a page must pass:
 * **no horizontal overflow**: the document is no wider than the window (a wide
   table scrolls inside its own box), the header spans the window, and no text is
   wrapped a few letters per line;
+* **labels**: every field a person fills in has a label a screen reader reads;
 * **weight**: the HTML under ``MAX_PAGE_BYTES``;
 * **numbers agree with the API**: every number marked with ``data-api`` (the
   ``api_number`` helper of ``llmgw.admin.render``) equals the value at its
@@ -81,6 +82,13 @@ _LAYOUT = """() => {
     if (lines >= 3 && text.length / lines < __MIN__) {
       out.push(name(el) + " wraps '" + text.slice(0, 30) + "' over " + lines + " lines");
     }
+  }
+  for (const field of document.querySelectorAll(
+      "input:not([type=hidden]), select, textarea")) {
+    const labelled = field.getAttribute("aria-label") || field.getAttribute("aria-labelledby")
+      || (field.id && document.querySelector("label[for='" + CSS.escape(field.id) + "']"))
+      || field.closest("label");
+    if (!labelled) out.push(name(field) + " (" + (field.name || "?") + ") has no label");
   }
   return out;
 }""".replace("__MIN__", str(MIN_CHARS_PER_LINE))
