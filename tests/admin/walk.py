@@ -13,8 +13,9 @@ What a page must pass:
   ``data-api-path`` in the JSON the API answers at ``data-api``;
 * **forms can be reloaded**: a GET on every form's action lands on an HTML page
   (never a JSON 405), and a form submitted as it stands (its typed fields emptied,
-  so it is refused, or harmless) ends on a page loaded by GET. A form marked
-  ``data-destructive`` (the last step of removing a model) is not submitted.
+  so it is refused, or harmless) ends on a page loaded by GET, which passes the
+  layout checks with its problems shown. A form marked ``data-destructive`` (the
+  last step of removing a model) is not submitted.
 """
 
 from __future__ import annotations
@@ -198,6 +199,9 @@ def form_problems(page: Page, base: str, url: str) -> tuple[list[str], int]:
         if response is None or response.status != 200:
             out.append(f"reloading after {f['id'] or f['action']} answers "
                        f"{response.status if response else 'nothing'}")
+            continue
+        # The page a refused form leads to, its problems shown, must fit as well.
+        out += [f"after {f['id'] or f['action']}: {p}" for p in layout_problems(page)]
     return out, submitted
 
 
