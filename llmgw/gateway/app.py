@@ -297,7 +297,7 @@ class Gateway:
         await self.signals.close()
         await self.prober.close()
 
-    async def _publish_probes(self) -> None:
+    async def publish_probes(self) -> None:
         """What this gateway's upstream probes found, for the control plane (one row)."""
         report = self.prober.report()
         if report.probed and self.store.is_open:
@@ -308,7 +308,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.scaler.interval)
             try:
-                await self._publish_probes()
+                await self.publish_probes()
             except Exception:
                 log.exception("publishing the upstream probes failed; retrying on the next "
                               "tick")
