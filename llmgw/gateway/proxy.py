@@ -69,6 +69,7 @@ import msgspec
 from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.gateway import requestid
+from llmgw.gateway.deadline import Deadline
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -185,6 +186,17 @@ def rewrite_model(body: bytes, served: str) -> bytes:
 
 
 _targets: dict[tuple[str, str], str] = {}
+_connect_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+
+def _connect_timeout(connect: float) -> aiohttp.ClientTimeout:
+    """The client timeout of an attempt (the connect bound only), one per distinct value."""
+    found = _connect_timeouts.get(connect)
+    if found is None:
+        if len(_connect_timeouts) > 256:
+            _connect_timeouts.clear()
+        found = _connect_timeouts[connect] = aiohttp.ClientTimeout(total=None, connect=connect)
+    return found
 
 
 def target_url(base: str, path: str) -> str:
@@ -694,12 +706,11 @@ class Forwarder:
         self.balancer.acquire(url)
         answered = False
         try:
-            async with asyncio.timeout(first_byte) as deadline:
+            async with Deadline(first_byte) as deadline:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=headers_out,
-                        timeout=aiohttp.ClientTimeout(total=None, connect=connect),
+                        headers=headers_out, timeout=_connect_timeout(connect),
                     )
                     status = resp.status
                     if status >= 500:
@@ -798,7 +809,7 @@ class Forwarder:
         return None if kind is None else Splice(kind, limit, model.dialect)
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
-                      chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
+                      chunk: bytes, to_client: Send, deadline: Deadline, idle: float,
                       loop: asyncio.AbstractEventLoop, events: bool,
                       splice: Splice | None = None) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica.
@@ -859,7 +870,7 @@ class Forwarder:
 
         async def to_client(message: Message) -> None:
             try:
-                async with asyncio.timeout(limit):
+                async with Deadline(limit):
                     await send(message)
             except TimeoutError:
                 raise ClientGone(f"the client read nothing for {limit:g} s") from None
