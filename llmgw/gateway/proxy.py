@@ -729,7 +729,6 @@ class Forwarder:
                     headers.append((b"x-llmgw-model", model.name.encode()))
                     req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
-                    to_client = self._sender(send)
                     events = ctype.startswith("text/event-stream")
                     if continuing and (status != 200 or not events):
                         # The client has its answer's start: only a stream can follow it.
@@ -738,6 +737,7 @@ class Forwarder:
                         return _Failure("resume_refused",
                                         f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
                     if ctype.startswith(_STREAMED) and status < 400:
+                        to_client = self._sender(send)
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
@@ -751,7 +751,8 @@ class Forwarder:
                         await self._stream(req, model, resp, chunk, to_client, deadline, idle,
                                            loop, events, splice)
                     else:
-                        deadline.reschedule(loop.time() + idle)
+                        if not resp.content.is_eof():     # else the body is all here
+                            deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
                         answered = True
@@ -761,10 +762,11 @@ class Forwarder:
                             headers = [(n, v) for n, v in headers if n != b"content-type"]
                             headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
-                        await to_client({"type": "http.response.start", "status": status,
-                                         "headers": headers})
                         sent = req.responded = True
-                        await to_client({"type": "http.response.body", "body": data})
+                        await self._to_client(
+                            send, {"type": "http.response.start", "status": status,
+                                   "headers": headers},
+                            {"type": "http.response.body", "body": data})
                         if req.capture is not None:
                             req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
@@ -860,24 +862,30 @@ class Forwarder:
         self.metrics.unrecoverable.labels(model.name, why).inc()
         log.warning("stream of a request for %r broke: %s", req.model, message)
         event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
-        to_client = self._sender(send)
-        await to_client({"type": "http.response.body", "body": event, "more_body": True})
-        await to_client({"type": "http.response.body", "body": b""})
+        await self._to_client(send,
+                              {"type": "http.response.body", "body": event, "more_body": True},
+                              {"type": "http.response.body", "body": b""})
 
     def _sender(self, send: Send) -> Send:
         """``send`` bounded by ``client_send_timeout``; any failure of it is ClientGone."""
-        limit = self.client_send_timeout
 
         async def to_client(message: Message) -> None:
-            try:
-                async with Deadline(limit):
-                    await send(message)
-            except TimeoutError:
-                raise ClientGone(f"the client read nothing for {limit:g} s") from None
-            except Exception as exc:
-                raise ClientGone(str(exc)) from exc
+            await self._to_client(send, message)
 
         return to_client
+
+    async def _to_client(self, send: Send, *messages: Message) -> None:
+        """``messages`` sent in turn, within ``client_send_timeout`` together (a whole
+        answer's head and body take one deadline); any failure is ClientGone."""
+        limit = self.client_send_timeout
+        try:
+            async with Deadline(limit):
+                for message in messages:
+                    await send(message)
+        except TimeoutError:
+            raise ClientGone(f"the client read nothing for {limit:g} s") from None
+        except Exception as exc:
+            raise ClientGone(str(exc)) from exc
 
     def _count_usage(self, model: Model, data: bytes, req: ForwardRequest) -> None:
         try:
