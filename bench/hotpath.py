@@ -163,11 +163,11 @@ def llmgw(upstream: str, tmp: Path, workers: int = 1,
         yield url, proc.pid, headers
 
 
-def _until_served(url: str, headers: dict[str, str], timeout: float = 60) -> None:
-    """Wait until every worker knows the key: a few requests in a row answered 200."""
+def _until_served(url: str, headers: dict[str, str], timeout: float = 180) -> None:
+    """Wait until every worker knows the key: a few requests in a row answered 200
+    (generous: on a busy machine a server can take a minute to start)."""
     import urllib.error
     import urllib.request
-
 
     deadline = time.monotonic() + timeout
     good = 0
@@ -175,12 +175,13 @@ def _until_served(url: str, headers: dict[str, str], timeout: float = 60) -> Non
         request = urllib.request.Request(f"{url}/v1/chat/completions", data=BODY,
                                          headers={"Content-Type": "application/json", **headers})
         try:
-            with urllib.request.urlopen(request, timeout=5) as answer:
+            with urllib.request.urlopen(request, timeout=10) as answer:
                 good = good + 1 if answer.status == 200 else 0
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError) as exc:
             good = 0
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not answer 200 within {timeout} s") from None
+                raise RuntimeError(f"{url} did not answer 200 within {timeout} s: "
+                                   f"{exc}") from None
             time.sleep(0.2)
 
 
