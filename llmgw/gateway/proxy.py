@@ -762,15 +762,16 @@ class Forwarder:
                             headers = [(n, v) for n, v in headers if n != b"content-type"]
                             headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
+                        # Read before the answer ends: its end is where the ledger records it.
+                        if req.capture is not None:
+                            req.capture.append(data[:CAPTURE_LIMIT])
+                        if status == 200 and ctype.startswith("application/json"):
+                            self._count_usage(model, data, req)
                         sent = req.responded = True
                         await self._to_client(
                             send, {"type": "http.response.start", "status": status,
                                    "headers": headers},
                             {"type": "http.response.body", "body": data})
-                        if req.capture is not None:
-                            req.capture.append(data[:CAPTURE_LIMIT])
-                        if status == 200 and ctype.startswith("application/json"):
-                            self._count_usage(model, data, req)
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -842,10 +843,11 @@ class Forwarder:
             deadline.reschedule(None)
         if splice is not None and not splice.done:
             raise aiohttp.ClientPayloadError("the stream ended before its last event")
-        await to_client({"type": "http.response.body",
-                         "body": strip.tail if strip is not None else b""})
+        # Counted before the stream ends: its end is where the ledger records it.
         if usage is not None and usage.usage is not None:
             self._add_tokens(model, usage.usage, req)
+        await to_client({"type": "http.response.body",
+                         "body": strip.tail if strip is not None else b""})
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
                       reason: str | None, why: str | None = None) -> None:
