@@ -1,6 +1,6 @@
 """Does this tree's gateway serve chat completions as fast as another revision's? Alternating A/B.
 
-    .venv/bin/python bench/gateway_ab.py [--ref main] [--rounds 6] [--duration 8]
+    .venv/bin/python bench/gateway_ab.py [--ref main] [--b-ref REV] [--rounds 6] [--duration 8]
 
 The gateway of git revision ``--ref`` (A, exported to a temporary directory)
 and of this working tree (B) are started in turn, one worker each, in front
@@ -75,6 +75,7 @@ def check_imports(tree: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref", default="main")
+    parser.add_argument("--b-ref", help="B is this revision rather than the working tree")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--duration", type=int, default=8, help="whole seconds (wrk)")
     parser.add_argument("--guard-both", action="store_true",
@@ -83,19 +84,25 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="llmgw-ab-"))
     export(args.ref, base)
     check_imports(base)
+    b_tree: Path | None = None
+    if args.b_ref:
+        b_tree = Path(tempfile.mkdtemp(prefix="llmgw-ab-b-"))
+        export(args.b_ref, b_tree)
+        check_imports(b_tree)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-ab-run-"))
     rps: dict[str, list[float]] = {"A": [], "B": []}
     latency: dict[str, list[float]] = {"A": [], "B": []}
     cpu: dict[str, list[float]] = {"A": [], "B": []}
     use_wrk = shutil.which("wrk") is not None
     use_nginx = shutil.which("nginx") is not None and use_wrk
-    print(f"A: {args.ref}; B: the working tree; upstream: {'nginx' if use_nginx else 'python'}"
+    print(f"A: {args.ref}; B: {args.b_ref or 'the working tree'}; upstream: "
+          f"{'nginx' if use_nginx else 'python'}"
           f"; {os.cpu_count()} cores")
     with contextlib.ExitStack() as stack:
         static = stack.enter_context(gb.nginx_upstream(tmp) if use_nginx
                                      else gb.python_upstream(100, 0.1))
         for round_ in range(args.rounds):
-            for name, tree in (("A", base), ("B", None)):
+            for name, tree in (("A", base), ("B", b_tree)):
                 use(tree)
                 extra = B_SERVER if name == "B" or args.guard_both else ()
                 with gb.gateway("uvicorn", {"bench": static}, extra) as (url, pid):
@@ -125,6 +132,8 @@ def main() -> None:
               f"{statistics.median(cpu['A']):.0f} us, B {statistics.median(cpu['B']):.0f} us, "
               f"B/A median of the rounds' ratios {statistics.median(ratios):.3f}")
     shutil.rmtree(base, ignore_errors=True)
+    if b_tree is not None:
+        shutil.rmtree(b_tree, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
