@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class FetchTasks:
         self.prefixes = prefixes
         self.interval = interval
         self.ran: list[tuple[str, list[str], int]] = []     # alloc, argv, exit code
+        self.seconds: dict[str, float] = {}                  # alloc → the fetch's run time
         self._seen: set[str] = set()
         self._stop = threading.Event()
         self._work = tempfile.TemporaryDirectory(prefix="llmgw-fetch-tasks-")
@@ -101,8 +103,10 @@ class FetchTasks:
 
         args = [mapped(a) for a in task["Config"]["args"]]
         argv = [sys.executable, "-m", "llmgw", *args, "--quiet"]
+        started = time.perf_counter()
         code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               check=False, timeout=300).returncode
+        self.seconds[a.id] = time.perf_counter() - started
         self.ran.append((a.id, argv, code))
         for f in alloc_dir.iterdir():
             if not f.name.endswith(".tmp"):

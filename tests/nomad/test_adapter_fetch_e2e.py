@@ -14,120 +14,19 @@ runtime switch. The gateway in front holds the real Nomad backend, and the
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from llmgw.catalog.adapter import Adapter
-from llmgw.catalog.build import Catalog, Runtime, build_catalog
-from llmgw.catalog.decode import convert
-from llmgw.catalog.model import Model
-from llmgw.catalog.source import Source
-from llmgw.config import GatewayConfig, NomadConfig, SchedulerConfig, ServerConfig
-from llmgw.gateway import Gateway
 from llmgw.scheduler.nomad.adapterjob import ADAPTER_PREFIX
-from llmgw.scheduler.nomad.backend import NomadBackend
-from llmgw.scheduler.nomad.render import adapter_fetch_of, cache_key, job_id
-from llmgw.store.sqlite import SqliteStore
-from llmgw.testing.fake_nomad import FakeNomad
-from llmgw.testing.fake_nomad.fixtures import CACHE_VOLUME, node_cpu_64c
-from llmgw.testing.nomad_fetch import FetchTasks
-from llmgw.testing.nomad_vllm import JobWorkloads
-from llmgw.testing.simengine import SimSpec
+from llmgw.scheduler.nomad.render import adapter_fetch_of, cache_key
+from llmgw.testing.nomad_lora import ADAPTER_FILES, NODES, adapter, lora_on_nomad, publish
 from llmgw.weights import cache
-from llmgw.weights.mirror.server import MirrorServer
-from tests.gateway.conftest import serve
-from tests.gateway.doubles import CatalogHolder
 
 pytestmark = pytest.mark.slow
-
-NODES = ("cpu-01", "cpu-02")
-SPEC = SimSpec(step_time=0.002, prefill_per_token=0.00001, lora_load_time=0.05)
-ADAPTER_FILES = {"adapter_config.json": json.dumps({"r": 8, "peft_type": "LORA"}).encode(),
-                 "adapter_model.safetensors": b"\x00" * 4096}
-
-
-def base(mirror: str) -> Model:
-    return convert({
-        "name": "qwen", "source": f"{mirror}/qwen2-5-7b/", "engine": "vllm",
-        "served_name": "Qwen/Qwen2.5-7B-Instruct", "lora": {"slots": 2, "cpu_slots": 4},
-        "routing": {"policy": "least-outstanding"}, "scaling": {"min": 2, "max": 2},
-        "profiles": [{"name": "cpu", "cpu_cores": 2, "memory": "2GiB",
-                      "distinct_hosts": True}]}, Model)
-
-
-def adapter(name: str, mirror: str) -> Adapter:
-    return Adapter(name=name, base="qwen", source=Source.parse(f"{mirror}/adapters/{name}/"))
-
-
-def publish(root: Path, name: str, *, wrong_sum: bool = False) -> None:
-    """An adapter on the mirror; ``wrong_sum``: its weights' published sha256 is not theirs
-    (a corrupted upload), which the fetch must refuse."""
-    where = root / "adapters" / name
-    where.mkdir(parents=True)
-    for file, data in ADAPTER_FILES.items():
-        (where / file).write_bytes(data)
-    if wrong_sum:
-        (where / "adapter_model.safetensors.sha256").write_text(
-            hashlib.sha256(b"something else").hexdigest() + "\n")
-
-
-@dataclass
-class Stack:
-    mirror: str
-    nomad: FakeNomad
-    backend: NomadBackend
-    gateway: Gateway
-    catalogs: CatalogHolder
-    url: str
-    disks: dict[str, Path]
-    fetches: FetchTasks
-    workloads: JobWorkloads
-
-    def openai(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
-
-    def catalog(self, adapters: list[Adapter]) -> Catalog:
-        return build_catalog([base(self.mirror)], runtime=Runtime(scheduler="nomad",
-                                                                  mirror=self.mirror),
-                             adapters=adapters)
-
-    async def add(self, *adapters: Adapter) -> None:
-        """Adapters added at run time: the control plane's catalog and the gateway's."""
-        catalog = self.catalog(list(adapters))
-        self.catalogs.catalog = catalog
-        await self.backend.apply(catalog)
-        await self.backend.reconciled(60)
-
-    def node_of(self, url: str) -> str:
-        node_id = self.backend._discovery.node_of(url)
-        return next(n.name for n in self.nomad.nodes if n.id == node_id)
-
-    def on_disk(self, node: str, a: Adapter) -> Path:
-        found = adapter_fetch_of(a, self.mirror)
-        assert found is not None
-        return self.disks[node] / CACHE_VOLUME / found[1].removeprefix("/llmgw-cache/")
-
-    async def loaded(self) -> dict[str, list[str]]:
-        """Replica URL → the adapters its engine lists (``/v1/models``, ``parent`` set)."""
-        out = {}
-        async with httpx.AsyncClient() as http:
-            for url in self.backend.endpoints("qwen"):
-                cards = (await http.get(f"{url}/v1/models")).json()["data"]
-                out[url] = [c["id"] for c in cards if c.get("parent")]
-        return out
-
-    def adapter_jobs(self) -> list[str]:
-        jobs = httpx.get(f"{self.nomad.address}/v1/jobs", params={"prefix": ADAPTER_PREFIX})
-        return sorted(j["ID"] for j in jobs.json())
-
 
 async def eventually(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     async with asyncio.timeout(timeout):
@@ -135,74 +34,6 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 60.0
             await asyncio.sleep(0.1)
     assert check(), what
 
-
-@contextlib.asynccontextmanager
-async def stack(tmp_path: Path, published: Callable[[Path], None]) -> AsyncIterator[Stack]:
-    root = tmp_path / "mirror"
-    (root / "qwen2-5-7b").mkdir(parents=True)
-    published(root)
-    mirror_server = MirrorServer(root)
-    await mirror_server.start("127.0.0.1", 0)
-    mirror = mirror_server.url.rstrip("/")
-    disks = {n: tmp_path / "disks" / n for n in NODES}
-    for d in disks.values():
-        (d / CACHE_VOLUME).mkdir(parents=True)
-    workloads = JobWorkloads(SPEC, [job_id("qwen")], disks)
-    nomad = FakeNomad([node_cpu_64c(n) for n in NODES], workloads=workloads)
-    workloads.nomad = nomad
-    nomad.start()
-    fetches = FetchTasks(nomad, disks).start()
-    config = ServerConfig(
-        scheduler=SchedulerConfig(kind="nomad", nomad=NomadConfig(
-            address=nomad.address, namespace="default", datacenters=["dc1"], timeout=5.0)),
-        mirror=mirror, models=[base(mirror)],
-        gateway=convert({"eject_for": "30s", "signal_interval": "200ms"}, GatewayConfig))
-    backend = NomadBackend(config, None, reconcile_interval=0.5, check_interval=0.1,
-                           watch_wait=2.0, backoff_max=2.0, lease_ttl=5.0)
-
-    async def checks() -> None:
-        passed: set[str] = set()
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while True:
-                for alloc_id, url in workloads.urls().items():
-                    if alloc_id not in passed:
-                        with contextlib.suppress(httpx.HTTPError):
-                            if (await client.get(f"{url}/health")).status_code == 200:
-                                nomad.set_check(alloc_id, "success")
-                                passed.add(alloc_id)
-                await asyncio.sleep(0.1)
-
-    runner = asyncio.create_task(checks())
-    store = SqliteStore(f"sqlite:///{tmp_path / 'store.db'}")
-    await store.open()
-    try:
-        await backend.start()
-        catalogs = CatalogHolder([base(mirror)])
-        catalogs.catalog = build_catalog([base(mirror)], runtime=Runtime(scheduler="nomad",
-                                                                         mirror=mirror))
-        await backend.apply(catalogs.catalog)
-        async with asyncio.timeout(120):
-            while len(backend.endpoints("qwen")) < 2:
-                await backend.wait_changed(1.0)
-        gw = Gateway(config, catalogs, backend, store)
-        await gw.start()
-        try:
-            async with serve(gw) as url:
-                yield Stack(mirror=mirror, nomad=nomad, backend=backend, gateway=gw,
-                            catalogs=catalogs, url=url, disks=disks, fetches=fetches,
-                            workloads=workloads)
-        finally:
-            await gw.close()
-    finally:
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner
-        await backend.close()
-        await store.close()
-        await asyncio.to_thread(fetches.close)
-        await asyncio.to_thread(nomad.close)
-        await asyncio.to_thread(workloads.close)
-        await mirror_server.close()
 
 
 async def ask(client: openai.AsyncOpenAI, model: str) -> str:
@@ -218,7 +49,7 @@ async def test_a_runtime_added_adapter_is_fetched_onto_its_replicas_node_and_ans
     spread it (``adapterplace.SPREAD``) — have its weights fetched once from the mirror
     onto the node of the replica chosen, that node only, loaded from there, and answered
     as the adapter; the node's metadata then says it holds them."""
-    async with stack(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
+    async with lora_on_nomad(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
         sql = adapter("qwen-sql", s.mirror)
         await s.add(sql)
         client = s.openai()
@@ -254,7 +85,7 @@ async def test_a_failed_adapter_fetch_answers_503_with_the_fetchs_reason(
     """An adapter whose weights fail their checksum on the way to the node is answered 503
     naming the mismatch, on every replica tried — never by the base model — and a second
     request within the retry interval asks Nomad for no new fetch."""
-    async with stack(tmp_path, lambda root: publish(root, "qwen-bad", wrong_sum=True)) as s:
+    async with lora_on_nomad(tmp_path, lambda root: publish(root, "qwen-bad", wrong_sum=True)) as s:
         await s.add(adapter("qwen-bad", s.mirror))
         client = s.openai()
         try:
@@ -279,7 +110,7 @@ async def test_a_failed_adapter_fetch_answers_503_with_the_fetchs_reason(
 async def test_the_adapter_loads_on_the_replica_whose_node_holds_it(tmp_path: Path) -> None:
     """With both replicas idle, the one on the node whose metadata says it holds the
     adapter (and whose disk does) loads it, and no fetch job is registered."""
-    async with stack(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
+    async with lora_on_nomad(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
         sql = adapter("qwen-sql", s.mirror)
         found = adapter_fetch_of(sql, s.mirror)
         assert found is not None
@@ -312,7 +143,7 @@ async def test_the_rendered_job_serves_two_adapters_through_the_openai_client(
         publish(root, "qwen-sql")
         publish(root, "qwen-support")
 
-    async with stack(tmp_path, both) as s:
+    async with lora_on_nomad(tmp_path, both) as s:
         [(args, env), *_] = s.workloads.launched.values()
         assert "--enable-lora" in args
         assert args[args.index("--max-loras") + 1] == "2"
@@ -340,7 +171,7 @@ async def test_an_adapter_gone_from_a_warm_nodes_disk_is_fetched_again(tmp_path:
     """The node is known to hold the adapter, but its files are gone (a sweep, a hand):
     the engine finds nothing at the path, the fetch runs again there, and the request is
     answered as the adapter."""
-    async with stack(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
+    async with lora_on_nomad(tmp_path, lambda root: publish(root, "qwen-sql")) as s:
         sql = adapter("qwen-sql", s.mirror)
         await s.add(sql)
         client = s.openai()

@@ -98,6 +98,10 @@ def test_the_outcome_is_the_latest_versions_allocation() -> None:
     said = adapterjob.outcome(0, [alloc(0, "failed", exit_code=1)],
                               progress_error="…: sha256 mismatch")
     assert said.reason == "…: sha256 mismatch"
+    full = wire.AllocationMetric(NodesEvaluated=1, DimensionExhausted={"memory": 1})
+    unplaced = adapterjob.outcome(1, [alloc(0, "complete")], unplaced=full)
+    assert unplaced.state == "failed"
+    assert "1 node out of memory" in unplaced.reason
     killed = adapterjob.outcome(0, [alloc(0, "complete", exit_code=143, desired="stop")])
     assert killed.state == "failed"
 

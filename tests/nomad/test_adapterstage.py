@@ -97,3 +97,13 @@ async def test_a_failed_fetch_says_why_and_is_not_tried_again_at_once(
     assert (await asyncio.to_thread(fake.job, job) or {})["Version"] == 2
     again.cancel()
     await other.close()
+
+
+async def test_a_fetch_nomad_cannot_place_fails_at_once_with_nomads_reason(
+        fake: FakeNomad, stagers: list[AdapterStager]) -> None:
+    """The replica's node takes no new work (ineligible): the fetch's evaluation places
+    nothing, and the caller hears Nomad's account at once, not at the gateway's bound."""
+    fake.set_node(fake.nodes[0].name, eligible=False)
+    async with asyncio.timeout(30):
+        with pytest.raises(AdapterFetchError, match="Nomad cannot place the fetch on the node"):
+            await stagers[0].stage(SQL, REPLICA)

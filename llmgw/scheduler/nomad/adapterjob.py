@@ -72,6 +72,7 @@ from llmgw.config import NomadConfig
 from llmgw.scheduler.nomad import jobspec as js
 from llmgw.scheduler.nomad import wire
 from llmgw.scheduler.nomad.jobspec import ns
+from llmgw.scheduler.nomad.placement import metric_text
 from llmgw.scheduler.nomad.render import (
     CACHE_VOLUME,
     FETCH_TASK,
@@ -147,13 +148,23 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 def outcome(version: int | None, allocs: Sequence[wire.Allocation],
-            progress_error: str | None = None) -> Outcome:
+            progress_error: str | None = None,
+            unplaced: wire.AllocationMetric | None = None) -> Outcome:
     """The outcome of the job's version ``version`` (None: no job) from its allocations;
-    ``progress_error``: what the failed fetch wrote to its progress file."""
+    ``progress_error``: what the failed fetch wrote to its progress file; ``unplaced``:
+    why the evaluation of that version placed nothing (its failed-allocation metric).
+
+    A fetch Nomad cannot place on its node (the node is full, draining, or lacks the
+    cache volume) is a failure at once rather than a wait to the gateway's bound: its
+    evaluation stays blocked until the node changes, which a request cannot wait for,
+    and the operator reads Nomad's reason in the 503."""
     if version is None:
         return Outcome("none")
     mine = [a for a in allocs if a.JobVersion == version]
     if not mine:
+        if unplaced is not None:
+            return Outcome("failed", f"Nomad cannot place the fetch on the node "
+                                     f"({metric_text(unplaced)})")
         return Outcome("running")     # registered; the evaluation has not placed it yet
     latest = max(mine, key=lambda a: a.CreateIndex)
     if latest.ClientStatus == "complete" and fetched(latest):

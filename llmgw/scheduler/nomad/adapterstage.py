@@ -41,6 +41,7 @@ from llmgw.errors import NotFoundError, UnavailableError
 from llmgw.scheduler.nomad import adapterjob, credentials, wire
 from llmgw.scheduler.nomad.client import JobChangedError, NomadClient
 from llmgw.scheduler.nomad.offload import Offloader
+from llmgw.scheduler.nomad.placement import latest_failure
 from llmgw.scheduler.nomad.render import PROGRESS_FILE
 from llmgw.weights import cache
 
@@ -132,8 +133,8 @@ class AdapterStager:
         registered = False
         deadline = self._clock() + FOLLOW_FOR
         while self._clock() < deadline:
-            version, index, allocs = await self._offload.run(self._read, jid)
-            seen = adapterjob.outcome(version, allocs)
+            version, index, allocs, unplaced = await self._offload.run(self._read, jid)
+            seen = adapterjob.outcome(version, allocs, unplaced=unplaced)
             if seen.state == "done" and (registered or not again):
                 found = adapterjob.fetch_of(adapter, self._mirror)
                 assert found is not None
@@ -143,7 +144,7 @@ class AdapterStager:
                 return
             if seen.state == "failed" and registered:
                 error = await self._offload.run(self._error, allocs, version)
-                reason = adapterjob.outcome(version, allocs, error).reason
+                reason = adapterjob.outcome(version, allocs, error, unplaced).reason
                 log.warning("adapter %s: fetching it onto node %s failed: %s",
                             adapter.name, where, reason)
                 raise AdapterFetchError(
@@ -159,13 +160,22 @@ class AdapterStager:
             f"adapter {adapter.name!r}: its fetch onto node {where} did not finish in "
             f"{FOLLOW_FOR:.0f} s (job {jid}; `nomad job status {jid}` says why)")
 
-    def _read(self, jid: str) -> tuple[int | None, int, list[wire.Allocation]]:
+    def _read(self, jid: str) -> tuple[int | None, int, list[wire.Allocation],
+                                      wire.AllocationMetric | None]:
+        """The job's version and index, its allocations, and — while the version has
+        none — why its latest evaluation placed nothing, if it says (an evaluation names
+        the job version it was made for by its JobModifyIndex: docs/nomad-api.md §5.2)."""
         try:
             job = self._client.job_version(jid)
             allocs = self._client.job_allocations(jid)
+            unplaced = None
+            if not any(a.JobVersion == job.Version for a in allocs):
+                evals = [e for e in self._client.job_evaluations(jid)
+                         if e.JobModifyIndex >= job.JobModifyIndex]
+                unplaced = latest_failure(evals, adapterjob.ADAPTER_GROUP)
         except NotFoundError:
-            return None, 0, []
-        return job.Version, job.JobModifyIndex, allocs
+            return None, 0, [], None
+        return job.Version, job.JobModifyIndex, allocs, unplaced
 
     def _error(self, allocs: list[wire.Allocation], version: int | None) -> str | None:
         mine = [a for a in allocs if a.JobVersion == version]

@@ -853,6 +853,10 @@ class NomadBackend:
     def profile_of(self, address: str) -> str | None:
         return self._discovery.profile_of(address)
 
+    def node_of(self, address: str) -> str | None:
+        """The ID of the node the replica at ``address`` runs on (no I/O)."""
+        return self._discovery.node_of(address)
+
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         await self._discovery.wait_changed(timeout)
 
