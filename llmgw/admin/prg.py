@@ -21,11 +21,11 @@ would be lost on any other instance behind a load balancer; kept in the
 store, the plain key would sit in the database. In a cookie it lives only in
 the browser that asked for it, for ``SECRET_LIFETIME`` seconds, until the
 next page consumes it — encrypted, because cookies reach disk and proxies'
-logs. The cipher is HMAC-SHA256 as a pseudo-random function in counter mode
-(the keystream is ``HMAC(k, nonce || i)``, the construction of NIST SP
-800-108's counter-mode KDF) under a key derived from the session's, then
-sealed with the session's flash MAC: the standard library has no AES, and a
-key is 50 bytes, so two blocks of HMAC output cover it.
+logs: AES-256-GCM (``cryptography``) under a key derived from the session's
+by HMAC-SHA256, with a random 96-bit nonce per cookie, then sealed with the
+session's flash MAC like every other cookie of the console. A cipher written
+from hash functions was rejected: the standard library's HMAC can make one,
+but an operator auditing the console should find a named, reviewed AEAD.
 
 **Size.** A browser drops a cookie past 4 KB without a word, so what is
 typed is compressed before sealing (``MAX_COOKIE``); a form that is still too
@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from litestar import Request, get
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
@@ -57,6 +59,7 @@ from litestar.response import Redirect
 from llmgw.admin.session import Session, admin_cookie, expired_cookie, flash_key, seal, unseal
 
 FORM_COOKIE = "llmgw_admin_form"
+_NONCE = 12  # bytes: GCM's standard nonce (NIST SP 800-38D)
 SECRET_COOKIE = "llmgw_admin_secret"  # noqa: S105 - a cookie name, not a secret
 # Long enough for a slow redirect on a loaded machine; short enough that an
 # unread key does not linger in a browser profile.
@@ -79,7 +82,6 @@ class _Refused(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _Secret(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     form: str
     label: str
-    nonce: bytes
     sealed: bytes
 
 
@@ -130,28 +132,20 @@ class Shown:
 
 # -- sealing ----------------------------------------------------------------------
 
-def _keystream(key: bytes, nonce: bytes, length: int) -> bytes:
-    blocks = (hmac.new(key, nonce + i.to_bytes(4, "big"), hashlib.sha256).digest()
-              for i in range(-(-length // 32)))
-    return b"".join(blocks)[:length]
-
-
-def _xor(data: bytes, stream: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(data, stream, strict=True))
-
-
 def _secret_key(session: Session) -> bytes:
     return hmac.new(session.key, _SECRET_LABEL, hashlib.sha256).digest()
 
 
 def _encrypt(session: Session, plain: bytes) -> bytes:
-    nonce = secrets.token_bytes(16)
-    return nonce + _xor(plain, _keystream(_secret_key(session), nonce, len(plain)))
+    nonce = secrets.token_bytes(_NONCE)
+    return nonce + AESGCM(_secret_key(session)).encrypt(nonce, plain, None)
 
 
-def _decrypt(session: Session, sealed: bytes) -> bytes:
-    nonce, body = sealed[:16], sealed[16:]
-    return _xor(body, _keystream(_secret_key(session), nonce, len(body)))
+def _decrypt(session: Session, sealed: bytes) -> bytes | None:
+    try:
+        return AESGCM(_secret_key(session)).decrypt(sealed[:_NONCE], sealed[_NONCE:], None)
+    except InvalidTag:
+        return None
 
 
 def seal_refused(session: Session, state: FormState) -> str:
@@ -165,20 +159,19 @@ def seal_refused(session: Session, state: FormState) -> str:
 
 def open_refused(session: Session, value: str | None) -> FormState | None:
     raw = unseal(flash_key(session), value) if value else None
-    if raw is None or len(raw) < 16:
+    plain = _decrypt(session, raw) if raw is not None else None
+    if plain is None:
         return None
     try:
-        body = msgspec.json.decode(zlib.decompress(_decrypt(session, raw)), type=_Refused)
+        body = msgspec.json.decode(zlib.decompress(plain), type=_Refused)
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
         return None
     return FormState(form=body.form, values=body.values, errors=body.errors)
 
 
 def seal_secret(session: Session, shown: Shown) -> str:
-    nonce = secrets.token_bytes(16)
-    plain = shown.secret.encode()
-    body = _Secret(form=shown.form, label=shown.label, nonce=nonce,
-                   sealed=_xor(plain, _keystream(_secret_key(session), nonce, len(plain))))
+    body = _Secret(form=shown.form, label=shown.label,
+                   sealed=_encrypt(session, shown.secret.encode()))
     return seal(flash_key(session), msgspec.json.encode(body))
 
 
@@ -190,15 +183,15 @@ def open_secret(session: Session, value: str | None) -> Shown | None:
         body = msgspec.json.decode(raw, type=_Secret)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    stream = _keystream(_secret_key(session), body.nonce, len(body.sealed))
+    plain = _decrypt(session, body.sealed)
+    if plain is None:
+        return None
     try:
-        secret = _xor(body.sealed, stream).decode()
+        secret = plain.decode()
     except UnicodeDecodeError:
         return None
     return Shown(form=body.form, label=body.label, secret=secret)
 
-
-# -- answering a form ------------------------------------------------------------
 
 def refused_cookie(connection: ASGIConnection[Any, Any, Any, Any], session: Session,
                    state: FormState) -> Cookie | None:

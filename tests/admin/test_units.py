@@ -155,3 +155,20 @@ def test_a_refused_form_and_a_new_key_travel_encrypted_and_bound_to_the_session(
     assert key not in sealed
     assert open_secret(mine, sealed) == Shown("key-form", "key ci", key)
     assert open_secret(other, sealed) is None
+
+
+def test_a_sealed_value_altered_under_a_valid_mac_does_not_open() -> None:
+    """The cipher authenticates on its own: a body changed and re-sealed with the session's
+    flash MAC (what a leaked MAC key would allow) is refused, not decrypted to garbage."""
+    import msgspec
+
+    from llmgw.admin.prg import Shown, open_secret, seal_secret
+
+    _, mine = sessions.issue("t0ken-alice-0123456789", "alice")
+    sealed = seal_secret(mine, Shown("key-form", "key ci", "sk-llmgw-" + "cd" * 24))
+    body = msgspec.json.decode(sessions.unseal(sessions.flash_key(mine), sealed))
+    raw = bytearray(msgspec.json.decode(msgspec.json.encode(body["sealed"]), type=bytes))
+    raw[-1] ^= 1
+    body["sealed"] = bytes(raw)
+    forged = sessions.seal(sessions.flash_key(mine), msgspec.json.encode(body))
+    assert open_secret(mine, forged) is None
