@@ -128,6 +128,7 @@ class Server:
 
         self.gateway = Gateway(config, self.models, self.backend, self.store)
         self.ctx.adapters_loaded = self.gateway.adapters.loaded_where
+        self.ctx.gateway_samples = self.gateway.metrics.samples
         # With gateway workers (llmgw serve --workers N) this process is the
         # control plane only: the workers serve /v1 and read the scheduler
         # through the relay (llmgw.workers).

@@ -24,6 +24,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Template
 from litestar.template.config import TemplateConfig
 
+from llmgw.admin import timefmt
 from llmgw.admin.session import FLASH_COOKIE, Session, expired_cookie, read_flash
 from llmgw.catalog.model import Scaling
 from llmgw.catalog.units import format_size
@@ -65,6 +66,7 @@ def environment() -> Environment:
     env.filters["when"] = when
     env.filters["size"] = size
     env.filters["scaling"] = scaling_text
+    timefmt.install(env)
     return env
 
 

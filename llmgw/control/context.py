@@ -10,7 +10,7 @@ scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -40,6 +40,9 @@ class AppContext:
     adapter_check: Callable[[Adapter], Awaitable[None]] | None = None
     # Adapter → the replicas holding it, from this process's gateway; None: no gateway.
     adapters_loaded: Callable[[], dict[str, list[str]]] | None = None
+    # This process's gateway metrics as (name, labels, value) samples, for the admin
+    # console's live view; None: no gateway here.
+    gateway_samples: Callable[[], Iterable[tuple[str, dict[str, str], float]]] | None = None
 
 
 # How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.

@@ -259,6 +259,20 @@ class GatewayMetrics:
             mm = self._models[name] = ModelMetrics(self, name)
         return mm
 
+    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """Every sample of this gateway's own metrics as (name, labels, value): what
+        ``render`` writes, read without the text round trip (the admin console's live
+        view)."""
+        registries = [self.registry]
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            every = CollectorRegistry()
+            MultiProcessCollector(every)  # type: ignore[no-untyped-call]
+            registries = [every, self._collected]
+        for registry in registries:
+            for family in registry.collect():
+                for sample in family.samples:
+                    yield sample.name, sample.labels, sample.value
+
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             every = CollectorRegistry()
