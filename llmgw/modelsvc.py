@@ -70,6 +70,31 @@ def provenance(rows: Mapping[str, StoredModel]) -> dict[str, Provenance]:
             for name, row in rows.items()}
 
 
+def rescaled(name: str, current: Scaling, min_: int, max_: int | None) -> Scaling:
+    """The scaling after asking for ``min_`` (and ``max_``, when given) replicas.
+
+    Changing the minimum keeps the maximum in force: a model scaling between 1
+    and 4 asked for min 2 scales between 2 and 4. Setting ``max`` to the new
+    minimum instead would end its autoscaling without a word, which is what a
+    form or a ``ctl scale --min`` that leaves max out used to do. A maximum
+    that was never set follows the minimum, as it always has (so a model run
+    at a fixed count stays fixed at the new one). A minimum above the maximum
+    in force is refused with both numbers, not silently widened: raising the
+    maximum spends GPUs, so it is asked for, never inferred.
+    """
+    if max_ is None:
+        if current.max is not None and current.max < min_:
+            raise DefinitionError(
+                f"model {name!r}: min {min_} is above its max {current.max} in force; give "
+                f"max {min_} or more with it (changing min keeps the max)", field="min")
+        max_ = current.max
+    elif max_ < min_:
+        raise DefinitionError(
+            f"model {name!r}: max {max_} is below min {min_}; give max {min_} or more, or a "
+            f"lower min", field="max")
+    return msgspec.structs.replace(current, min=min_, max=max_)
+
+
 class ModelService:
     """Adds, removes, scales and resizes models without a restart."""
 
@@ -359,7 +384,7 @@ class ModelService:
         await self._reload_after_change()
 
     async def scale(self, name: str, min_: int, max_: int | None, by: str) -> Scaling:
-        """Change only the scaling block; return the scaling in force.
+        """Change only the scaling block (``rescaled`` says how); return the scaling in force.
 
         Everything else is read back from the store and written out untouched,
         so changing a number cannot quietly become a redefinition. The answer
@@ -370,8 +395,7 @@ class ModelService:
             name, "change its scaling there, or it reverts on the next restart")
 
         def change(m: Model) -> Model:
-            scaling = msgspec.structs.replace(m.scaling, min=min_, max=max_)
-            return msgspec.structs.replace(m, scaling=scaling)
+            return msgspec.structs.replace(m, scaling=rescaled(name, m.scaling, min_, max_))
 
         final = await self._update(name, by, change, f"scaling {name!r} that way would make "
                                                      "the catalog invalid", place=False)

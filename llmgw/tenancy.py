@@ -70,7 +70,7 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
@@ -201,6 +201,21 @@ def check_limits(limits: Limits, where: str) -> None:
             if not isinstance(m, str) or not m:
                 raise DefinitionError(f"{where}: models holds {m!r}, not a model name",
                                       field="models")
+
+
+def check_models_known(limits: Limits, known: Collection[str], where: str) -> None:
+    """Refuse an allow-list naming what the catalog does not serve (models and LoRA
+    adapters): a typo there would lock the team out of the model it meant, silently.
+    Every unknown name is listed at once."""
+    if limits.models is None:
+        return
+    unknown = [m for m in limits.models if m not in known]
+    if unknown:
+        names = ", ".join(repr(m) for m in unknown)
+        raise DefinitionError(
+            f"{where}: models {names} {'is' if len(unknown) == 1 else 'are'} not in the "
+            "catalog; `llmgw ctl model list` shows what is served (add the model first, or "
+            "correct the name)", field="models")
 
 
 def check_narrowing(team: Limits, key: Limits, where: str) -> None:

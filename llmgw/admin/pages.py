@@ -18,6 +18,7 @@ import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import yaml
 from litestar import Request, get
@@ -26,8 +27,11 @@ from litestar.response import Redirect, Template
 
 from llmgw.admin.chart import series_of, usage_chart
 from llmgw.admin.csrf import session_of
+from llmgw.admin.locate import excerpt, line_of
+from llmgw.admin.prg import FormState
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
+from llmgw.admin.tenantforms import KEY_FIELDS, TEAM_FIELDS
 from llmgw.catalog.decode import to_builtins
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
@@ -36,10 +40,12 @@ from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
     ReplicaView,
+    desired_reason,
     find_model,
     model_view,
     replica_view,
     replicas_of,
+    scaler_decisions,
 )
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
@@ -95,7 +101,7 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
 async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
     m = find_model(ctx, name)
     replicas = await replicas_of(ctx, name)
-    view: ModelView = model_view(ctx, m, replicas)
+    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx))
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
     prefetch = None
     if not m.external:
@@ -105,7 +111,30 @@ async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
         except Exception as exc:  # the page answers without it when the scheduler does not
             log.info("prefetch status of %s: %s", name, exc)
     return {"m": view, "replicas": rows, "replicas_unknown": replicas is None,
-            "backend": ctx.backend.health(), "prefetch": prefetch}
+            "backend": ctx.backend.health(), "prefetch": prefetch,
+            "why_desired": desired_reason(view.scaling, view.scaler),
+            "offers": model_actions(view)}
+
+
+def model_actions(view: ModelView) -> dict[str, str | None]:
+    """Each action of the model page: None when it can be done, else why it cannot.
+
+    The page offers only what the service would accept, and says why the rest
+    is not there, rather than offering a button that is then refused.
+    """
+    declared = view.origin == "declared"
+    external = ("external: its replicas are the upstream's, run by whoever runs it"
+                if view.external else None)
+    return {
+        "scale": external or ("declared in the server's configuration: change its scaling "
+                              "there (a change here would revert on the next restart)"
+                              if declared else None),
+        "rollout": external,
+        "prefetch": ("external: no node of this fleet holds its weights"
+                     if view.external else None),
+        "remove": ("declared in the server's configuration: remove it there (it would come "
+                   "back on the next restart)" if declared else None),
+    }
 
 
 def definition_yaml(view: ModelView) -> str:
@@ -131,13 +160,19 @@ async def fleet_context(ctx: AppContext) -> dict[str, Any]:
     return {"fleet": found, "fleet_error": error}
 
 
-async def model_page(request: Request[Any, Any, Any], ctx: AppContext, name: str, *,
-                     status: int = 200, **extra: Any) -> Template:
-    """The model page; actions re-render it with their error next to their form."""
-    context = await model_context(ctx, name)
-    defaults: dict[str, Any] = {"scale_error": None, "scale_min": None, "scale_max": None}
-    return page(request, "model.html", session=signed_in(request), status=status,
-                definition=definition_yaml(context["m"]), **{**defaults, **context, **extra})
+def add_context(ctx: AppContext, state: FormState | None = None) -> dict[str, Any]:
+    """The add page's context; ``state`` when a refused form is answered directly."""
+    return {"example": EXAMPLE, "checked": ctx.source_check is not None,
+            "locate": locate_error, "direct": state}
+
+
+def locate_error(state: FormState) -> dict[str, Any]:
+    """Where the add form's error is in what was pasted: its field, line and excerpt."""
+    field, message = state.errors[0] if state.errors else ("", "")
+    text = state.values.get("yaml", "")
+    line = line_of(text, field or None)
+    return {"error": message, "field": field or None, "line": line,
+            "lines": excerpt(text, line) if line else []}
 
 
 # -- routes ------------------------------------------------------------------
@@ -159,7 +194,9 @@ async def models_fragment(ctx: Ctx) -> Template:
 
 @get("/models/{name:str}")
 async def show_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str]) -> Template:
-    return await model_page(request, ctx, name)
+    context = await model_context(ctx, name)
+    return page(request, "model.html", session=signed_in(request),
+                definition=definition_yaml(context["m"]), **context)
 
 
 @get("/fragments/models/{name:str}", opt=FRAGMENT)
@@ -179,8 +216,7 @@ async def fleet_fragment(ctx: Ctx) -> Template:
 
 @get("/add")
 async def add_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
-    return page(request, "add.html", session=signed_in(request), yaml="", example=EXAMPLE,
-                field=None, line=None, lines=[], checked=ctx.source_check is not None)
+    return page(request, "add.html", session=signed_in(request), **add_context(ctx))
 
 
 @get("/models/{name:str}/remove")
@@ -206,23 +242,18 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
     end = (int(now // step) + 1) * step
     count = 24 if hourly else 14
     since = datetime.fromtimestamp(end - count * step, UTC)
-    out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None,
-                           "teams_error": None, "teams": [], "keys": [],
-                           "limits_text": limits_text, "team_error": None, "key_error": None,
-                           "new_key": None}
+    out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None}
     try:
         report = await usage_report(ctx, by, since, datetime.fromtimestamp(end, UTC),
                                     granularity)
         starts = [datetime.fromtimestamp(end - (count - i) * step, UTC) for i in range(count)]
+        query = urlencode({"by": by, "granularity": granularity,
+                           "since": report.since.isoformat(), "until": report.until.isoformat()})
         out.update(report=report, series=series_of(report.totals),
+                   usage_api=f"/api/v1/usage?{query}",
                    chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
     except LlmgwError as exc:
         out["usage_error"] = exc.message
-    try:
-        out["teams"] = await list_teams(ctx)
-        out["keys"] = await list_keys(ctx)
-    except LlmgwError as exc:
-        out["teams_error"] = exc.message
     return out
 
 
@@ -233,5 +264,22 @@ async def usage_page(request: Request[Any, Any, Any], ctx: Ctx, by: FromQuery[By
                 **await usage_context(ctx, by, granularity))
 
 
+async def teams_context(ctx: AppContext) -> dict[str, Any]:
+    out: dict[str, Any] = {"teams_error": None, "teams": [], "keys": [], "over": set(),
+                           "limits_text": limits_text, "team_fields": TEAM_FIELDS,
+                           "key_fields": KEY_FIELDS}
+    try:
+        out["teams"] = await list_teams(ctx)
+        out["keys"] = await list_keys(ctx)
+    except LlmgwError as exc:
+        out["teams_error"] = exc.message
+    return out
+
+
+@get("/teams")
+async def teams_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
+    return page(request, "teams.html", session=signed_in(request), **await teams_context(ctx))
+
+
 route_handlers = [index, models_page, models_fragment, show_model, model_fragment, fleet_page,
-                  fleet_fragment, add_page, remove_page, usage_page]
+                  fleet_fragment, add_page, remove_page, usage_page, teams_page]

@@ -1,9 +1,9 @@
-"""Instants and figures on the console: instants in the viewer's own zone, UTC on hover.
+"""How the console's pages write figures: durations, shares, rates, money, ISO instants.
 
-The server cannot know the viewer's zone, so it writes every instant as a
-``<time>`` element whose text and title are UTC and whose ``datetime`` is
-ISO 8601; ``static/console.js`` rewrites the text in the browser's zone and
-keeps UTC in the title. Without script the page still reads correctly, in UTC.
+``static/console.js`` formats the live view's figures the same way when it
+rebuilds the table from JSON; keep the two in step. Instants shown to people
+go through ``render.when`` (a ``<time>`` the page's script puts in the
+viewer's zone).
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ def _dt(value: float | datetime) -> datetime:
 
 def iso(value: float | datetime) -> str:
     return _dt(value).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def utc(value: float | datetime) -> str:
-    return _dt(value).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def money(value: float | None) -> str:
@@ -51,5 +47,4 @@ def install(env: Environment) -> None:
     env.filters["percent"] = percent
     env.filters["rate"] = rate
     env.filters["iso"] = iso
-    env.filters["utc"] = utc
     env.filters["money"] = money

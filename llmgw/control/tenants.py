@@ -22,6 +22,7 @@ from llmgw.tenancy import (
     TeamName,
     check_key_name,
     check_limits,
+    check_models_known,
     check_narrowing,
     check_team_name,
     decode_limits,
@@ -75,6 +76,12 @@ class CreatedKey(msgspec.Struct, kw_only=True):
     key: str
 
 
+def served_names(ctx: AppContext) -> set[str]:
+    """What a request may name as its model: the catalog's models and LoRA adapters."""
+    catalog = ctx.models.catalog
+    return {m.name for m in catalog} | set(catalog.adapters)
+
+
 def _store(ctx: AppContext) -> Store:
     if not ctx.store.is_open:
         raise StoreUnavailableError(
@@ -114,6 +121,7 @@ def key_view(k: StoredKey) -> KeyView:
 async def create_team(ctx: AppContext, request: TeamRequest, by: str) -> TeamView:
     check_team_name(request.name)
     check_limits(request.limits, f"team {request.name!r}")
+    check_models_known(request.limits, served_names(ctx), f"team {request.name!r}")
     row = StoredTeam(name=request.name, settings=encode_limits(request.limits), created_by=by,
                      created_at=time.time())
     if not await _store(ctx).put_team(row, create=True):
@@ -126,6 +134,7 @@ async def create_team(ctx: AppContext, request: TeamRequest, by: str) -> TeamVie
 async def set_team_limits(ctx: AppContext, name: str, limits: Limits) -> TeamView:
     store = _store(ctx)
     check_limits(limits, f"team {name!r}")
+    check_models_known(limits, served_names(ctx), f"team {name!r}")
     current = await _team(store, name)
     _, keys = await store.tenants()
     for k in keys:
@@ -147,6 +156,7 @@ async def revoke_team(ctx: AppContext, name: str) -> None:
 
 async def create_key(ctx: AppContext, request: KeyRequest, by: str) -> CreatedKey:
     check_key_name(request.name)
+    check_models_known(request.limits, served_names(ctx), f"key {request.name!r}")
     store = _store(ctx)
     team = await _team(store, request.team)
     check_narrowing(decode_limits(team.settings), request.limits, f"key {request.name!r}")

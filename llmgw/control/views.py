@@ -173,6 +173,20 @@ async def scaler_decisions(ctx: AppContext) -> dict[str, ScalerDecision]:
     return {}
 
 
+def desired_reason(scaling: ScalingInForce, scaler: ScalerDecision | None) -> str:
+    """Why a model wants the replicas it does, worded as ``llmgw ctl replicas`` words it."""
+    if scaler is not None:
+        why = f"scaler ({scaler.kind}): {scaler.reason}"
+        if scaler.since is not None:
+            why += f"; count unchanged for {scaler.since:.0f}s"
+        return why
+    if scaling.max > max(scaling.min, 1):
+        return "no decision from the gateway's scaler yet"
+    if scaling.min == 0:
+        return "on demand: started by a request, stopped when idle"
+    return "fixed: scaling.min = scaling.max"
+
+
 def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
                decisions: dict[str, ScalerDecision] | None = None) -> ModelView:
     row = ctx.models.stored(m.name)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlencode
 
 import yaml
 from litestar import Request, get, post
 from litestar.params import FromQuery
 from litestar.response import Redirect, Template
 
-from llmgw.admin.actions import Form, done
+from llmgw.admin.actions import Form, done, refused
 from llmgw.admin.pages import signed_in
 from llmgw.admin.render import page, scaling_text
 from llmgw.catalog.decode import decode_model_file
@@ -155,15 +156,14 @@ async def guided_page(request: Request[Any, Any, Any], ctx: Ctx,
 async def guided_add(request: Request[Any, Any, Any], ctx: Ctx,
                      data: Form) -> Template | Redirect:
     values = {k: data.get(k, "") for k in FIELDS}
-    out = _context(ctx, values)
     try:
-        model = decode_model_file(out["yaml"], source=SOURCE)
+        model = decode_model_file(definition_text(values), source=SOURCE)
         added = await add_model(ctx, model, signed_in(request).name)
     except LlmgwError as exc:
-        checked = out["checked"] = Checked()
-        checked.error, checked.field = exc.message, form_field(exc.field)
-        return page(request, "console/guided.html", session=signed_in(request),
-                    status=exc.status, **out)
+        # Back to the filled-in form (its fields ride in the URL, as a check's do), with
+        # the problem beside its field.
+        return refused(request, "/admin/guided?" + urlencode(values), "guided", values,
+                       [(form_field(exc.field) or "", exc.message)])
     final = added.model
     return done(request, f"/admin/models/{final.name}",
                 f"added {final.name}; scaling {scaling_text(final.scaling)}",

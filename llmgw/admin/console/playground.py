@@ -27,6 +27,7 @@ from litestar.response import Template
 
 from llmgw.admin.actions import Form
 from llmgw.admin.pages import signed_in
+from llmgw.admin.prg import landing
 from llmgw.admin.render import page
 from llmgw.control import tenants
 from llmgw.control.context import Ctx
@@ -105,4 +106,5 @@ async def which_replica(ctx: Ctx, tag: FromQuery[str]) -> Response[bytes]:
     return _json(Answered(tag=tag))
 
 
-route_handlers = [playground_page, mint_key, which_replica]
+route_handlers = [playground_page, mint_key, which_replica,
+                  landing("/playground/key", "/admin/playground")]

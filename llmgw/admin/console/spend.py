@@ -24,24 +24,27 @@ from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
-from llmgw.admin.actions import Form, _limits_from, done
+from llmgw.admin.actions import Form, done, problem, refused
 from llmgw.admin.pages import limits_text, signed_in
+from llmgw.admin.prg import Shown, landing, secret_cookie
 from llmgw.admin.render import page
+from llmgw.admin.session import flash_cookie
+from llmgw.admin.tenantforms import KEY_FIELDS, limits_from
 from llmgw.control import tenants
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.costs import cost_report
 from llmgw.errors import DefinitionError, LlmgwError, NotFoundError
 from llmgw.gateway.budgets import period_start
 from llmgw.store.base import REPORT_RETENTION
-from llmgw.tenancy import COSTS_REPORT, BudgetField, Limits, TeamCosts
+from llmgw.tenancy import COSTS_REPORT, BudgetField, TeamCosts
 
 from .gauges import Gauge, gauges, key_costs, per_million
 
 Period = Literal["day", "month"]
 KEYS_SHOWN = 100
 # What the rotate form offers as the old secret's grace period, in seconds.
-GRACES = [(0, "none: the old secret stops now"), (3600, "1 hour"), (86400, "1 day"),
-          (7 * 86400, "7 days")]
+GRACES = [("0", "none: the old secret stops now"), ("3600", "1 hour"), ("86400", "1 day"),
+          ("604800", "7 days")]
 
 
 class TeamSpend(msgspec.Struct, kw_only=True):
@@ -138,6 +141,9 @@ async def spend_page(request: Request[Any, Any, Any], ctx: Ctx,
 
 
 # -- one key: limits, expiry, rotation ----------------------------------------------
+# Each form answers with a redirect (llmgw.admin.prg): to the key's page with the
+# flash, with what was typed and each problem when refused, or with the new secret
+# sealed in a cookie that the page shows once.
 
 async def key_context(ctx: AppContext, name: str) -> dict[str, Any]:
     keys = await tenants.list_keys(ctx)
@@ -148,40 +154,28 @@ async def key_context(ctx: AppContext, name: str) -> dict[str, Any]:
     teams = {t.name: t for t in await tenants.list_teams(ctx)}
     team = teams.get(found.team)
     return {"k": found, "team_limits": limits_text(team.limits) if team else "",
-            "limits_text": limits_text, "graces": GRACES, "limits_error": None,
-            "expiry_error": None, "rotate_error": None, "new_key": None,
-            "models": [m.name for m in ctx.models.catalog]}
-
-
-async def key_page(request: Request[Any, Any, Any], ctx: AppContext, name: str,
-                   status: int = 200, **extra: Any) -> Template:
-    context = await key_context(ctx, name)
-    return page(request, "console/key.html", session=signed_in(request), section="spend",
-                status=status, **{**context, **extra})
+            "limits_text": limits_text, "graces": GRACES, "key_fields": KEY_FIELDS,
+            "models": [m.name for m in ctx.models.catalog][:300]}
 
 
 @get("/keys/{name:str}")
 async def show_key(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str]) -> Template:
-    return await key_page(request, ctx, name)
-
-
-def _known_models(ctx: AppContext, limits: Limits) -> None:
-    unknown = sorted(set(limits.models or []) - {m.name for m in ctx.models.catalog})
-    if unknown:
-        raise DefinitionError(f"models: {', '.join(unknown)} not in the catalog; name models "
-                              "the catalog holds", field="models")
+    return page(request, "console/key.html", session=signed_in(request),
+                **await key_context(ctx, name))
 
 
 @post("/keys/{name:str}/limits")
 async def set_limits(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
-                     data: Form) -> Template | Redirect:
+                     data: Form) -> Redirect:
+    to = f"/admin/keys/{name}#limits-form"
+    limits, errors = limits_from(ctx, data, KEY_FIELDS)
+    if errors or limits is None:
+        return refused(request, to, "limits-form", data, errors)
     try:
-        limits = _limits_from(data)
-        _known_models(ctx, limits)
         await tenants.set_key_limits(ctx, name, limits)
     except LlmgwError as exc:
-        return await key_page(request, ctx, name, exc.status, limits_error=exc.message)
-    return done(request, f"/admin/keys/{name}", f"key {name}: limits now {limits_text(limits)}")
+        return refused(request, to, "limits-form", data, [problem(exc, "models")])
+    return done(request, to, f"key {name}: limits now {limits_text(limits)}")
 
 
 def parse_expiry(raw: str, offset_minutes: str) -> float | None:
@@ -201,29 +195,38 @@ def parse_expiry(raw: str, offset_minutes: str) -> float | None:
 
 @post("/keys/{name:str}/expiry")
 async def set_expiry(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
-                     data: Form) -> Template | Redirect:
+                     data: Form) -> Redirect:
+    to = f"/admin/keys/{name}#expiry-form"
     try:
         at = parse_expiry(data.get("expires_at", ""), data.get("tz_offset", "0"))
         await tenants.set_key_expiry(ctx, name, at)
     except LlmgwError as exc:
-        return await key_page(request, ctx, name, exc.status, expiry_error=exc.message)
+        return refused(request, to, "expiry-form", data, [problem(exc, "expires_at")])
     text = "never expires" if at is None else \
         f"expires {datetime.fromtimestamp(at, UTC):%Y-%m-%d %H:%M} UTC"
-    return done(request, f"/admin/keys/{name}", f"key {name} {text}")
+    return done(request, to, f"key {name} {text}")
 
 
 @post("/keys/{name:str}/rotate")
 async def rotate(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str],
-                 data: Form) -> Template:
-    """The new secret is shown on this answer only, as a new key is: it is not stored."""
+                 data: Form) -> Redirect:
+    to = f"/admin/keys/{name}#rotate-form"
     raw = data.get("grace", "")
     try:
         if not raw.isdigit():
             raise DefinitionError(f"grace: {raw!r} is not a number of seconds", field="grace")
         created = await tenants.rotate_key(ctx, name, float(raw))
     except LlmgwError as exc:
-        return await key_page(request, ctx, name, exc.status, rotate_error=exc.message)
-    return await key_page(request, ctx, name, new_key=created)
+        return refused(request, to, "rotate-form", data, [problem(exc, "grace")])
+    session = signed_in(request)
+    shown = Shown(form="rotate-form", label=f"the new secret of key {name}",
+                  secret=created.key)
+    return Redirect(f"/admin/keys/{name}#new-key", status_code=303, cookies=[
+        secret_cookie(request, session, shown),
+        flash_cookie(request, session, "ok", f"rotated key {name}")])
 
 
-route_handlers = [spend_page, show_key, set_limits, set_expiry, rotate]
+route_handlers = [spend_page, show_key, set_limits, set_expiry, rotate,
+                  landing("/keys/{name:str}/limits", "/admin/keys/{name}#limits-form"),
+                  landing("/keys/{name:str}/expiry", "/admin/keys/{name}#expiry-form"),
+                  landing("/keys/{name:str}/rotate", "/admin/keys/{name}#rotate-form")]

@@ -1,36 +1,15 @@
-// llmgw console: instants in the viewer's zone, copy buttons, and the page's own parts
-// (the live model view, the playground) where a page has them.
+// llmgw console: the parts of its pages that run in the browser (the live model view,
+// the playground) and the viewer's zone offset for date fields.
 //
 // No framework, no build step, no inline script (the policy is default-src 'self').
 "use strict";
 
 (function () {
-  // <time datetime="…Z" title="… UTC">: the text in the viewer's zone, UTC on hover.
-  function localTimes(root) {
-    root.querySelectorAll("time[datetime]").forEach(function (el) {
-      const d = new Date(el.getAttribute("datetime"));
-      if (isNaN(d)) return;
-      el.textContent = d.toLocaleString(undefined, {
-        year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
-      });
-    });
-    // A datetime-local field is in the viewer's zone: the server is told its offset.
-    root.querySelectorAll("input[data-tz-offset]").forEach(function (el) {
-      el.value = String(new Date().getTimezoneOffset());
-    });
-  }
-
-  function copyButtons(root) {
-    root.querySelectorAll("button[data-copy]").forEach(function (b) {
-      b.addEventListener("click", function () {
-        const src = document.querySelector(b.dataset.copy);
-        if (!src || !navigator.clipboard) return;
-        navigator.clipboard.writeText(src.textContent.trim()).then(function () {
-          b.textContent = "Copied";
-        });
-      });
-    });
-  }
+  // A datetime-local field is in the viewer's zone: the server is told its offset.
+  // (Instants shown are localised by admin.js, copy buttons handled there too.)
+  document.querySelectorAll("input[data-tz-offset]").forEach(function (el) {
+    el.value = String(new Date().getTimezoneOffset());
+  });
 
   // -- the live model view: the table's rows rebuilt from /admin/live.json ---------
 
@@ -333,13 +312,4 @@
   const pg = document.getElementById("playground");
   if (pg) playground(pg);
 
-  window.llmgwConsole = { localTimes: localTimes };
-  localTimes(document);
-  copyButtons(document);
-  // Fragments the admin script swaps in carry <time> elements too.
-  new MutationObserver(function (changes) {
-    changes.forEach(function (c) {
-      c.addedNodes.forEach(function (n) { if (n.querySelectorAll) localTimes(n); });
-    });
-  }).observe(document.body, { childList: true, subtree: true });
 })();
