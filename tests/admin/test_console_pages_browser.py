@@ -18,6 +18,7 @@ import pytest
 
 from .conftest import ADMIN_TOKEN
 from .console_fleet import Fleet, Traffic, start_fleet, until
+from .walk import MAX_PAGE_BYTES, PHONE, form_problems, layout_problems
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -310,4 +311,36 @@ def test_the_mirror_page_shows_what_is_held_used_and_removable(
     expect(unused).to_contain_text("llmgw mirror remove old-chat/2024-06")
     expect(unused.locator("td:nth-child(2)")).to_have_text("2")
     expect(page.locator("#mirror-unused")).to_have_text("7.3KiB")
+    assert errors == []
+
+
+def test_the_console_pages_fit_a_phone_and_a_laptop_and_their_forms_reload(
+        browser: Browser, page: Page, fleet: tuple[Fleet, Traffic], errors: list[str]) -> None:
+    """With real data on them, every console page at 1280 and at 390 px: no sideways
+    overflow, no text squeezed letter by letter, under 150 KB; each form's URL opens a
+    page and its answer can be reloaded (``walk``, the checks every page passes)."""
+    f, _ = fleet
+    with f.api() as api:
+        logs = api.get("/api/v1/teams/ml/logs", params={"limit": 1}).json()
+    paths = ["/admin/live", "/admin/replicas", "/admin/replica?id=team-chat-1",
+             "/admin/playground", "/admin/spend", "/admin/keys/ml-ci", "/admin/logs",
+             f"/admin/logs/request?team=ml&id={logs[0]['id']}&at={logs[0]['at']}",
+             "/admin/guided", "/admin/guided?check=1&name=q&source=hf%3A%2F%2Ftypo%2Fq"
+             "&engine=vllm&gpu_class=h100-80g&gpus=1&min=1", "/admin/mirror"]
+    phone = browser.new_context(viewport=PHONE, storage_state=page.context.storage_state())
+    problems: list[str] = []
+    try:
+        small = phone.new_page()
+        for path in paths:
+            for size, pg in (("laptop", page), ("phone", small)):
+                response = pg.goto(f.url + path)
+                assert response is not None
+                if len(response.body()) > MAX_PAGE_BYTES:
+                    problems.append(f"{path} at {size}: {len(response.body()):,} bytes")
+                problems += [f"{path} at {size}: {p}" for p in layout_problems(pg)]
+            found, _ = form_problems(page, f.url, f.url + path)
+            problems += [f"{path}: {p}" for p in found]
+    finally:
+        phone.close()
+    assert not problems, "\n".join(problems)
     assert errors == []
