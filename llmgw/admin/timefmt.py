@@ -24,7 +24,11 @@ def iso(value: float | datetime) -> str:
 
 
 def money(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.2f}"
+    """An amount in the prices' currency: cents, or four places below one (a few
+    minutes of a CPU replica cost a fraction of a cent, which is not nothing)."""
+    if value is None:
+        return "—"
+    return f"{value:,.2f}" if abs(value) >= 1 or value == 0 else f"{value:.4f}"
 
 
 def seconds(value: float | None) -> str:

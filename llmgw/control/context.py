@@ -41,8 +41,10 @@ class AppContext:
     # Adapter → the replicas holding it, from this process's gateway; None: no gateway.
     adapters_loaded: Callable[[], dict[str, list[str]]] | None = None
     # This process's gateway metrics as (name, labels, value) samples, for the admin
-    # console's live view; None: no gateway here.
+    # console's live view: the request counters (readable from any thread) and the
+    # figures of the gateway's state (on its event loop only). None: no gateway here.
     gateway_samples: Callable[[], Iterable[tuple[str, dict[str, str], float]]] | None = None
+    gateway_state: Callable[[], Iterable[tuple[str, dict[str, str], float]]] | None = None
 
 
 # How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.

@@ -100,10 +100,19 @@ async def _team(store: Store, name: str) -> StoredTeam:
 
 
 async def list_teams(ctx: AppContext) -> list[TeamView]:
+    return (await teams_and_keys(ctx))[0]
+
+
+async def teams_and_keys(ctx: AppContext) -> tuple[list[TeamView], list[KeyView]]:
+    """Every team and every key, from one read of the store."""
     teams, keys = await _store(ctx).tenants()
-    return [TeamView(name=t.name, limits=decode_limits(t.settings),
-                     keys=[k.name for k in keys if k.team == t.name],
-                     created_by=t.created_by, created_at=t.created_at) for t in teams]
+    names: dict[str, list[str]] = {}
+    for k in keys:
+        names.setdefault(k.team, []).append(k.name)
+    return ([TeamView(name=t.name, limits=decode_limits(t.settings),
+                      keys=names.get(t.name, []), created_by=t.created_by,
+                      created_at=t.created_at) for t in teams],
+            [key_view(k) for k in keys])
 
 
 async def list_keys(ctx: AppContext, team: str | None = None) -> list[KeyView]:

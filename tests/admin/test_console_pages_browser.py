@@ -172,9 +172,9 @@ def test_spend_shows_costs_budgets_and_a_team_over_its_budget_as_the_api_does(
     f, _ = fleet
     page.goto(f"{f.url}/admin/spend")
     web = page.locator("tr[data-team='web']")
-    expect(web.locator(".gauge.over")).to_contain_text("over: answering 429")
+    expect(web.locator(".budget.over")).to_contain_text("over: answering 429")
     # UTC on hover, the viewer's zone (Kathmandu, +05:45) in the text.
-    reset = web.locator(".gauge time")
+    reset = web.locator(".budget time")
     assert (reset.get_attribute("title") or "").endswith("UTC")
     assert "UTC" not in reset.inner_text()
     with f.api() as api:

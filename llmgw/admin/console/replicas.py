@@ -37,20 +37,21 @@ LOG_TIMEOUT = 5.0
 @get("/replicas")
 async def replicas_page(request: Request[Any, Any, Any], ctx: Ctx,
                         model: FromQuery[str] = "") -> Template:
-    found = await replicas_of(ctx, model or None)
-    catalog = {m.name: m for m in ctx.models.catalog}
-    views = [replica_view(r, catalog.get(r.model)) for r in found or []]
-    views.sort(key=lambda v: (v.model, v.id))
+    answered = await replicas_of(ctx, model or None)
+    found = sorted(answered or [], key=lambda r: (r.model, r.id))
+    catalog = ctx.models.catalog
+    views = [replica_view(r, catalog.get(r.model)) for r in found[:SHOWN]]
     return page(request, "console/replicas.html", session=signed_in(request),
-                replicas=views[:SHOWN], hidden=max(0, len(views) - SHOWN),
-                replicas_unknown=found is None, filter=model,
+                replicas=views, hidden=max(0, len(found) - SHOWN),
+                replicas_unknown=answered is None, filter=model,
                 backend=ctx.backend.health())
 
 
 @get("/replica")
 async def replica_page(request: Request[Any, Any, Any], ctx: Ctx,
-                       id: FromQuery[str]) -> Template:
-    found = await replicas_of(ctx)
+                       id: FromQuery[str], model: FromQuery[str] = "") -> Template:
+    # The list's links name the model too, so one model's replicas are asked for.
+    found = await replicas_of(ctx, model or None)
     if found is None:
         raise NotFoundError("the scheduler did not answer, so replica "
                             f"{id!r} cannot be shown; /readyz says why")

@@ -3,9 +3,9 @@ one request opened with its record and, for a team that logs bodies, its prompt 
 
 The store reads a team's logs newest first before an instant
 (``llmgw.control.tenants.request_logs``, what ``/api/v1/teams/{name}/logs``
-answers); the filters other than time are applied here to the ``SCAN`` newest
-logs before ``until``, and the page says when the scan stopped short, with a
-link that goes on from where it stopped. One request is found again by its
+answers); the filters other than time are applied here, reading ``BATCH`` logs
+at a time, newest first before ``until``, until a page is full or ``SCAN``
+were read; an "older" link goes on from where the reading stopped. One request is found again by its
 team, id and instant, so opening it reads a handful of rows, not the team's log.
 """
 
@@ -28,6 +28,7 @@ from llmgw.store.base import UsageRecord
 
 SHOWN = 50
 SCAN = tenants.MAX_LOGS
+BATCH = 200
 
 
 class Entry(msgspec.Struct):
@@ -108,14 +109,22 @@ async def logs_page(request: Request[Any, Any, Any], ctx: Ctx, team: FromQuery[s
             context["keys"] = [k.name for k in await tenants.list_keys(ctx, team)]
             lo = parse_instant(since, tz, "since")
             hi = before if before is not None else parse_instant(until, tz, "until")
-            found = await tenants.request_logs(ctx, team, hi, SCAN)
-            rows = [s for s in map(shown, found) if matches(s, key, model, status, lo)]
+            rows: list[Shown] = []
+            scanned = 0
+            cursor = hi
+            # Newest first, a batch at a time, until a page and one more match (so
+            # "older" knows there are more), the logs end, or SCAN were read.
+            while len(rows) <= SHOWN and scanned < SCAN:
+                found = await tenants.request_logs(ctx, team, cursor, BATCH)
+                scanned += len(found)
+                rows += [s for s in map(shown, found) if matches(s, key, model, status, lo)]
+                if len(found) < BATCH or (lo is not None and found[-1].at < lo):
+                    cursor = None
+                    break
+                cursor = found[-1].at
             context["rows"] = rows[:SHOWN]
-            context["scanned"] = len(found)
-            last = rows[SHOWN - 1].at if len(rows) > SHOWN else (
-                found[-1].at if len(found) == SCAN and (lo is None or found[-1].at > lo)
-                else None)
-            context["more_before"] = last
+            context["scanned"] = scanned
+            context["more_before"] = rows[SHOWN - 1].at if len(rows) > SHOWN else cursor
     except LlmgwError as exc:
         context["logs_error"] = exc.message
     return page(request, "console/logs.html", session=signed_in(request), **context)

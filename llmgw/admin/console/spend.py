@@ -15,6 +15,7 @@ gets a page, not a dump.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -82,15 +83,16 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
     since = period_start(field, now)
     out: dict[str, Any] = {"period": period, "team_filter": team, "key_filter": key,
                            "spend_error": None, "graces": GRACES}
+    store = ctx.store
     try:
-        report = await cost_report(ctx, datetime.fromtimestamp(since, UTC), None)
-        teams = await tenants.list_teams(ctx)
-        keys = await tenants.list_keys(ctx)
-        store = ctx.store
-        day = await store.token_totals(period_start("tokens_per_day", now))
-        month = await store.token_totals(period_start("tokens_per_month", now))
-        minute = await store.recent_tokens(now - 60)
-        figures = await _cost_figures(ctx)
+        # Independent reads, together: the cost report's pricing runs in a thread while
+        # the store answers the others.
+        report, (teams, keys), day, month, minute, figures = await asyncio.gather(
+            cost_report(ctx, datetime.fromtimestamp(since, UTC), None),
+            tenants.teams_and_keys(ctx),
+            store.token_totals(period_start("tokens_per_day", now)),
+            store.token_totals(period_start("tokens_per_month", now)),
+            store.recent_tokens(now - 60), _cost_figures(ctx))
     except LlmgwError as exc:
         out["spend_error"] = exc.message
         return out
