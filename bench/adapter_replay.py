@@ -77,6 +77,7 @@ from llmgw.config import GatewayConfig, ServerConfig  # noqa: E402
 from llmgw.gateway import Gateway  # noqa: E402
 from llmgw.gateway.adapters import AdapterManager  # noqa: E402
 from llmgw.gateway.proxy import ForwardRequest  # noqa: E402
+from llmgw.scheduler.base import SameDisk  # noqa: E402
 from llmgw.store.sqlite import SqliteStore  # noqa: E402
 from llmgw.testing.adaptertrace import (  # noqa: E402
     AdapterSession,
@@ -95,7 +96,7 @@ SPEC = SimSpec(max_seqs=16, token_budget=2048, step_time=0.015, decode_per_seq=0
                lora_check_paths=False)
 
 
-class _EndpointsOnly:
+class _EndpointsOnly(SameDisk):
     """The scheduler as the gateway sees it: the live replicas of the base."""
 
     def __init__(self, urls: list[str]) -> None:

@@ -172,16 +172,21 @@ def rss_bytes(pid: int) -> int:
 # ---------------------------------------------------------------- load: wrk or Python
 
 
-def wrk(url: str, connections: int, duration: float, tmp: Path) -> tuple[float, float, int]:
+def wrk(url: str, connections: int, duration: float, tmp: Path,
+        key: str | None = None) -> tuple[float, float, int]:
     """(requests/s, median latency in ms, non-2xx responses) from wrk."""
-    return wrk_together([url], connections, duration, tmp)[0]
+    return wrk_together([url], connections, duration, tmp, key)[0]
 
 
 def wrk_together(urls: Sequence[str], connections: int, duration: float,
-                 tmp: Path) -> list[tuple[float, float, int]]:
-    """``wrk`` against each of ``urls`` at once (a wrk each), in the same window."""
+                 tmp: Path, key: str | None = None) -> list[tuple[float, float, int]]:
+    """``wrk`` against each of ``urls`` at once (a wrk each), in the same window;
+    ``key``: sent as the API key."""
     lua = tmp / "post.lua"
-    lua.write_text(WRK_LUA.format(body=BODY.decode()))
+    script = WRK_LUA.format(body=BODY.decode())
+    if key is not None:
+        script += f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+    lua.write_text(script)
     procs = [subprocess.Popen(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(lua),
          f"{url}/v1/chat/completions"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -246,10 +251,13 @@ class _KeepAliveClient(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def _python_load(url: str, connections: int, duration: float) -> tuple[float, float, int]:
+async def _python_load(url: str, connections: int, duration: float,
+                       key: str | None = None) -> tuple[float, float, int]:
     host, port = url.removeprefix("http://").split(":")
+    auth = f"Authorization: Bearer {key}\r\n" if key is not None else ""
     request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-               f"application/json\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+               f"application/json\r\n{auth}Content-Length: {len(BODY)}\r\n\r\n"
+               ).encode() + BODY
     loop = asyncio.get_running_loop()
     times: list[float] = []
     until = time.perf_counter() + duration
@@ -264,17 +272,18 @@ async def _python_load(url: str, connections: int, duration: float) -> tuple[flo
 
 
 def load(url: str, connections: int, duration: float, tmp: Path,
-         warm: bool = True) -> tuple[float, float, int]:
+         warm: bool = True, key: str | None = None) -> tuple[float, float, int]:
     """(requests/s, median latency in ms, non-2xx responses), from wrk if there is one.
 
-    ``warm``: a run of up to 2 s first, unmeasured, to warm connections and caches."""
+    ``warm``: a run of up to 2 s first, unmeasured, to warm connections and caches;
+    ``key``: sent as the API key."""
     if shutil.which("wrk"):
         if warm:
-            wrk(url, connections, min(2.0, duration), tmp)
-        return wrk(url, connections, duration, tmp)
+            wrk(url, connections, min(2.0, duration), tmp, key)
+        return wrk(url, connections, duration, tmp, key)
     if warm:
-        asyncio.run(_python_load(url, connections, min(2.0, duration)))
-    return asyncio.run(_python_load(url, connections, duration))
+        asyncio.run(_python_load(url, connections, min(2.0, duration), key))
+    return asyncio.run(_python_load(url, connections, duration, key))
 
 
 # ---------------------------------------------------------------- streams

@@ -11,14 +11,21 @@ listener, no keys_file). ``LLMGW_BENCH_ROUTING`` (JSON, optional) is the
 "engine_metrics": true}``. The store is a throw-away SQLite file, or the
 database ``LLMGW_BENCH_DATABASE`` names, opened in the ASGI lifespan.
 ``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off; ``LLMGW_BENCH_LEDGER_INTERVAL``
-sets how often it writes (``1h``: not during a run, to measure the request path alone).
+sets how often it writes (``1h``: not during a run, to measure the request path alone);
+``LLMGW_BENCH_JOURNAL`` is its journal directory (``gateway.journal_dir``).
+``LLMGW_BENCH_KEY`` makes inference need that key: a runtime key of team ``bench``,
+created in the store at start, whose team has a daily token budget of
+``LLMGW_BENCH_BUDGET`` (default: one no run reaches, so every request is checked
+against it and none refused).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
 from llmgw.catalog.build import Catalog, build_catalog
@@ -27,9 +34,10 @@ from llmgw.catalog.model import Model
 from llmgw.catalog.units import Duration
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
-from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
+from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica, SameDisk
 from llmgw.store import open_store
-from llmgw.store.base import Store
+from llmgw.store.base import Store, StoredKey, StoredTeam
+from llmgw.tenancy import Limits, encode_limits, hash_key
 
 
 class StaticCatalog:
@@ -37,7 +45,7 @@ class StaticCatalog:
         self.catalog = catalog
 
 
-class NoScheduler:
+class NoScheduler(SameDisk):
     """A Backend with no scheduled model: the benchmark's model is external."""
 
     async def start(self) -> None: ...
@@ -71,8 +79,24 @@ class NoScheduler:
     async def wait_changed(self, timeout: float) -> None: ...
 
 
+async def _bench_key(gateway: Gateway, store: Store, key: str, budget: int) -> None:
+    """The runtime key ``key`` of team ``bench`` with a daily budget, followed before serving."""
+    now = time.time()
+    await store.put_team(StoredTeam(name="bench", settings=encode_limits(
+        Limits(tokens_per_day=budget)), created_by="bench", created_at=now), create=True)
+    await store.put_key(StoredKey(name="bench-key", team="bench", sha256=hash_key(key),
+                                  settings=b"{}", created_by="bench", created_at=now))
+    deadline = now + 60
+    while gateway.keys.lookup(key) is None:
+        if time.time() > deadline:
+            raise RuntimeError("the gateway did not follow the benchmark's key within 60 s")
+        await asyncio.sleep(0.05)
+
+
 def serving(gateway: Gateway, store: Store) -> Any:
     """``gateway`` as an ASGI app whose lifespan opens and closes it and ``store``."""
+    key = os.environ.get("LLMGW_BENCH_KEY")
+    budget = int(os.environ.get("LLMGW_BENCH_BUDGET", str(10**12)))
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -81,6 +105,8 @@ def serving(gateway: Gateway, store: Store) -> Any:
                 if message["type"] == "lifespan.startup":
                     await store.open()
                     await gateway.start()
+                    if key:
+                        await _bench_key(gateway, store, key, budget)
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await gateway.close()
@@ -106,7 +132,9 @@ def build() -> Any:
     ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
     interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
     config = ServerConfig(listen="127.0.0.1:0",
-                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval))
+                          gateway=GatewayConfig(ledger=ledger, ledger_interval=interval,
+                                                journal_dir=os.environ.get(
+                                                    "LLMGW_BENCH_JOURNAL")))
     gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
     return serving(gateway, store)
 

@@ -25,6 +25,18 @@ schema of its own, dropped afterwards.
 * overshoot: a team with a daily budget, 32 connections bursting through two
   gateway instances on one Postgres schema until every connection is
   refused; the tokens served past the budget.
+* ab-full: as ab, with the gateway measured carrying the ledger, a token budget
+  (every request from a key of a budgeted team) and the journal, against the
+  same gateway with all three off (the same key, so authentication costs both
+  alike) and a second one off as the control; target CPU per request off/on
+  >= 0.97.
+* outage: two gateway instances with journals on one Postgres reached through
+  ``llmgw.testing.tcpproxy``, ``--rate`` requests/s (every fourth streaming)
+  spread over them; the proxy freezes every connection for each of
+  ``--freezes`` seconds (30 and 300) with ``--settle`` s of normal traffic
+  between, then one instance is SIGKILLed under the load and started again on
+  its journal directory. Then the store's records against the requests the
+  clients got answered 200 whole, which must be equal.
 """
 
 from __future__ import annotations
@@ -34,19 +46,33 @@ import asyncio
 import contextlib
 import math
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway_bench import BODY, gateway, load, process_tree, python_upstream, wrk_together
+from gateway_bench import (
+    BODY,
+    free_port,
+    gateway,
+    load,
+    process_tree,
+    python_upstream,
+    wrk_together,
+)
 
 from llmgw.gateway.ledger import BATCH
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
@@ -187,7 +213,7 @@ def median_interval(values: list[float]) -> tuple[float, float]:
 
 
 def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
-       together: bool = False) -> None:
+       together: bool = False, full: bool = False) -> None:
     """The gateway with the ledger on, with it off, and a second one with it off (the
     control) run side by side. Loads take turns between them in short runs, the order
     reversed each round, so that what else the machine runs falls on all alike; or,
@@ -200,12 +226,22 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     same run.
 
     Besides throughput, each run's gateway CPU time per request (its threads and
-    the ledger's writer process included): what the ledger costs."""
+    the ledger's writer process included): what the ledger costs.
+
+    ``full``: "on" is the ledger, a budget checked on every request and the
+    journal; every gateway is sent the same key, so that authentication costs
+    them all alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    names = ("off", "on", "control")
+    # With ``full``, "unjournaled" is "on" without the journal: the journal's own share.
+    names: tuple[str, ...] = ("off", "on", "unjournaled", "control") if full else \
+        ("off", "on", "control")
     rps: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
+    key = generate_key() if full else None
+    if key is not None:
+        env["LLMGW_BENCH_KEY"] = key
+    journals = tempfile.TemporaryDirectory(prefix="llmgw-bench-journal-")
     where = "Postgres" if database else "SQLite"
     cores = sorted(os.sched_getaffinity(0))
     pinned = together and len(cores) >= 2
@@ -214,14 +250,17 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
             # This process, and so the upstream and every wrk, on the second core.
             stack.callback(os.sched_setaffinity, 0, set(cores))
             os.sched_setaffinity(0, {cores[1]})
+        stack.enter_context(journals)
         upstream = stack.enter_context(python_upstream(100, 0.05))
+        journal = {"LLMGW_BENCH_JOURNAL": journals.name} if full else {}
         servers = {
             name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
-                **env, "LLMGW_BENCH_LEDGER": "1" if name == "on" else "0",
-                "LLMGW_BENCH_LEDGER_INTERVAL": interval}))
+                **env, "LLMGW_BENCH_LEDGER": "1" if name in ("on", "unjournaled") else "0",
+                "LLMGW_BENCH_LEDGER_INTERVAL": interval,
+                **(journal if name == "on" else {})}))
             for name in names}
         for url, _pid in servers.values():
-            load(url, 32, 2.0, tmp)     # warm up
+            load(url, 32, 2.0, tmp, key=key)     # warm up
         for i in range(rounds):
             if together:
                 if pinned:
@@ -229,7 +268,7 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
                         pin(pid, cores[0])
                 before = {name: cpu_seconds(pid) for name, (_url, pid) in servers.items()}
                 figures = wrk_together([url for url, _pid in servers.values()], 32,
-                                       duration, tmp)
+                                       duration, tmp, key)
                 for (name, (_url, pid)), (got, _med, _bad) in zip(servers.items(), figures,
                                                                   strict=True):
                     rps[name].append(got)
@@ -239,7 +278,9 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
             for name in names if i % 2 == 0 else names[::-1]:
                 url, pid = servers[name]
                 before_one = cpu_seconds(pid)
-                got, _med, _bad = load(url, 32, duration, tmp, warm=False)
+                got, _med, bad = load(url, 32, duration, tmp, warm=False, key=key)
+                if bad:
+                    raise RuntimeError(f"{bad} requests to the {name} gateway were not 2xx")
                 rps[name].append(got)
                 cpu[name].append((cpu_seconds(pid) - before_one) / (got * duration) * 1e6)
     ratios = [b / a for a, b in zip(rps["off"], rps["on"], strict=True)]
@@ -248,17 +289,28 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     low, high = median_interval(ratios)
     c_low, c_high = median_interval(control)
     how = "loaded together" if together else "taking turns"
-    print(f"gateway throughput at 32 connections each, {how}, store {where}, ledger "
-          f"writing every {interval}, {rounds} rounds of {duration:g} s: ledger off median "
+    what = "ledger + budget + journal" if full else "ledger"
+    print(f"gateway throughput at 32 connections each, {how}, store {where}, {what}, "
+          f"writing every {interval}, {rounds} rounds of {duration:g} s: off median "
           f"{statistics.median(rps['off']):,.0f} req/s, on {statistics.median(rps['on']):,.0f}"
           f" req/s, control (off) {statistics.median(rps['control']):,.0f} req/s")
     print(f"  on/off: median of the pairs' ratios {statistics.median(ratios):.3f} "
-          f"(95% interval {low:.3f}-{high:.3f}; target >= 0.95)")
+          f"(95% interval {low:.3f}-{high:.3f}; target >= {0.97 if full else 0.95})")
     print(f"  control/off, the method's resolution: {statistics.median(control):.3f} "
           f"(95% interval {c_low:.3f}-{c_high:.3f})")
-    print(f"  gateway CPU per request: ledger off median {statistics.median(cpu['off']):.0f} "
-          f"us, on {statistics.median(cpu['on']):.0f} us; off/on median of the pairs "
-          f"{statistics.median(cpu_ratios):.3f}")
+    cpu_low, cpu_high = median_interval(cpu_ratios)
+    cpu_control = [a / b for a, b in zip(cpu["off"], cpu["control"], strict=True)]
+    print(f"  gateway CPU per request: off median {statistics.median(cpu['off']):.0f} us, "
+          f"on {statistics.median(cpu['on']):.0f} us, control "
+          f"{statistics.median(cpu['control']):.0f} us; off/on median of the pairs "
+          f"{statistics.median(cpu_ratios):.3f} (95% interval {cpu_low:.3f}-{cpu_high:.3f}"
+          f"{'; target >= 0.97' if full else ''}), off/control "
+          f"{statistics.median(cpu_control):.3f}")
+    if full:
+        shares = [a / b for a, b in zip(cpu["unjournaled"], cpu["on"], strict=True)]
+        print(f"  the journal's share: ledger + budget without it median "
+              f"{statistics.median(cpu['unjournaled']):.0f} us per request; without/with "
+              f"median of the pairs {statistics.median(shares):.3f}")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:
@@ -326,6 +378,157 @@ async def overshoot(base: str, budget: int, instances: int) -> None:
             await store.close()
 
 
+# ---------------------------------------------------------------- outage
+
+
+class _Answers:
+    """Requests sent at a fixed rate over the live gateways; those answered 200 whole."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.urls: list[str] = []
+        self.sent = 0
+        self.answered = 0
+        self.failed = 0
+        self.latencies: list[float] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(
+                max_connections=1000, max_keepalive_connections=100)) as http:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            while not stop.is_set():
+                self.sent += 1
+                task = asyncio.create_task(self._one(http, self.urls[self.sent % len(self.urls)],
+                                                     self.sent % 4 == 0))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                # Open loop: the next request leaves on time whatever became of this one.
+                await asyncio.sleep(max(0.0, start + self.sent / self.rate - loop.time()))
+            await asyncio.gather(*self._tasks)
+
+    async def _one(self, http: httpx.AsyncClient, url: str, stream: bool) -> None:
+        body = {"model": "bench", "stream": stream, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello"}]}
+        started = time.perf_counter()
+        try:
+            r = await http.post(f"{url}/v1/chat/completions", json=body)
+            whole = b"[DONE]" in r.content if stream else b'"choices"' in r.content
+            if r.status_code == 200 and whole:
+                self.answered += 1
+                self.latencies.append(time.perf_counter() - started)
+                return
+        except httpx.HTTPError:
+            pass
+        self.failed += 1
+
+
+def _proxied(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    creds, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{creds}{at}127.0.0.1:{port}"))
+
+
+async def _records(url: str) -> tuple[int, int]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE status = 200) FROM usage")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+
+async def _waiting(urls: list[str]) -> str:
+    """What the gateways' ledgers hold unwritten now (their /metrics)."""
+    out = []
+    async with httpx.AsyncClient(timeout=10) as http:
+        for url in urls:
+            try:
+                text = (await http.get(f"{url}/metrics")).text
+            except httpx.HTTPError:
+                out.append("?")
+                continue
+            figures = dict(re.findall(
+                r"^llmgw_gateway_ledger_(waiting_records|journal_bytes) ([\d.e+]+)$", text,
+                re.MULTILINE))
+            out.append(f"{float(figures.get('waiting_records', 0)):,.0f} records / "
+                       f"{float(figures.get('journal_bytes', 0)) / 1024:,.0f} KiB")
+    return ", ".join(out)
+
+
+async def outage(base: str, freezes: list[float], rate: float, settle: float) -> None:
+    async with schema(base) as url:
+        parts = urlsplit(url)
+        port = free_port()
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "llmgw.testing.tcpproxy", "--target",
+             f"{parts.hostname}:{parts.port or 5432}", "--port", str(port)],
+            stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+        assert proxy.stdout is not None
+        proxy.stdout.readline()
+        through = _proxied(url, port)
+        try:
+            with contextlib.ExitStack() as stack:
+                journals = [stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="llmgw-bench-journal-")) for _ in range(2)]
+                upstream = stack.enter_context(python_upstream(20, 0.05))
+
+                def start(i: int) -> tuple[str, int]:
+                    return stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
+                        "LLMGW_BENCH_DATABASE": through, "LLMGW_BENCH_JOURNAL": journals[i],
+                        "LLMGW_BENCH_LEDGER_INTERVAL": "1s"}))
+
+                servers = [start(0), start(1)]
+                answers = _Answers(rate)
+                answers.urls = [u for u, _pid in servers]
+                stop = asyncio.Event()
+                driver = asyncio.create_task(answers.run(stop))
+                await asyncio.sleep(settle)
+                print(f"outage: 2 gateway instances with journals, Postgres through a TCP "
+                      f"proxy, {rate:g} requests/s (every fourth streaming, 1 s streams)")
+                for seconds in freezes:
+                    before, lat_from = answers.answered, len(answers.latencies)
+                    proxy.send_signal(signal.SIGUSR1)
+                    await asyncio.sleep(seconds)
+                    held = await _waiting(answers.urls)
+                    proxy.send_signal(signal.SIGUSR2)
+                    during = answers.latencies[lat_from:]
+                    print(f"  Postgres frozen {seconds:g} s: {answers.answered - before:,} "
+                          f"requests answered 200 during it (median "
+                          f"{statistics.median(during) * 1000 if during else 0:.0f} ms); "
+                          f"unwritten at its end: {held}")
+                    await asyncio.sleep(settle)
+                pid_a = servers[0][1]
+                answers.urls = [servers[1][0]]
+                os.kill(pid_a, signal.SIGKILL)
+                killed_at = answers.answered
+                await asyncio.sleep(settle)
+                restarted = await asyncio.to_thread(start, 0)   # the load goes on meanwhile
+                answers.urls = [restarted[0], servers[1][0]]
+                await asyncio.sleep(settle)
+                stop.set()
+                await driver
+                print(f"  one instance SIGKILLed under the load and restarted on its journal "
+                      f"{settle:g} s later; {answers.answered - killed_at:,} answered since")
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 300
+                records = await _records(url)
+                while records[1] < answers.answered and loop.time() < deadline:
+                    await asyncio.sleep(1)
+                    records = await _records(url)
+                await asyncio.sleep(3)          # and nothing more arrives
+                records = await _records(url)
+                verdict = "equal" if records == (answers.answered, answers.answered) else \
+                    "NOT EQUAL"
+                print(f"  requests sent {answers.sent:,}, answered 200 {answers.answered:,}, "
+                      f"failed {answers.failed:,} (those in flight to the killed instance); "
+                      f"ledger records {records[0]:,} ({records[1]:,} of status 200): {verdict}")
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="ingest,query,ab,overshoot")
@@ -337,6 +540,12 @@ def main() -> None:
     parser.add_argument("--ingest-runs", type=int, default=3)
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--budget", type=int, default=30_000)
+    parser.add_argument("--freezes", default="30,300",
+                        help="seconds of each freeze of Postgres in the outage part")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="requests/s in the outage part")
+    parser.add_argument("--settle", type=float, default=15.0,
+                        help="seconds of normal traffic around each event of the outage part")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(f"machine: {os.cpu_count()} cores; Postgres {args.postgres.rsplit('@', 1)[-1]}")
@@ -346,6 +555,11 @@ def main() -> None:
         asyncio.run(query(args.postgres))
     if "ab" in parts:
         ab(args.rounds, args.duration, None)
+    if "ab-full" in parts:
+        ab(args.rounds, args.duration, None, full=True)
+    if "outage" in parts:
+        asyncio.run(outage(args.postgres, [float(x) for x in args.freezes.split(",")],
+                           args.rate, args.settle))
     if "ab-together" in parts:
         ab(args.rounds, args.duration, None, together=True)
     if "ab-unwritten" in parts:

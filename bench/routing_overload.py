@@ -43,6 +43,8 @@ from typing import Any
 
 import aiohttp
 
+from llmgw.scheduler.base import SameDisk
+
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from gateway_bench import free_port  # noqa: E402
@@ -69,7 +71,7 @@ async def serve(port: int, initial: int, load_time: float, controlled: bool) -> 
 
     spec = SimSpec(**SPEC)  # type: ignore[arg-type]
 
-    class SimScheduler:
+    class SimScheduler(SameDisk):
         """Runs simulated replicas in this process; a replica loads for ``load_time`` s."""
 
         def __init__(self) -> None:

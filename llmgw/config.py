@@ -170,8 +170,15 @@ class GatewayConfig(_Conf, frozen=True):
     ledger_interval: Duration = Duration(1, "1s")
     # ... and how often while records of a key or team with a token budget wait.
     budget_interval: Duration = Duration(0.2, "200ms")
-    # Records held while the store is unreachable; beyond it the oldest are dropped.
+    # Records held in memory while the store is unreachable; beyond it, with a journal,
+    # the newer ones wait on disk only; without one, the oldest are dropped.
     ledger_buffer: int = 100_000
+    # Where each gateway process journals its usage records before the store has them
+    # (``gateway.journal``), so a killed process or a store outage of any length loses
+    # none: replayed at the next start. None: records wait in memory only.
+    journal_dir: str | None = None
+    # The most the journal may hold on disk; a record past it is dropped (and counted).
+    journal_max: Size = Size(1024**3, "1GiB")
     # How long raw records are kept (the hourly roll-ups are kept for good).
     usage_retention: Duration = Duration(90 * 86400, "90d")
 
@@ -403,7 +410,7 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
                 "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait",
-                "body_deadline", "max_unauthenticated_per_client"):
+                "body_deadline", "max_unauthenticated_per_client", "journal_max"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
     if cfg.eject_max < cfg.eject_for:

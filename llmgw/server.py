@@ -137,7 +137,8 @@ class Server:
         self.relay: RoutingRelay | None = None
         if control_only:
             self.relay = RoutingRelay(self.backend, lambda: [
-                m.name for m in self.models.catalog if not m.external])
+                m.name for m in self.models.catalog if not m.external],
+                lambda: self.models.catalog.adapters)
         else:
             from llmgw.scheduler.local.backend import LocalBackend
 

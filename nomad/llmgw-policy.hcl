@@ -17,7 +17,9 @@
 namespace "llm" {
   # register, plan, validate and deregister jobs; scale them and read their
   # scale status; read jobs, allocations, their checks and statistics,
-  # evaluations, deployments and services.
+  # evaluations, deployments and services. Every gateway instance uses
+  # submit-job, read-job and read-fs too, to fetch an adapter onto a replica's
+  # node and read why a fetch failed.
   capabilities = ["list-jobs", "read-job", "submit-job", "scale-job", "read-job-scaling",
                   # read a file of llmgw's own allocations: the fetch's progress and the
                   # cache sweep's report (command/agent/fs_endpoint.go, the cat/ case)
@@ -37,10 +39,17 @@ namespace "llm" {
     path "nomad/jobs/llmgw_prefetch_*" {
       capabilities = ["write", "read", "destroy"]
     }
+    # ... and for the batch job that fetches a LoRA adapter onto the node of the replica
+    # about to load it (job llmgw_adapter_<adapter>_<node ID>, llmgw/scheduler/nomad/
+    # adapterjob.py), when the mirror or the adapter's URL has a password.
+    path "nomad/jobs/llmgw_adapter_*" {
+      capabilities = ["write", "read", "destroy"]
+    }
   }
 }
 
-# Every job llmgw registers -- a model's replicas, a prefetch, a cache sweep -- mounts
+# Every job llmgw registers -- a model's replicas, a prefetch, a cache sweep, an
+# adapter's fetch -- mounts
 # the host volume llmgw-model-cache (scheduler.nomad.cache_volume) writable, and
 # Job.Register checks each mount against the token's host_volume rules, which no
 # namespace capability covers (nomad/job_endpoint.go, doRegister; acl/acl.go,

@@ -230,6 +230,7 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
     url = with_userinfo(url, os.environ.get("LLMGW_FETCH_USERINFO"))
     shown = redact_url(url)
     bar = ProgressBar(dest) if sys.stderr.isatty() and not quiet else None
+    tracker: cache.ProgressFile | None = None
     try:
         with failures():
             check_writable(dest)   # the cache's owner and this uid, before a byte moves
@@ -256,6 +257,9 @@ def fetch(url: str, dest: str, sha256: str | None, retries: int, timeout: float,
         # The error goes to stderr as ever; stdout, which the Nomad UI shows first,
         # must not end on a progress line either.
         click.echo(f"failed: {exc.format_message()}")
+        if progress_file:
+            cache.write_failure(progress_file, shown, exc.format_message(),
+                                tracker.meter.read() if tracker is not None else None)
         raise
     for r in results:
         note = "" if r.transferred else "  (already in place)"

@@ -23,7 +23,14 @@ request is answered 503 with the engine's reason, never by the base model.
 
 The path an engine is given: the adapter's local path in the embedded mode
 (the engine runs on this machine); on Nomad, where the node's cache keeps it
-(``render.cache_path`` of its mirror URL, the volume every replica mounts).
+(``render.cache_path`` of its mirror URL, the volume every replica mounts). Before
+it asks an engine to load an adapter the manager has the scheduler bring the
+weights there (``Routing.stage_adapter``: on Nomad a fetch job onto the replica's
+node, ``llmgw.scheduler.nomad.adapterjob``), inside the same bound; a fetch that
+fails makes that replica refuse like an engine would, with the fetch's reason. An
+engine that finds nothing at the path (404) has the weights fetched again once. Of
+the replicas equally placed, one whose disk holds the adapter is chosen
+(``adapter_warm``).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import aiohttp
 import msgspec
@@ -41,14 +49,13 @@ import msgspec
 from llmgw.catalog.adapter import Adapter, lora_sizes
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
-from llmgw.catalog.source import HfSource, PathSource, UrlSource, strip_userinfo
-from llmgw.errors import UnavailableError
+from llmgw.catalog.source import PathSource
+from llmgw.errors import LlmgwError, UnavailableError
 from llmgw.gateway.adapterplace import Placement, adapter_key
 from llmgw.gateway.prefix import PrefixKey
 from llmgw.gateway.proxy import ForwardRequest, target_url
 from llmgw.gateway.routing import Balancer
-from llmgw.scheduler.nomad.render import cache_path
-from llmgw.weights import layout
+from llmgw.scheduler.nomad.render import adapter_fetch_of
 
 log = logging.getLogger("llmgw.gateway.adapters")
 
@@ -98,14 +105,21 @@ def adapter_path(adapter: Adapter, scheduler: str, mirror: str | None) -> str:
     src = adapter.source
     if isinstance(src, PathSource):
         return os.path.abspath(os.path.expanduser(src.path))
-    if isinstance(src, HfSource) and mirror:
-        url = f"{strip_userinfo(mirror).rstrip('/')}/{layout.mirror_path(src)}"
-        return cache_path(url)
-    if isinstance(src, UrlSource):
-        return cache_path(src.location)
+    found = adapter_fetch_of(adapter, mirror)
+    if found is not None:
+        return found[1]
     raise AdapterUnavailableError(
         f"adapter {adapter.name!r}: its source {src.shown!r} is not on this machine nor in a "
         f"node's cache ({scheduler} scheduler); give a local path or a mirror URL")
+
+
+class Stage(Protocol):
+    async def __call__(self, adapter: Adapter, address: str, *, again: bool = False
+                       ) -> None: ...
+
+
+async def _nothing_to_stage(adapter: Adapter, address: str, *, again: bool = False) -> None:
+    return None
 
 
 class AdapterManager:
@@ -116,7 +130,9 @@ class AdapterManager:
                  scheduler: str = "local", mirror: str | None = None,
                  profile_of: Callable[[str], str | None] = lambda _: None,
                  load_wait: float = 120.0, interval: float = 1.0,
-                 on_load: Callable[[str, str, str], None] = lambda *_: None) -> None:
+                 on_load: Callable[[str, str, str], None] = lambda *_: None,
+                 stage: Stage | None = None,
+                 warm: Callable[[Adapter, str], bool] = lambda *_: False) -> None:
         self.balancer = balancer
         self.catalog = catalog
         self.replicas = replicas
@@ -128,6 +144,10 @@ class AdapterManager:
         self.interval = interval
         # (base, adapter, outcome) of every load asked for: the gateway's metric.
         self.on_load = on_load
+        # The scheduler's: bring the adapter onto the replica's disk (Routing.stage_adapter),
+        # and whether it is there already (adapter_warm).
+        self.stage = stage or _nothing_to_stage
+        self.warm = warm
         self.placement = Placement()
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -201,7 +221,7 @@ class AdapterManager:
 
             choice = self.placement.choose(adapter.name, usable, self._queue, pick,
                                            self._capacity(model), self._pinned(model.name),
-                                           now)
+                                           now, warm=lambda u: self.warm(adapter, u))
             if choice is None:
                 # Every slot is pinned, running or just loaded: wait for one to free.
                 if now >= deadline:
@@ -274,13 +294,13 @@ class AdapterManager:
             self.loads += 1
             try:
                 async with asyncio.timeout(self.load_wait):
-                    resp = await self._client().post(
-                        target_url(url, "/v1/load_lora_adapter"),
-                        json={"lora_name": adapter.name, "lora_path": path})
-                    async with resp:
-                        status = resp.status
-                        text = (await resp.content.read(_ERROR_SNIPPET)).decode(
-                            "utf-8", "replace").strip()
+                    await self._staged(adapter, url, again=False)
+                    status, text = await self._post_load(url, adapter, path)
+                    if status == 404 and self.scheduler != "local":
+                        # The engine found no adapter at the path: the node's cache lost
+                        # it (a sweep, a hand) since it was thought there. Fetch it again.
+                        await self._staged(adapter, url, again=True)
+                        status, text = await self._post_load(url, adapter, path)
             except TimeoutError:
                 raise AdapterUnavailableError(
                     f"loading took longer than {self.load_wait:g} s "
@@ -298,6 +318,23 @@ class AdapterManager:
         finally:
             placement.ended_load(url, adapter.name, self.clock(), ok=ok)
             self.on_load(adapter.base, adapter.name, "loaded" if ok else "refused")
+
+    async def _staged(self, adapter: Adapter, url: str, *, again: bool) -> None:
+        try:
+            await self.stage(adapter, url, again=again)
+        except AdapterUnavailableError:
+            raise
+        except LlmgwError as exc:
+            # Not fetched (the mirror's 404, a checksum, the cache's owner) or Nomad
+            # unreachable: this replica cannot load it; the caller tries the next one.
+            raise AdapterUnavailableError(exc.message) from None
+
+    async def _post_load(self, url: str, adapter: Adapter, path: str) -> tuple[int, str]:
+        resp = await self._client().post(target_url(url, "/v1/load_lora_adapter"),
+                                         json={"lora_name": adapter.name, "lora_path": path})
+        async with resp:
+            text = (await resp.content.read(_ERROR_SNIPPET)).decode("utf-8", "replace")
+            return resp.status, text.strip()
 
     async def unload(self, url: str, name: str) -> None:
         self.placement.unloaded(url, name)

@@ -52,8 +52,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -91,6 +89,7 @@ from llmgw.gateway.errors import (
 )
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
+from llmgw.gateway.holders import holder_name
 from llmgw.gateway.keepalive import HeldStream
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.ledger import Ledger
@@ -182,7 +181,7 @@ class Gateway:
         self.balancer = Balancer(gw.eject_for, gw.eject_max,
                                  signal_ttl=3 * float(gw.signal_interval))
         self.metrics = GatewayMetrics(self._replica_counts, self._live_figures)
-        holder = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        holder = holder_name(f"{id(self):x}")
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
@@ -198,7 +197,8 @@ class Gateway:
             profile_of=backend.profile_of, load_wait=float(gw.adapter_load_wait),
             interval=float(gw.signal_interval),
             on_load=lambda base, name, outcome:
-                self.metrics.adapter_loads.labels(base, name, outcome).inc())
+                self.metrics.adapter_loads.labels(base, name, outcome).inc(),
+            stage=backend.stage_adapter, warm=backend.adapter_warm)
         self.forwarder.placer = self.adapters
         self.signals = SignalScraper(
             self.balancer, self._scrape_targets, self._loop_time,
@@ -230,7 +230,9 @@ class Gateway:
                                  capacity=gw.ledger_buffer, retention=float(gw.usage_retention),
                                  urgent_interval=float(gw.budget_interval),
                                  on_drop=self.metrics.ledger_dropped.inc,
-                                 on_flush=self._refresh_budgets)
+                                 on_flush=self._refresh_budgets, on_cycle=self._ledger_gauges,
+                                 journal_dir=gw.journal_dir, journal_max=gw.journal_max,
+                                 on_unjournaled=self.metrics.ledger_unjournaled.inc)
             self.budgets: Budgets | None = Budgets(store, self.ledger,
                                                    in_use=self.keys.budget_fields,
                                                    cost_in_use=self.keys.cost_budgeted)
@@ -615,6 +617,8 @@ class Gateway:
                 req, chain = await self._admit(scope, receive, path, started, call)
             else:
                 req, chain, send = await exchange.admit(scope, receive, send, started, call)
+            if self.ledger is not None:
+                send = self._journaling(send, call, started)
             status = await self._serve(req, chain, receive, send)
         except LlmgwError as err:
             status = err.status
@@ -631,12 +635,42 @@ class Gateway:
             mm.done(status)
             latency = self._loop_time() - started
             mm.latency.observe(latency)
-            if call.key is not None and call.request is not None:
+            if call.key is not None and call.request is not None and not call.accounted:
                 self._account(call.key, call.request, status, latency)
+
+    def _journaling(self, send: Send, call: Call, started: float) -> Send:
+        """``send``, recording the request in the ledger just before its answer's last byte.
+
+        So with a journal (``gateway.journal``) every answer that reached its client whole
+        has its usage record on disk: a process killed after that byte loses no record of
+        it. The forwarder has the usage by then (it reads it before passing the end on).
+        """
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = message["status"]
+            elif (kind == "http.response.body" and not message.get("more_body", False)
+                  and not call.accounted and call.key is not None
+                  and call.request is not None):
+                call.accounted = True
+                self._account(call.key, call.request, status, self._loop_time() - started)
+            await send(message)
+
+        return sending
 
     async def _refresh_budgets(self) -> None:
         if self.budgets is not None:
             await self.budgets.refresh()
+
+    def _ledger_gauges(self) -> None:
+        ledger = self.ledger
+        if ledger is not None:
+            self.metrics.ledger_waiting.set(ledger.waiting)
+            if ledger.journal is not None:
+                self.metrics.ledger_journal_bytes.set(ledger.journal.bytes)
 
     def _account(self, key: ApiKey, req: ForwardRequest, status: int, latency: float) -> None:
         """The request's ledger record and its team's token counters."""
@@ -770,8 +804,8 @@ class Gateway:
         checked against its owner's key when it was validated. Its token and
         cost budgets are, line by line, as for a client's request: a batch
         whose owner ran out is answered 429 ``insufficient_quota``, which the
-        worker retries with back-off until the budget resets or the batch
-        expires. Nor is the line counted as a client's request (requests_total,
+        worker takes as the line's final answer (``batchworker``: quota is final).
+        Nor is the line counted as a client's request (requests_total,
         request_duration: what interactive users get); the worker counts it in
         batch_lines_total. It is in the usage ledger, as its owner's (``owner``,
         the key's id, and its team). A line whose owner was revoked is not run

@@ -24,7 +24,23 @@ counts as done, and the batch row records the line through which every
 result is stored (``done_through``, saved every second). After a restart,
 or on another instance, the worker skips those lines and the few after them
 that have results, so no finished line is sent twice; a line that was in
-flight when the worker stopped had no result and runs again.
+flight when the worker stopped had no result and runs again — unless the
+engine had answered it: with ``gateway.journal_dir`` its result is journaled
+locally as the answer comes back and stored before the next pass
+(``batchjournal``), so its answer is neither lost nor generated twice. A worker killed
+without releasing its lease does not make the next one wait out the lease's
+ttl when the next one runs on the same machine: the holder's name says which
+process held it (``holders``), and a holder of this machine whose process is
+gone is released at once, so a restarted instance resumes its batches as soon
+as it is up.
+
+**Quota is final.** A line refused 429 ``insufficient_quota`` (its owner's
+token or cost budget is spent until the period resets, hours away) fails at
+once with that error in the error file, rather than being retried like a
+transient 429. The batch continues: each later line is checked against the
+budget on its own, so while the budget stays spent the rest fail the same
+way within moments, and a line the budget still admits (a budget raised
+meanwhile, a new period) runs. Nothing is sent to an engine for a refused line.
 
 **Bounded memory.** The input is read a store chunk at a time and split
 into lines (``LineSplitter``); at most ``gateway.batch_concurrency`` lines
@@ -35,9 +51,9 @@ batch holds the same few lines in memory as a 10-line one
 **Priority.** Until an admission queue orders requests by class, the
 worker's own concurrency limit is what keeps interactive traffic on the
 same model unharmed: with the default of 4 a batch can never occupy more
-than 4 of an engine's sequence slots. Transient failures (429, 502, 503,
-504) are retried with back-off rather than written off, since a batch has
-hours, not seconds.
+than 4 of an engine's sequence slots. Transient failures (429 for a rate limit
+or a full queue, 502, 503, 504) are retried with back-off rather than
+written off, since a batch has hours, not seconds.
 """
 
 from __future__ import annotations
@@ -48,6 +64,8 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+
+import msgspec
 
 from llmgw.catalog.build import Catalog
 from llmgw.errors import StoreUnavailableError
@@ -65,9 +83,11 @@ from llmgw.gateway.batchfile import (
     parse_line,
     record_of,
 )
+from llmgw.gateway.batchjournal import BatchJournal
 from llmgw.gateway.capabilities import describe, serves
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.files import FileWriter, new_file_id
+from llmgw.gateway.holders import is_gone
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.responses_api import PATH as RESPONSES
 from llmgw.gateway.responses_api import batch_response
@@ -82,6 +102,29 @@ MAX_TRIES = 5
 ABANDONED_UPLOAD = 3600
 HOUSEKEEPING_EVERY = 60.0
 _RESULTS_PAGE = 200
+
+
+class _ErrorDetail(msgspec.Struct):
+    code: str | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _ErrorDetail | None = None
+
+
+_decode_error = msgspec.json.Decoder(_ErrorBody).decode
+
+
+def is_final(status: int, body: bytes) -> bool:
+    """Whether an answer in RETRY_STATUSES is final all the same: a 429 for quota (the
+    budget is spent until its period resets), not for a rate limit or a full queue."""
+    if status != 429:
+        return False
+    try:
+        error = _decode_error(body).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return error is not None and error.code == "insufficient_quota"
 
 
 def _row(record: BatchRecord) -> BatchRow:
@@ -112,6 +155,8 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._housekept = -math.inf
         self.lines_sent = 0            # every line sent to a replica (tests, the benchmark)
+        journal_dir = core.config.gateway.journal_dir
+        self.results = BatchJournal(journal_dir) if journal_dir is not None else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -130,6 +175,8 @@ class BatchWorker:
         await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.core.state.release_lease(LEASE, self.holder)
+        if self.results is not None:
+            self.results.close()
 
     async def _run(self) -> None:
         outage: str | None = None       # logged once, not on every poll
@@ -137,8 +184,11 @@ class BatchWorker:
             try:
                 # Not before the store's keys are in force: a batch of a runtime key would
                 # otherwise be failed as revoked, its owner not known yet.
-                if self.keys_ready() and await self.core.state.try_lease(
-                        LEASE, self.holder, self.lease_ttl):
+                # Results journaled here (or left by a process that is gone) first: a line
+                # whose answer was kept must be found done, by whichever worker runs next.
+                if self.results is not None:
+                    await self.results.flush(self.core.state)
+                if self.keys_ready() and await self._take_lease():
                     await self._hold_and_work()
                 outage = None
             except StoreUnavailableError as exc:
@@ -152,6 +202,20 @@ class BatchWorker:
                 async with asyncio.timeout(self.poll):
                     await self._wake.wait()
             self._wake.clear()
+
+    async def _take_lease(self) -> bool:
+        """Take the lease; one held by a process of this machine that is gone is released
+        first rather than waited out (``holders``)."""
+        store = self.core.state
+        if await store.try_lease(LEASE, self.holder, self.lease_ttl):
+            return True
+        holder = await store.lease_holder(LEASE)
+        if holder is None or holder == self.holder or not is_gone(holder):
+            return False
+        log.info("batch worker: the lease's holder %s is a process of this machine that is "
+                 "gone; taking over its batches", holder)
+        await store.release_lease(LEASE, holder)
+        return await store.try_lease(LEASE, self.holder, self.lease_ttl)
 
     async def _hold_and_work(self) -> None:
         """Work while renewing the lease; stop the work the moment the lease is lost."""
@@ -397,7 +461,8 @@ class BatchWorker:
                 status, body, _ = await self.core.execute(record.endpoint, request.body,
                                                           request.model, priority="batch",
                                                           owner=OwnerId(record.owner))
-            if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1:
+            if status not in RETRY_STATUSES or attempt == MAX_TRIES - 1 \
+                    or is_final(status, body):
                 break
             left = record.expires_at - time.time()
             if left <= 0:
@@ -406,8 +471,14 @@ class BatchWorker:
         ok = 200 <= status < 300
         self.core.metrics.batch_lines.labels(request.model,
                                              "succeeded" if ok else "failed").inc()
-        await self._record(record, progress, number, ok,
-                           output_line(request.custom_id, status, body))
+        result = output_line(request.custom_id, status, body)
+        # Kept before any await: the answer's usage record was journaled as it came back,
+        # and the two must survive a kill together.
+        if self.results is not None:
+            self.results.keep(record.id, number, ok, result)
+        await self._record(record, progress, number, ok, result)
+        if self.results is not None:
+            self.results.stored(record.id, number)
 
     async def _finalize(self, record: BatchRecord) -> None:
         """Write the output and error files from the results, then the final state."""

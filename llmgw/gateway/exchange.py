@@ -34,9 +34,11 @@ from llmgw.tenancy import Priority
 class Call:
     """What is known about a request so far, for the metrics recorded when it ends."""
 
-    __slots__ = ("key", "metrics", "request")
+    __slots__ = ("accounted", "key", "metrics", "request")
 
     def __init__(self) -> None:
+        # Whether the request's usage record was made (at its answer's last byte).
+        self.accounted = False
         self.key: ApiKey | None = None
         self.metrics: ModelMetrics | None = None
         self.request: ForwardRequest | None = None

@@ -232,6 +232,17 @@ class GatewayMetrics:
         self.ledger_dropped = Counter(
             "llmgw_gateway_ledger_dropped_records", "Usage records dropped because the "
             "ledger's buffer was full while the store could not be written.", registry=r)
+        self.ledger_unjournaled = Counter(
+            "llmgw_gateway_ledger_unjournaled_records", "Usage records that could not be "
+            "journaled (gateway.journal_max reached, or the write failed): kept in memory "
+            "while it had room, else dropped.", registry=r)
+        self.ledger_journal_bytes = Gauge(
+            "llmgw_gateway_ledger_journal_bytes", "Bytes of usage records in the journal "
+            "whose store write is not yet known to have succeeded.", registry=r,
+            multiprocess_mode="livesum")
+        self.ledger_waiting = Gauge(
+            "llmgw_gateway_ledger_waiting_records", "Usage records not yet in the store, in "
+            "memory or in the journal only.", registry=r, multiprocess_mode="livesum")
         self.key_reloads = Counter(
             "llmgw_gateway_key_reloads", "Times the keys file was reloaded after a change.",
             registry=r)

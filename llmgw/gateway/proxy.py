@@ -768,11 +768,12 @@ class Forwarder:
                         await to_client({"type": "http.response.start", "status": status,
                                          "headers": headers})
                         sent = req.responded = True
-                        await to_client({"type": "http.response.body", "body": data})
+                        # Read before the answer ends: its end is where the ledger records it.
                         if req.capture is not None:
                             req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
                             self._count_usage(model, data, req)
+                        await to_client({"type": "http.response.body", "body": data})
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -844,10 +845,11 @@ class Forwarder:
             deadline.reschedule(None)
         if splice is not None and not splice.done:
             raise aiohttp.ClientPayloadError("the stream ended before its last event")
-        await to_client({"type": "http.response.body",
-                         "body": strip.tail if strip is not None else b""})
+        # Counted before the stream ends: its end is where the ledger records it.
         if usage is not None and usage.usage is not None:
             self._add_tokens(model, usage.usage, req)
+        await to_client({"type": "http.response.body",
+                         "body": strip.tail if strip is not None else b""})
 
     async def _broken(self, send: Send, model: Model, req: ForwardRequest, message: str,
                       reason: str | None, why: str | None = None) -> None:

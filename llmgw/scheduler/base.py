@@ -23,6 +23,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import Model
 
@@ -130,7 +131,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     # report less memory than their gpu class declares)
     warning: str | None = None
     # The models whose weights this node's cache holds (a replica starts here without
-    # downloading them)
+    # downloading them), and the adapters (a replica here loads one without a fetch)
     warm: list[str] = []
 
 
@@ -197,6 +198,18 @@ class Routing(Protocol):
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (a wake-up, not a deadline)
         """Return when the set of endpoints may have changed, or after ``timeout``."""
 
+    def adapter_warm(self, adapter: Adapter, address: str) -> bool:
+        """Whether the disk the replica at ``address`` reads already holds ``adapter``'s
+        weights, from the backend's cache (no I/O): the gateway prefers to load an
+        adapter where it need not be fetched first."""
+
+    async def stage_adapter(self, adapter: Adapter, address: str, *,
+                            again: bool = False) -> None:
+        """Bring ``adapter``'s weights onto the disk the replica at ``address`` reads,
+        before the gateway asks the engine to load it from there; ``again``: the engine
+        found nothing at the path, so fetch even where they were thought to be.
+        UnavailableError, saying why, when they cannot be brought there."""
+
     async def set_demand(self, model: str, replicas: int) -> None:
         """Run ``replicas`` copies of the model, kept within ``[scaling.min, scaling.max]``.
 
@@ -213,6 +226,19 @@ class Routing(Protocol):
     def health(self) -> BackendHealth:
         """Whether the scheduler answers (Nomad reachable), from the backend's cache (no
         I/O); the gateway exports it for alerting (``llmgw_scheduler_up``)."""
+
+
+class SameDisk:
+    """``Routing``'s adapter half for a backend whose replicas read an adapter from the
+    path the catalog gives (this machine's disk): nothing to fetch, no replica warmer
+    than another."""
+
+    def adapter_warm(self, adapter: Adapter, address: str) -> bool:
+        return False
+
+    async def stage_adapter(self, adapter: Adapter, address: str, *,
+                            again: bool = False) -> None:
+        return None
 
 
 class Control(Protocol):

@@ -14,7 +14,10 @@ each worker keeps a copy:
   long poll, as Nomad's blocking queries, so a change reaches the workers at
   once and an idle fleet costs one request per ``S`` per worker);
 * ``POST /_relay/demand`` calls ``set_demand`` on the real scheduler and
-  answers its error, if any, in the control API's error shape.
+  answers its error, if any, in the control API's error shape;
+* ``POST /_relay/stage`` calls ``stage_adapter`` (fetching an adapter onto a
+  replica's node, on Nomad) and answers when it is done, or its error; which
+  replicas' disks hold which adapters comes with each snapshot (``warm``).
 
 A worker that cannot reach the control process keeps routing to the
 endpoints it last knew (as the Nomad backend does through a Nomad outage)
@@ -28,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import aiohttp
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.errors import (
     BackendUnavailableError,
     DefinitionError,
@@ -60,11 +64,18 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     status: dict[str, ModelStatus]
     profiles: dict[str, str] = {}       # endpoint → the profile it runs, where known
     health: BackendHealth = _UNREAD
+    warm: dict[str, list[str]] = {}     # adapter → endpoints whose disk holds it
 
 
 class _Demand(msgspec.Struct, frozen=True):
     model: str
     replicas: int
+
+
+class _Stage(msgspec.Struct, frozen=True):
+    adapter: str
+    address: str
+    again: bool = False
 
 
 class _Failure(msgspec.Struct, frozen=True):
@@ -78,6 +89,7 @@ _ERRORS: dict[int, type[LlmgwError]] = {
 
 _snapshot = msgspec.json.Decoder(Snapshot)
 _demand = msgspec.json.Decoder(_Demand)
+_stage = msgspec.json.Decoder(_Stage)
 _failure = msgspec.json.Decoder(_Failure)
 _encode = msgspec.json.Encoder().encode
 
@@ -88,9 +100,11 @@ Message = MutableMapping[str, Any]
 class RoutingRelay:
     """The control process's side: watches its scheduler, answers the workers."""
 
-    def __init__(self, backend: Routing, models: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, backend: Routing, models: Callable[[], Iterable[str]],
+                 adapters: Callable[[], Mapping[str, Adapter]] = dict) -> None:
         self.backend = backend
         self.models = models
+        self.adapters = adapters
         self._snapshot = Snapshot(version=0, endpoints={}, status={})
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -130,13 +144,16 @@ class RoutingRelay:
         profiles = {url: p for urls in endpoints.values() for url in urls
                     if (p := self.backend.profile_of(url)) is not None}
         health = self.backend.health()
+        warm = {a.name: [u for u in endpoints.get(a.base, ()) if self.backend.adapter_warm(a, u)]
+                for a in self.adapters().values()}
         old = self._snapshot
         # The first snapshot is version 1 even when empty: a worker that has
         # none (version 0) is answered at once.
         if (old.version == 0 or endpoints != old.endpoints or status != old.status
-                or profiles != old.profiles or health != old.health):
+                or profiles != old.profiles or health != old.health or warm != old.warm):
             self._snapshot = Snapshot(version=old.version + 1, endpoints=endpoints,
-                                      status=status, profiles=profiles, health=health)
+                                      status=status, profiles=profiles, health=health,
+                                      warm=warm)
             self._changed.set()
             self._changed = asyncio.Event()
 
@@ -163,13 +180,24 @@ class RoutingRelay:
             if self._snapshot.version <= after and not await self._held(receive, min(wait, POLL)):
                 return
             await _answer(send, 200, _encode(self._snapshot))
+        elif path == f"{PREFIX}/stage" and scope["method"] == "POST":
+            try:
+                asked_stage = _stage.decode(await _body(receive))
+                adapter = self.adapters().get(asked_stage.adapter)
+                if adapter is None:
+                    raise NotFoundError(f"no adapter named {asked_stage.adapter!r}")
+                await self.backend.stage_adapter(adapter, asked_stage.address,
+                                                 again=asked_stage.again)
+            except LlmgwError as exc:
+                await _answer(send, exc.status, _encode(_Failure(exc.status, exc.message)))
+                return
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await _answer(send, 400, _encode(_Failure(400, str(exc))))
+                return
+            self._take()
+            await _answer(send, 200, b"{}")
         elif path == f"{PREFIX}/demand" and scope["method"] == "POST":
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            body = await _body(receive)
             try:
                 asked = _demand.decode(body)
                 await self.backend.set_demand(asked.model, asked.replicas)
@@ -183,6 +211,15 @@ class RoutingRelay:
             await _answer(send, 200, b"{}")
         else:
             await _answer(send, 404, _encode(_Failure(404, f"no relay endpoint {path}")))
+
+
+async def _body(receive: Any) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
 
 
 async def _hung_up(receive: Any) -> None:
@@ -274,10 +311,24 @@ class RelayRouting:
         as it keeps routing to the endpoints it last knew."""
         return self._snapshot.health
 
+    def adapter_warm(self, adapter: Adapter, address: str) -> bool:
+        return address in self._snapshot.warm.get(adapter.name, ())
+
+    async def stage_adapter(self, adapter: Adapter, address: str, *,
+                            again: bool = False) -> None:
+        # No bound of its own: the gateway's (adapter_load_wait) cancels it.
+        await self._post("stage", _encode(_Stage(adapter.name, address, again)),
+                         aiohttp.ClientTimeout(total=None, connect=10))
+
     async def set_demand(self, model: str, replicas: int) -> None:
+        await self._post("demand", _encode(_Demand(model, replicas)))
+
+    async def _post(self, what: str, body: bytes,
+                    bound: aiohttp.ClientTimeout | None = None) -> None:
         try:
-            async with self._client().post(f"http://control{PREFIX}/demand",
-                                           data=_encode(_Demand(model, replicas))) as r:
+            session = self._client()
+            async with session.post(f"http://control{PREFIX}/{what}", data=body,
+                                    timeout=bound or session.timeout) as r:
                 status, data = r.status, await r.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise BackendUnavailableError(

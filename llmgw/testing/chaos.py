@@ -47,7 +47,7 @@ from llmgw.catalog.model import Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.connection import uvicorn_options
 from llmgw.gateway.app import Gateway
-from llmgw.scheduler.base import BackendHealth, ModelStatus, Routing
+from llmgw.scheduler.base import BackendHealth, ModelStatus, Routing, SameDisk
 from llmgw.scheduler.local.engines import EngineLaunch
 from llmgw.scheduler.local.supervisor import InFlight, PortPool, ReplicaRunner, Timing
 from llmgw.store.sqlite import SqliteStore
@@ -61,7 +61,7 @@ FAST = Timing(stop_grace=3.0, probe_starting=0.1, probe_running=0.5, probe_timeo
 _START = 60.0   # a simulated engine starts in a second; a loaded machine may take longer
 
 
-class SimFleet:
+class SimFleet(SameDisk):
     """Replicas of one model, each a simulated engine run by the supervisor; a Routing."""
 
     def __init__(self, model: str, spec: SimSpec, ports: tuple[int, int], *,
@@ -216,7 +216,7 @@ async def gateway(model: Model, fleet: SimFleet | Routing, **settings: object
             await store.close()
 
 
-class Fixed:
+class Fixed(SameDisk):
     """A Routing over replicas that stay where they are (a gateway process's view of them)."""
 
     def __init__(self, model: str, replicas: Sequence[str]) -> None:

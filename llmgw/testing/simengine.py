@@ -94,6 +94,9 @@ class SimSpec(msgspec.Struct, frozen=True, kw_only=True):
     lora_cpu_slots: int = 0
     lora_load_time: float = 0.3
     lora_check_paths: bool = True
+    # Bind mounts, as a container sees the host: a path under a key is read under its
+    # value (a Nomad task's cache volume, ``nomad_vllm.JobWorkloads``).
+    mounts: dict[str, str] = {}
 
 
 @dataclass(eq=False)
@@ -209,7 +212,7 @@ class SimEngine:
         self._thawed.set()
         s = self.spec
         self.lora = LoraEngine(s.lora_slots, s.lora_cpu_slots, s.lora_load_time,
-                               check_paths=s.lora_check_paths)
+                               check_paths=s.lora_check_paths, mounts=s.mounts)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -51,11 +51,12 @@ class LoraEngine:
     """One replica's adapters: registered, in host memory, and running."""
 
     def __init__(self, slots: int, cpu_slots: int, load_time: float, *,
-                 check_paths: bool = True) -> None:
+                 check_paths: bool = True, mounts: dict[str, str] | None = None) -> None:
         self.slots = slots
         self.cpu_slots = max(cpu_slots, slots)
         self.load_time = load_time
         self.check_paths = check_paths
+        self.mounts = dict(mounts or {})
         self.registered: dict[str, str] = {}                 # name → path, in load order
         self._memory: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.running: collections.Counter[str] = collections.Counter()
@@ -68,6 +69,13 @@ class LoraEngine:
     @property
     def enabled(self) -> bool:
         return self.slots > 0
+
+    def on_host(self, path: str) -> str:
+        """Where the engine's ``path`` is read, through the longest mount above it."""
+        for inside in sorted(self.mounts, key=len, reverse=True):
+            if path == inside or path.startswith(inside.rstrip("/") + "/"):
+                return self.mounts[inside] + path[len(inside.rstrip("/")):]
+        return path
 
     def in_memory(self) -> list[str]:
         return list(self._memory)
@@ -143,7 +151,7 @@ class LoraEngine:
         if name in self.registered:
             return _error(400, "InvalidUserInput",
                           f"The lora adapter '{name}' has already been loaded.")
-        config = os.path.join(path, "adapter_config.json")
+        config = os.path.join(self.on_host(path), "adapter_config.json")
         if self.check_paths and not await asyncio.to_thread(os.path.isfile, config):
             return _error(404, "NotFoundError",
                           f"No adapter found for {path}: adapter_config.json is missing")

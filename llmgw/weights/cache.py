@@ -218,6 +218,9 @@ class Progress(msgspec.Struct, kw_only=True):
     started: float
     updated: float
     finished: bool = False
+    # What stopped it, as ``llmgw fetch`` said it: what a control plane that cannot read
+    # the task's log (that takes another capability, read-logs) shows for a failed fetch.
+    error: str | None = None
 
     @property
     def percent(self) -> float | None:
@@ -294,6 +297,20 @@ class ProgressFile:
         tmp.write_bytes(msgspec.json.encode(p))
         tmp.replace(self.path)
         return p
+
+
+def write_failure(path: str | Path, url: str, message: str,
+                  last: Progress | None = None) -> None:
+    """Leave ``message`` in the progress file of a fetch that failed (over its last
+    progress, when it had any)."""
+    now = time.time()
+    p = last or Progress(url=url, done=0, total=None, rate=0.0, started=now, updated=now)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(msgspec.json.encode(msgspec.structs.replace(p, updated=now,
+                                                                error=message)))
+    tmp.replace(target)
 
 
 def read_progress(data: bytes) -> Progress | None:

@@ -37,6 +37,7 @@ from llmgw.scheduler.base import (
     Prefetch,
     PrefetchNode,
     Replica,
+    SameDisk,
 )
 from llmgw.server import control_app
 from llmgw.store import open_store
@@ -97,7 +98,7 @@ def node_cpu_64c(name: str) -> NodeView:
 
 
 @dataclass
-class FleetBackend:
+class FleetBackend(SameDisk):
     """A scheduler double whose replicas follow the catalog it last applied."""
 
     catalog: Catalog | None = None

@@ -24,6 +24,7 @@ from llmgw.scheduler.base import (
     Prefetch,
     PrefetchNode,
     Replica,
+    SameDisk,
 )
 from llmgw.store import open_store
 from llmgw.store.base import Store
@@ -31,7 +32,7 @@ from llmgw.store.base import Store
 GPU_CLASSES = {"h100-80g": GpuClass(device="NVIDIA H100 80GB HBM3", memory=Size.parse("81559MiB"))}
 
 
-class RecordingBackend:
+class RecordingBackend(SameDisk):
     """A scheduler double for control-plane tests: it records what it is asked to run.
 
     Placement refuses profiles needing more than 8 GPUs on one node, the

@@ -24,7 +24,9 @@ import httpx
 import pytest
 import uvicorn
 
-from llmgw.errors import NotFoundError
+from llmgw.catalog.adapter import Adapter
+from llmgw.catalog.source import Source
+from llmgw.errors import NotFoundError, UnavailableError
 from llmgw.scheduler.base import BackendHealth
 from llmgw.scheduler.relay import POLL, RelayRouting, RoutingRelay
 from tests.gateway.doubles import FakeBackend
@@ -50,9 +52,9 @@ async def _until(condition: object, what: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def relayed(backend: FakeBackend, models: list[str], tmp_path: Path
-                  ) -> AsyncIterator[RelayRouting]:
-    relay = RoutingRelay(backend, lambda: models)
+async def relayed(backend: FakeBackend, models: list[str], tmp_path: Path,
+                  adapters: dict[str, Adapter] | None = None) -> AsyncIterator[RelayRouting]:
+    relay = RoutingRelay(backend, lambda: models, lambda: adapters or {})
     relay.start()
     path = str(tmp_path / "control.sock")
     server = uvicorn.Server(uvicorn.Config(relay, uds=path, lifespan="off", log_level="error"))
@@ -115,6 +117,34 @@ async def test_set_demand_from_a_worker_reaches_the_scheduler_and_errors_come_ba
         assert backend.desired["m"] == 3
         with pytest.raises(NotFoundError, match="no model named 'nope'"):
             await routing.set_demand("nope", 1)
+
+
+async def test_a_workers_adapter_fetch_runs_on_the_control_process_and_says_why_it_failed(
+        tmp_path: Path) -> None:
+    """stage_adapter from a worker runs the control process's (where the Nomad backend
+    fetches onto the replica's node); its refusal comes back, and which replicas' disks
+    hold an adapter reaches the worker with the snapshot."""
+    sql = Adapter(name="m-sql", base="m", source=Source.parse("http://mirror:8070/a/m-sql/"))
+    backend = FakeBackend()
+    backend.set_endpoints("m", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    staged: list[tuple[str, str, bool]] = []
+    warm = {"http://10.0.0.2:8000"}
+
+    async def stage(adapter: Adapter, address: str, *, again: bool = False) -> None:
+        if address == "http://10.0.0.1:8000":
+            raise UnavailableError("fetching its weights onto node a failed: HTTP 404")
+        staged.append((adapter.name, address, again))
+
+    backend.stage_adapter = stage  # type: ignore[method-assign]
+    backend.adapter_warm = lambda adapter, address: address in warm  # type: ignore[method-assign]
+    async with relayed(backend, ["m"], tmp_path, {"m-sql": sql}) as routing:
+        await asyncio.wait_for(routing.synced.wait(), 10)
+        await routing.stage_adapter(sql, "http://10.0.0.2:8000", again=True)
+        assert staged == [("m-sql", "http://10.0.0.2:8000", True)]
+        with pytest.raises(UnavailableError, match="HTTP 404"):
+            await routing.stage_adapter(sql, "http://10.0.0.1:8000")
+        assert routing.adapter_warm(sql, "http://10.0.0.2:8000")
+        assert not routing.adapter_warm(sql, "http://10.0.0.1:8000")
 
 
 # ------------------------------------------------------------------ llmgw serve --workers 2

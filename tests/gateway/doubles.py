@@ -21,7 +21,7 @@ from pathlib import Path
 
 from llmgw.catalog.build import Catalog, build_catalog
 from llmgw.catalog.model import GpuClass, Model
-from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica
+from llmgw.scheduler.base import BackendHealth, Fleet, Holding, ModelStatus, Replica, SameDisk
 
 
 class CatalogHolder:
@@ -61,7 +61,7 @@ class _BackendBase:
         return BackendHealth(ok=True)
 
 
-class FakeBackend(_BackendBase):
+class FakeBackend(_BackendBase, SameDisk):
     def __init__(self) -> None:
         self._endpoints: dict[str, list[str]] = {}
         self._changed = asyncio.Event()
@@ -108,7 +108,7 @@ class FakeBackend(_BackendBase):
         return self.scheduler_health
 
 
-class FileBackend(_BackendBase):
+class FileBackend(_BackendBase, SameDisk):
     """Endpoints from ``endpoints.json`` (model -> URLs); set_demand appends to ``demand.log``."""
 
     def __init__(self, directory: Path) -> None:

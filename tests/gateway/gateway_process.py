@@ -3,6 +3,8 @@
 ``python -m tests.gateway.gateway_process --store PATH --dir DIR --models JSON``
 serves a Gateway with the SQLite store at PATH and a FileBackend in DIR on a
 free loopback port, and prints its base URL on the first line of stdout.
+``--database URL`` names any store instead (a Postgres one), ``--gateway JSON``
+gives the ``gateway:`` settings (``journal_dir``, ``ledger_interval``…).
 """
 
 from __future__ import annotations
@@ -16,23 +18,26 @@ import uvicorn
 
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import Model
-from llmgw.config import ServerConfig
+from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
-from llmgw.store.sqlite import SqliteStore
+from llmgw.store import open_store
 from tests.gateway.doubles import CatalogHolder, FileBackend
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--store", required=True)
+    parser.add_argument("--store")
+    parser.add_argument("--database")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--models", required=True)
+    parser.add_argument("--gateway", default="{}")
     args = parser.parse_args()
     models = convert(json.loads(args.models), list[Model])
-    store = SqliteStore(f"sqlite:///{args.store}")
+    store = open_store(args.database or f"sqlite:///{args.store}")
     await store.open()
-    gateway = Gateway(ServerConfig(listen="127.0.0.1:0"), CatalogHolder(models),
-                      FileBackend(Path(args.dir)), store)
+    config = ServerConfig(listen="127.0.0.1:0",
+                          gateway=convert(json.loads(args.gateway), GatewayConfig))
+    gateway = Gateway(config, CatalogHolder(models), FileBackend(Path(args.dir)), store)
     await gateway.start()
     config = uvicorn.Config(gateway, host="127.0.0.1", port=0, lifespan="off",
                             log_level="warning", access_log=False)

@@ -49,7 +49,7 @@ async def test_a_team_over_its_daily_budget_gets_insufficient_quota(
 async def test_a_batch_line_of_a_team_over_its_budget_is_refused_for_the_worker_to_retry(
         make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
     """Batch lines count against their owner's budget line by line, not only when the
-    batch was created: past it, a line is answered 429 (which the worker retries)."""
+    batch was created: past it, a line is answered 429 (final for the worker: quota)."""
     engine = await engines()
     gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
     await make_team(gw.store, "ml", Limits(tokens_per_day=10))

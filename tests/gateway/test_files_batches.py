@@ -455,3 +455,55 @@ async def test_batch_lines_are_in_the_usage_ledger_as_their_owners(setup) -> Non
     [row] = await gw.store.usage("key", 0, 2**40, day=False)
     assert (row.group, row.requests, row.prompt_tokens, row.completion_tokens) == (
         "alice", 3, 15, 9)
+
+
+async def test_a_line_refused_for_quota_fails_at_once_and_the_batch_goes_on(
+        make_gateway: GatewayFactory, engines) -> None:
+    """Past its owner's budget each line fails with insufficient_quota without a retry, and
+    the batch runs to its end within moments instead of backing off for minutes."""
+    from llmgw.tenancy import Limits
+    from tests.gateway.test_tenants import make_key, make_team, until
+
+    engine = await engines("e")
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])],
+                            listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    key = await make_key(gw.store, "k1", "ml")
+    client = gw.openai(key)
+
+    async def accepted() -> bool:
+        try:
+            await client.models.list()
+        except openai.AuthenticationError:
+            return False
+        return True
+
+    await until(accepted, "the key to be followed")
+    file_id = await upload(client, b"".join(line(i) for i in range(60)))
+    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                        completion_window="24h")
+    # Backing off 1 + 2 + 4 + 8 s per line, four at a time, would take minutes.
+    done = await finished(client, batch.id, timeout=45)
+    assert done.status == "completed"
+    ran = done.request_counts.completed
+    assert 1 <= ran <= 1 + gw.gateway.config.gateway.batch_concurrency
+    assert done.request_counts.failed == 60 - ran
+    assert len(engine.requests) == ran         # nothing sent for a refused line
+    errors = jsonl((await client.files.content(done.error_file_id)).content)
+    assert len(errors) == 60 - ran
+    for e in errors:
+        assert e["response"]["status_code"] == 429
+        assert e["response"]["body"]["error"]["code"] == "insufficient_quota"
+    assert gw.gateway.batch_worker.lines_sent == 60
+
+
+def test_only_a_quota_refusal_is_final() -> None:
+    """A 429 for quota ends a line; one for a rate limit or a full queue is retried."""
+    from llmgw.gateway.batchworker import is_final
+
+    quota = b'{"error": {"message": "spent", "type": "insufficient_quota", "code": ' \
+            b'"insufficient_quota"}}'
+    assert is_final(429, quota)
+    assert not is_final(429, b'{"error": {"code": "rate_limit_exceeded"}}')
+    assert not is_final(429, b"not json")
+    assert not is_final(503, quota)

@@ -178,16 +178,22 @@ def _jobspecs() -> list[dict[str, object]]:
 def test_a_token_with_only_the_shipped_policy_registers_every_rendered_job(cluster):
     """Job.Register checks each group's host volume against the token's host_volume rules
     (nomad/job_endpoint.go doRegister, acl/acl.go AllowHostVolumeOperation): every job in
-    jobspecs/, and the prefetch and sweep jobs, register with the documented token."""
+    jobspecs/, and the prefetch, sweep and adapter fetch jobs, register with the
+    documented token."""
+    from llmgw.catalog.adapter import Adapter
+    from llmgw.catalog.source import Source
     from llmgw.config import NomadConfig
+    from llmgw.scheduler.nomad import adapterjob, warmth
     from llmgw.scheduler.nomad import jobspec as js
-    from llmgw.scheduler.nomad import warmth
 
     fake, token = cluster
     cfg = NomadConfig(namespace="llm", datacenters=["dc1"])
     m = cpu_model("embed")
+    lora = Adapter(name="embed-legal", base="embed",
+                   source=Source.parse("http://mirror.internal:8070/adapters/embed-legal/"))
     extra = [warmth.prefetch_job(m, cfg, "http://mirror.internal:8070", ["n1"], run="r1"),
-             warmth.sweep_job(cfg, ["n1"], [], since=0.0, run="r1")]
+             warmth.sweep_job(cfg, ["n1"], [], since=0.0, run="r1"),
+             adapterjob.fetch_job(lora, cfg, None, fake.nodes[0].id, run="r1")]
     jobs = _jobspecs() + [msgspec_builtins(js.encode(j)) for j in extra]
     with _as(fake, token) as c:
         for job in jobs:
@@ -269,3 +275,29 @@ async def test_a_refused_register_is_a_permission_error_on_the_model_not_an_outa
     said = [r for r in caplog.records if "mount-readwrite" in r.getMessage()]
     assert len(said) == 1
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+
+
+def test_the_token_writes_the_credentials_an_adapter_fetch_reads(cluster):
+    """An adapter behind a password-protected mirror: llmgw's token writes the Variable
+    its fetch job reads (nomad/jobs/llmgw_adapter_*), and no other job's task reads it."""
+    from llmgw.catalog.adapter import Adapter
+    from llmgw.catalog.source import Source
+    from llmgw.config import NomadConfig
+    from llmgw.scheduler.nomad import adapterjob, credentials
+    from llmgw.scheduler.nomad.client import NomadClient
+
+    fake, token = cluster
+    cfg = NomadConfig(address=fake.address, namespace="llm", datacenters=["dc1"],
+                      token=token)
+    mirror = "http://llmgw:s3cret@mirror.internal:8070"
+    lora = Adapter(name="embed-legal", base="embed", source=Source.parse("hf://acme/legal"))
+    jid = adapterjob.job_id(lora.name, fake.nodes[0].id)
+    client = NomadClient(cfg)
+    try:
+        path = credentials.Keeper(client, cfg, mirror).ensure(lora, jid)
+    finally:
+        client.close()
+    assert path == f"nomad/jobs/{jid}"
+    assert fake.variable(path, namespace="llm") == {credentials.FETCH_USERINFO: "llmgw:s3cret"}
+    with _as(fake, _other_job_workload(fake)) as c:
+        assert c.get(f"/v1/var/{path}", params={"namespace": "llm"}).status_code == 403

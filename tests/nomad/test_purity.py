@@ -7,7 +7,7 @@ from pathlib import Path
 
 import llmgw.scheduler.nomad as pkg
 
-PURE = ["jobspec", "render", "placement", "fleet", "reconcile", "wire"]
+PURE = ["jobspec", "render", "placement", "fleet", "reconcile", "wire", "warmth", "adapterjob"]
 IO = {"nomad", "requests", "httpx", "aiohttp", "sqlite3", "psycopg", "litestar", "socket",
       "asyncio", "threading", "subprocess", "urllib.request", "time",
       "llmgw.scheduler.nomad.client", "llmgw.scheduler.nomad.backend",
@@ -25,7 +25,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_pure_modules_import_no_io():
-    """render, placement, fleet, reconcile, jobspec and wire stay free of I/O imports."""
+    """render, placement, fleet, reconcile, jobspec, wire, warmth and adapterjob stay free
+    of I/O imports."""
     root = Path(pkg.__file__).parent
     for name in PURE:
         imported = _imports(root / f"{name}.py")

@@ -485,3 +485,49 @@ def test_the_fake_shows_new_node_metadata_only_after_the_clients_update() -> Non
             assert fake.node("cpu-01").meta["llmgw_cache_x"] == "t1"
         finally:
             client.close()
+
+
+def test_the_sweep_keeps_every_adapter_and_a_report_keeps_or_clears_its_key(
+        fake: FakeNomad) -> None:
+    """Adapters are small and a replica reads one from disk again when it pushed it out of
+    host memory, so the sweep keeps each adapter's entry; a node's adapter key stays while
+    its report holds the entry and goes when it does not."""
+    from llmgw.catalog.adapter import Adapter
+    from llmgw.catalog.decode import convert
+
+    base = convert({"name": "qwen", "source": f"{MIRROR}/qwen/", "engine": "vllm",
+                    "lora": {"slots": 2},
+                    "profiles": [{"name": "cpu", "cpu_cores": 2, "memory": "2GiB"}]}, Model)
+    kept, dropped = (Adapter(name=n, base="qwen",
+                             source=Source.parse(f"{MIRROR}/adapters/{n}/"))
+                     for n in ("qwen-sql", "qwen-old"))
+    cat = build_catalog([base], GPU_CLASSES, Runtime(scheduler="nomad", mirror=MIRROR),
+                        adapters=[kept, dropped])
+    entry = {a.name: (render.adapter_fetch_of(a, MIRROR) or ("", ""))[1]
+             for a in (kept, dropped)}
+    now = [1000.0]
+    keeper, client = _keeper(fake, [base], clock=now)
+    try:
+        fake.apply_node_meta("cpu-01", {f"llmgw_cache_{a}": cache.tag(e)
+                                        for a, e in entry.items()})
+        fake.advance(10)
+        now[0] += 3600
+        keeper.observe(cat)
+        fake.settle()
+        spec = fake.job("llmgw.cache-sweep")
+        assert spec is not None
+        args = spec["TaskGroups"][0]["Tasks"][0]["Config"]["args"]
+        assert {args[i + 1] for i, x in enumerate(args) if x == "--keep"} == set(entry.values())
+        [sweep] = [a for a in fake.allocations("llmgw.cache-sweep") if a.node_name == "cpu-01"]
+        held = cache.Entry(path=entry["qwen-sql"], tag=cache.tag(entry["qwen-sql"]), size=1,
+                           used=1.0)
+        fake.write_alloc_file(sweep.id, warmth.REPORT_FILE, msgspec.json.encode(
+            cache.Report(root=render.CACHE_DIR, entries=[held])))
+        fake.complete_alloc(sweep.id)
+        keeper.observe(cat)
+        fake.advance(10)
+        meta = fake.node("cpu-01").meta
+        assert meta["llmgw_cache_qwen-sql"] == held.tag
+        assert "llmgw_cache_qwen-old" not in meta
+    finally:
+        client.close()

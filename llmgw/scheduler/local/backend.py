@@ -53,6 +53,7 @@ from llmgw.scheduler.base import (
     Prefetch,
     PrefetchNode,
     Replica,
+    SameDisk,
 )
 from llmgw.scheduler.local.engines import EngineLaunch, engine_refusal, launch_for
 from llmgw.scheduler.local.journal import HEARTBEAT, HoldingsJournal
@@ -131,7 +132,7 @@ class _Never(msgspec.Struct, frozen=True):
 HOLDINGS_KEPT = 86400.0
 
 
-class LocalBackend:
+class LocalBackend(SameDisk):
     """Runs the catalog's models as child processes of this llmgw."""
 
     def __init__(

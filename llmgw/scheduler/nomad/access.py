@@ -37,6 +37,7 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.scheduler.nomad.adapterjob import ADAPTER_PREFIX
 from llmgw.scheduler.nomad.render import JOB_PREFIX
 from llmgw.scheduler.nomad.warmth import PREFETCH_PREFIX
 from llmgw.scheduler.nomad.wire import PolicyRules
@@ -101,7 +102,8 @@ def requirements(namespace: str, cache_volume: str) -> list[Grant]:
         ns_grant(("submit-job", "plan-job"), "plan a job before registering it"),
         ns_grant(("scale-job", "submit-job"), "scale a model's replicas"),
         ns_grant(("submit-job", "deregister-job", "purge-job"), "stop a removed model's job"),
-        ns_grant(("read-fs",), "read a fetch's progress and a cache sweep's report"),
+        ns_grant(("read-fs",), "read a fetch's progress, why an adapter's fetch failed and "
+                 "a cache sweep's report"),
         Grant(kind="host_volume", target=cache_volume, any_of=("mount-readwrite",),
               why="register a job: every group mounts the weight cache writable"),
         Grant(kind="node", target="", any_of=("read",), why="read the fleet"),
@@ -112,7 +114,8 @@ def requirements(namespace: str, cache_volume: str) -> list[Grant]:
     out.extend(Grant(kind="variables", target=variables_glob(prefix), namespace=ns,
                      any_of=(cap,), why=f"{cap} the Variable holding the credentials of {what}")
                for prefix, what in ((JOB_PREFIX, "a model's replicas"),
-                                    (PREFETCH_PREFIX, "a prefetch"))
+                                    (PREFETCH_PREFIX, "a prefetch"),
+                                    (ADAPTER_PREFIX, "an adapter's fetch"))
                for cap in ("read", "write"))
     out.append(ns_grant(("read-job",), "count what other namespaces' allocations hold in "
                         "the fleet view", target="*", optional=True))

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import DECLARED, Catalog
 from llmgw.catalog.model import Model, Profile
 from llmgw.config import ServerConfig
@@ -81,6 +82,7 @@ from llmgw.scheduler.base import (
 )
 from llmgw.scheduler.nomad import credentials, jobui, render, wire
 from llmgw.scheduler.nomad import jobspec as js
+from llmgw.scheduler.nomad.adapterstage import AdapterStager
 from llmgw.scheduler.nomad.caches import CacheKeeper
 from llmgw.scheduler.nomad.client import JobChangedError, NomadClient, ScaleBlockedError
 from llmgw.scheduler.nomad.discovery import Discovery, backoff_delay
@@ -156,6 +158,8 @@ class NomadBackend:
         self._cache_failure: str | None = None
         self._caches = CacheKeeper(self._client, self._cfg, self._classes, config.mirror,
                                    self._keeper)
+        self._stager = AdapterStager(self._client, self._offload, self._cfg, config.mirror,
+                                     self._keeper, self._discovery.node_of)
         self._catalog: Catalog | None = None
         self._states: dict[str, _ModelState] = {}
         self._counts: dict[str, tuple[int, int]] = {}   # job ID → (ModifyIndex, count)
@@ -191,6 +195,7 @@ class NomadBackend:
                 await self._task
             self._task = None
         await self._discovery.close()
+        await self._stager.close()
         if self._store is not None and self.leader:
             try:
                 await self._store.release_lease(LEASE, self._holder)
@@ -322,6 +327,8 @@ class NomadBackend:
             # of every instance reports status; only the leader acts.
             act = await self._lead()
             await self._pass(catalog, act=act)
+            if catalog.adapters:
+                await self._note_nodes()
         except BackendUnavailableError as exc:
             self._failures += 1
             delay = backoff_delay(self._failures, cap=self._backoff_max)
@@ -797,9 +804,11 @@ class NomadBackend:
         nodes, allocs = await self._offload.run(self._fleet_inputs)
         f = build_fleet(nodes, allocs, self._classes, self._cfg.fabric_meta_key)
         models = list(self._catalog) if self._catalog else []
+        adapters = list(self._catalog.adapters.values()) if self._catalog else []
         # What llmgw wrote to a node's metadata counts before Nomad shows it (caches).
         meta = {n.ID: self._caches.meta(n) for n in nodes}
-        views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror))
+        views = [msgspec.structs.replace(v, warm=holds(meta.get(v.id), models, self._mirror,
+                                                       adapters))
                  for v in f.nodes]
         return msgspec.structs.replace(f, nodes=views)
 
@@ -821,8 +830,32 @@ class NomadBackend:
     def endpoints(self, model: str) -> list[str]:
         return self._discovery.endpoints(model)
 
+    async def _note_nodes(self) -> None:
+        """Every instance's view of which nodes hold which adapters, each pass: the
+        leader writes the metadata, every gateway prefers warm nodes by it. A refusal
+        costs only that preference."""
+        try:
+            nodes = await self._offload.run(self._client.nodes)
+        except BackendUnavailableError:
+            raise
+        except LlmgwError as exc:
+            log.warning("reading the nodes for the adapters they hold: %s", exc.message)
+            return
+        self._stager.note_nodes(nodes, self._caches.meta)
+
+    def adapter_warm(self, adapter: Adapter, address: str) -> bool:
+        return self._stager.warm(adapter, address)
+
+    async def stage_adapter(self, adapter: Adapter, address: str, *,
+                            again: bool = False) -> None:
+        await self._stager.stage(adapter, address, again=again)
+
     def profile_of(self, address: str) -> str | None:
         return self._discovery.profile_of(address)
+
+    def node_of(self, address: str) -> str | None:
+        """The ID of the node the replica at ``address`` runs on (no I/O)."""
+        return self._discovery.node_of(address)
 
     async def wait_changed(self, timeout: float) -> None:  # noqa: ASYNC109 (the Protocol's)
         await self._discovery.wait_changed(timeout)

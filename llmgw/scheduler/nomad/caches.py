@@ -7,14 +7,14 @@ is submitted on the next one. Its calls block; the backend runs them on its thre
 
 Each pass it reads the namespace's allocations once and:
 
-* for every allocation whose fetch task (a replica's prestart fetch, or a prefetch)
-  finished, sets the node's ``llmgw_cache_<model>`` keys for the weights it fetched —
-  unless the node's metadata already says so;
+* for every allocation whose fetch task (a replica's prestart fetch, a prefetch, or
+  an adapter's fetch, ``adapterjob``) finished, sets the node's ``llmgw_cache_<name>``
+  keys for the weights it fetched — unless the node's metadata already says so;
 * for every sweep allocation that completed and was not read yet, reads its report
   through the client fs API and makes the node's keys exactly what the report holds;
 * when ``cache_sweep`` has passed since the last sweep, submits a new one over every
   ready node with the cache volume, keeping the entries of running and starting
-  allocations;
+  allocations and every adapter's;
 * for each model with ``scaling.prefetch`` N, starts a prefetch onto more nodes when
   fewer than N nodes that run none of its replicas hold its weights, and no prefetch
   of it is under way; one model's failure to start one is recorded on that model
@@ -42,12 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.config import NomadConfig
 from llmgw.errors import BackendUnavailableError, LlmgwError, NotFoundError, RefusedError
 from llmgw.scheduler.base import NodeView, Prefetch, PrefetchNode
-from llmgw.scheduler.nomad import credentials, render, warmth, wire
+from llmgw.scheduler.nomad import adapterjob, credentials, render, warmth, wire
 from llmgw.scheduler.nomad.client import NomadClient
 from llmgw.weights import cache
 
@@ -65,6 +66,7 @@ class CacheKeeper:
         self._client, self._cfg, self._classes = client, cfg, classes
         self._mirror, self._keeper, self._clock = mirror, keeper, clock
         self._models: list[Model] = []   # the catalog's, as the last pass saw it
+        self._adapters: list[Adapter] = []
         # The first sweep waits one interval: a restarted control plane would otherwise
         # submit one to every node each time it starts.
         self._last_sweep = clock()
@@ -85,9 +87,11 @@ class CacheKeeper:
         """One pass over the caches (blocking; the leader's reconciler calls it)."""
         nodes = {n.ID: n for n in self._client.nodes()}
         allocs = [a for a in self._client.namespace_allocations()
-                  if a.JobID.startswith(("llmgw-", warmth.PREFETCH_PREFIX, warmth.SWEEP_JOB))]
+                  if a.JobID.startswith(("llmgw-", warmth.PREFETCH_PREFIX, warmth.SWEEP_JOB,
+                                         adapterjob.ADAPTER_PREFIX))]
         models = list(catalog)
         self._models = models
+        self._adapters = list(catalog.adapters.values())
         for gone in set(self.prefetch_errors) - {m.name for m in models}:
             del self.prefetch_errors[gone]
         listed = {a.ID for a in allocs}
@@ -97,6 +101,12 @@ class CacheKeeper:
         self._apply_reports(allocs, nodes, models)
         self._maybe_sweep(allocs, nodes, catalog)
         self._keep_prefetched(allocs, nodes, catalog)
+
+    @staticmethod
+    def _adapter_of(job: str, catalog: Catalog) -> bool:
+        """Whether ``job`` fetches an adapter the catalog has (``adapterjob``)."""
+        found = adapterjob.of_job(job)
+        return found is not None and found[0] in catalog.adapters
 
     def _model_of(self, job: str, catalog: Catalog) -> Model | None:
         name = render.model_of_job(job) or warmth.model_of_prefetch(job)
@@ -169,14 +179,15 @@ class CacheKeeper:
         found: dict[str, set[str]] = {}
         for a in allocs:
             m = self._model_of(a.JobID, catalog)
-            if m is None or m.external or a.NodeID not in nodes or not warmth.fetched(a):
+            fetching = (m is not None and not m.external) or self._adapter_of(a.JobID, catalog)
+            if not fetching or a.NodeID not in nodes or not warmth.fetched(a):
                 continue
             tag = self._tag(a)
             if tag is not None:
                 found.setdefault(a.NodeID, set()).add(tag)
         for node_id, tags in found.items():
             node = nodes[node_id]
-            wanted = warmth.keys_for(tags, catalog, self._mirror)
+            wanted = warmth.keys_for(tags, catalog, self._mirror, self._adapters)
             self._write(node, warmth.changes(self.meta(node), wanted, complete=False))
 
     def _apply_reports(self, allocs: Sequence[wire.Allocation],
@@ -198,7 +209,8 @@ class CacheKeeper:
             for e in report.evicted:
                 log.info("node %s: evicted %s (%d bytes, last used %s)", node.Name or node.ID,
                          e.path, e.size, time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.used)))
-            wanted = warmth.keys_for((e.tag for e in report.entries), models, self._mirror)
+            wanted = warmth.keys_for((e.tag for e in report.entries), models, self._mirror,
+                                     self._adapters)
             self._write(node, warmth.changes(self.meta(node), wanted, complete=True))
 
     def _maybe_sweep(self, allocs: Sequence[wire.Allocation], nodes: Mapping[str, wire.Node],
@@ -208,7 +220,10 @@ class CacheKeeper:
             return
         targets = sorted(n.ID for n in nodes.values() if n.Status == "ready" and not n.Drain
                          and self._cfg.cache_volume in (n.HostVolumes or {}))
-        keep = set()
+        # Every adapter's entry: a replica that pushed one out of its host memory reads
+        # it from disk again at the next request for it, and they are small.
+        keep = {found[1] for ad in catalog.adapters.values()
+                if (found := render.adapter_fetch_of(ad, self._mirror)) is not None}
         for a in allocs:
             if render.model_of_job(a.JobID) is None or a.ClientStatus not in _LIVE:
                 continue

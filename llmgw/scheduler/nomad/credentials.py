@@ -42,13 +42,22 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.catalog.model import Model
-from llmgw.catalog.source import HfSource, UrlSource, userinfo_of
+from llmgw.catalog.source import HfSource, Source, UrlSource, userinfo_of
 from llmgw.config import NomadConfig
 from llmgw.errors import DefinitionError
 
 FETCH_USERINFO = "LLMGW_FETCH_USERINFO"
 HF_TOKEN = "HF_TOKEN"  # noqa: S105 (the name of an item, not a token)
+
+
+class Sourced(Protocol):
+    """What credentials are decided from: a model, or an adapter fetched like one."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> Source | None: ...
 
 
 class Needs(msgspec.Struct, frozen=True):
@@ -68,7 +77,7 @@ def variable_path(job_id: str) -> str:
     return f"nomad/jobs/{job_id}"
 
 
-def needs(model: Model, cfg: NomadConfig, mirror: str | None) -> Needs:
+def needs(model: Sourced, cfg: NomadConfig, mirror: str | None) -> Needs:
     """What ``model``'s job reads from its Variable, decided from its source alone."""
     src = model.source
     if isinstance(src, UrlSource) and src.userinfo is not None:
@@ -118,7 +127,7 @@ class Keeper:
         self._seen: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
-    def ensure(self, model: Model, job_id: str, *, fallback_job: str | None = None
+    def ensure(self, model: Sourced, job_id: str, *, fallback_job: str | None = None
                ) -> str | None:
         """Write what is missing or changed; the Variable's path when the job reads one.
         ``fallback_job``: a job whose Variable supplies what this one lacks (a prefetch

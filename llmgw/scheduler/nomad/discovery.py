@@ -124,6 +124,14 @@ class Discovery:
             async with asyncio.timeout(timeout):
                 await event.wait()
 
+    def node_of(self, address: str) -> str | None:
+        """The ID of the node the replica at ``address`` runs on, from its registration."""
+        for regs in self.registrations.values():
+            for r in regs:
+                if endpoint_url(r) == address and r.NodeID:
+                    return r.NodeID
+        return None
+
     def address_of(self, alloc_id: str) -> str | None:
         for regs in self.registrations.values():
             for r in regs:

@@ -138,8 +138,9 @@ def _never_from_totals(need: Need, nodes: Sequence[NodeView]) -> str | None:
     return f"no single node has {_what(need, False)} together"
 
 
-def _metric_text(metric: wire.AllocationMetric) -> str:
-    """Nomad's own account, for failures the fleet view does not explain."""
+def metric_text(metric: wire.AllocationMetric) -> str:
+    """Nomad's own account of why it placed nothing, for failures the fleet view does not
+    explain (and for a job pinned to one node, which has no other to offer)."""
     parts = []
     filtered = metric.ConstraintFiltered or {}
     for key, count in sorted(filtered.items()):
@@ -178,7 +179,7 @@ def classify(need: Need, metric: wire.AllocationMetric | None,
     """Fits, not now, or never — with the sentence an operator reads."""
     if metric is None:
         return Verdict("fits")
-    never = _never_from_totals(need, nodes) if nodes else _metric_text(metric)
+    never = _never_from_totals(need, nodes) if nodes else metric_text(metric)
     if never is not None:
         return Verdict("never", never)
     cands = [n for n in candidates(need, nodes) if _fits_total(need, n)]
@@ -194,14 +195,14 @@ def classify(need: Need, metric: wire.AllocationMetric | None,
         # A node that fits by every number we know was filtered anyway: a
         # driver, a datacenter, a constraint we do not model. Waiting will
         # not change that.
-        return Verdict("never", f"no node can run {_what(need, False)}: {_metric_text(metric)}")
+        return Verdict("never", f"no node can run {_what(need, False)}: {metric_text(metric)}")
     roomy = [n for n in cands if _fits_free(need, n)]
     if roomy:
         # Capacity freed since Nomad last tried (it retries blocked placements
         # by itself), or Nomad sees something the numbers here do not.
         return Verdict("not_now", (
             f"no node with {_what(need, True)} when Nomad last tried; {roomy[0].name} has "
-            f"room now ({_metric_text(metric)})"))
+            f"room now ({metric_text(metric)})"))
     return Verdict("not_now", f"no node with {_what(need, True)}; {_best_free(need, cands)}")
 
 

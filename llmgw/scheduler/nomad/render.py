@@ -80,7 +80,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from llmgw.catalog.adapter import vllm_lora_launch
+from llmgw.catalog.adapter import Adapter, vllm_lora_launch
 from llmgw.catalog.build import Catalog
 from llmgw.catalog.fingerprint import fingerprint
 from llmgw.catalog.model import GpuClass, Model, Profile
@@ -370,6 +370,20 @@ def fetch_of(model: Model, mirror: str | None) -> tuple[str, str] | None:
     fills; None when the engine downloads its weights itself."""
     src = _source(model, mirror)
     return (src.fetch_url, src.model_arg) if src.fetch_url else None
+
+
+def adapter_fetch_of(adapter: Adapter, mirror: str | None) -> tuple[str, str] | None:
+    """What an adapter's fetch downloads and the cache entry it fills — the path its
+    replicas' engines load it from (``adapterjob``); None when it is not fetched onto
+    nodes (a local path, or a Hub source with no mirror)."""
+    src = adapter.source
+    if isinstance(src, HfSource) and mirror:
+        url = f"{strip_userinfo(mirror).rstrip('/')}/{layout.mirror_path(src)}"
+    elif isinstance(src, UrlSource):
+        url = src.location
+    else:
+        return None
+    return url, cache_path(url)
 
 
 def weights_entry(model: Model, mirror: str | None) -> str | None:

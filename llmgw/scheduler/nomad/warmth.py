@@ -59,6 +59,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.config import NomadConfig
 from llmgw.scheduler.base import NodeView
@@ -73,6 +74,7 @@ from llmgw.scheduler.nomad.render import (
     META_MODEL,
     META_WEIGHTS,
     Need,
+    adapter_fetch_of,
     cache_key,
     fetch_of,
     fetch_task,
@@ -111,27 +113,35 @@ def prefetch_refusal(model: Model, mirror: str | None) -> str | None:
 
 
 def holds(node_meta: Mapping[str, str] | None, models: Iterable[Model],
-          mirror: str | None) -> list[str]:
-    """The models whose weights a node's metadata says it holds."""
+          mirror: str | None, adapters: Iterable[Adapter] = ()) -> list[str]:
+    """The models (and adapters) whose weights a node's metadata says it holds."""
     meta = node_meta or {}
     out = []
     for m in models:
         entry = None if m.external else weights_entry(m, mirror)
         if entry is not None and meta.get(cache_key(m.name)) == cache.tag(entry):
             out.append(m.name)
+    for a in adapters:
+        found = adapter_fetch_of(a, mirror)
+        if found is not None and meta.get(cache_key(a.name)) == cache.tag(found[1]):
+            out.append(a.name)
     return out
 
 
-def keys_for(tags: Iterable[str], models: Iterable[Model], mirror: str | None
-             ) -> dict[str, str]:
-    """The metadata a node holding the entries tagged ``tags`` carries: every model using
-    one of them (two models of one source share an entry)."""
+def keys_for(tags: Iterable[str], models: Iterable[Model], mirror: str | None,
+             adapters: Iterable[Adapter] = ()) -> dict[str, str]:
+    """The metadata a node holding the entries tagged ``tags`` carries: every model and
+    adapter using one of them (two models of one source share an entry)."""
     present = set(tags)
     out = {}
     for m in models:
         entry = None if m.external else weights_entry(m, mirror)
         if entry is not None and cache.tag(entry) in present:
             out[cache_key(m.name)] = cache.tag(entry)
+    for a in adapters:
+        found = adapter_fetch_of(a, mirror)
+        if found is not None and cache.tag(found[1]) in present:
+            out[cache_key(a.name)] = cache.tag(found[1])
     return out
 
 

@@ -159,6 +159,7 @@ class Evaluation(_R, frozen=True):
     StatusDescription: str = ""
     TriggeredBy: str = ""
     JobID: str = ""
+    JobModifyIndex: int = 0      # the job version's index the evaluation was made for
     BlockedEval: str = ""
     FailedTGAllocs: dict[str, AllocationMetric] | None = None
     QueuedAllocations: dict[str, int] | None = None

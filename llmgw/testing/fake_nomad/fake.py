@@ -29,7 +29,11 @@ What the fake does on its own, and what is left to the test:
   tasks are killed and it turns ``complete`` (``shutdown``);
 * with ``workloads`` something real runs each main task that has services (a
   simulated engine, say): started when the task starts, its loopback address is what
-  the task's services register, and stopped when the allocation's tasks die;
+  the task's services register, and stopped when the allocation's tasks die
+  (``llmgw.testing.nomad_vllm.JobWorkloads`` runs the job's own vLLM command line,
+  reading through the task's host-volume mounts); a batch job's main task runs until
+  ``complete_alloc`` or ``fail_alloc`` (``llmgw.testing.nomad_fetch.FetchTasks``
+  runs its ``llmgw fetch`` for real and ends it by the exit code);
 * ``fail_alloc``, ``set_alloc_memory``, ``set_node`` play client and node events; new
   dynamic node metadata reaches the servers (``node(name).meta``, placement) only when
   the client's batched re-register lands, 5–10 s later on the fake's clock;
