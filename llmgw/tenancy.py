@@ -71,14 +71,14 @@ import logging
 import re
 import secrets
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 
 from llmgw.catalog.rules import rule
-from llmgw.errors import ConfigError, DefinitionError
+from llmgw.errors import ConfigError, DefinitionError, RefusedError
 from llmgw.store.base import StoredKey, StoredTeam
 
 log = logging.getLogger("llmgw.tenancy")
@@ -163,6 +163,28 @@ _decode_limits = msgspec.json.Decoder(Limits)
 encode_limits = msgspec.json.Encoder().encode
 
 
+# The periods of token budgets, as the gateways count them and the console shows them.
+def period_start(field: BudgetField, now: float) -> float:
+    """Where the period of ``field`` holding ``now`` began (Unix seconds, UTC)."""
+    if field == "tokens_per_minute":
+        return now - 60.0
+    t = datetime.fromtimestamp(now, UTC)
+    if field == "tokens_per_day":
+        return t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def resets_at(field: BudgetField, now: float) -> float:
+    """When the budget of ``field`` used up at ``now`` has room again (at the latest)."""
+    if field == "tokens_per_minute":
+        return now + 60.0
+    t = datetime.fromtimestamp(period_start(field, now), UTC)
+    if field == "tokens_per_day":
+        return (t + timedelta(days=1)).timestamp()
+    year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
+    return t.replace(year=year, month=month).timestamp()
+
+
 def check_limits(limits: Limits, where: str) -> None:
     """Refuse numbers below 1 or beyond belief, naming the field."""
     for name in ("rpm", *BUDGET_FIELDS):
@@ -206,13 +228,14 @@ def check_limits(limits: Limits, where: str) -> None:
 def check_models_known(limits: Limits, known: Collection[str], where: str) -> None:
     """Refuse an allow-list naming what the catalog does not serve (models and LoRA
     adapters): a typo there would lock the team out of the model it meant, silently.
-    Every unknown name is listed at once."""
+    Every unknown name is listed at once. A conflict with the catalog in force (409),
+    not a malformed request: the same list is accepted once the model is added."""
     if limits.models is None:
         return
     unknown = [m for m in limits.models if m not in known]
     if unknown:
         names = ", ".join(repr(m) for m in unknown)
-        raise DefinitionError(
+        raise RefusedError(
             f"{where}: models {names} {'is' if len(unknown) == 1 else 'are'} not in the "
             "catalog; `llmgw ctl model list` shows what is served (add the model first, or "
             "correct the name)", field="models")

@@ -36,6 +36,13 @@ from llmgw.catalog.decode import to_builtins
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.traffic import (
+    NEAR,
+    STATUS_WINDOW,
+    budget_use,
+    status_counts,
+    upstream_health_of,
+)
 from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
@@ -84,7 +91,8 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 
 async def models_context(ctx: AppContext) -> dict[str, Any]:
     replicas = await replicas_of(ctx)
-    views = [model_view(ctx, m, replicas) for m in ctx.models.catalog]
+    upstreams = await upstream_health_of(ctx, list(ctx.models.catalog))
+    views = [model_view(ctx, m, replicas, upstreams=upstreams) for m in ctx.models.catalog]
     loaded = ctx.adapters_loaded() if ctx.adapters_loaded is not None else {}
     adapters = [adapter_view(ctx, a, loaded.get(a.name))
                 for a in sorted(ctx.models.catalog.adapters.values(), key=lambda a: a.name)]
@@ -101,7 +109,8 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
 async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
     m = find_model(ctx, name)
     replicas = await replicas_of(ctx, name)
-    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx))
+    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx),
+                                 await upstream_health_of(ctx, [m]))
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
     prefetch = None
     if not m.external:
@@ -251,9 +260,39 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
                            "since": report.since.isoformat(), "until": report.until.isoformat()})
         out.update(report=report, series=series_of(report.totals),
                    usage_api=f"/api/v1/usage?{query}",
-                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
+                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly,
+                                     now=datetime.fromtimestamp(now, UTC)))
     except LlmgwError as exc:
         out["usage_error"] = exc.message
+    out.update(await traffic_context(ctx, now))
+    return out
+
+
+# Statuses shown with what they mean to the operator; the rest by their number alone.
+STATUS_MEANING = {
+    400: "refused as malformed", 401: "no or unknown key", 403: "model not allowed",
+    404: "unknown model", 408: "timed out", 413: "too large",
+    429: "budget, rate limit or queue full", 499: "client went away",
+    500: "engine error", 502: "upstream failed", 503: "no replica ready",
+    504: "upstream timed out",
+}
+
+
+async def traffic_context(ctx: AppContext, now: float) -> dict[str, Any]:
+    """Budget use against each limit, and the last hour's answers by status."""
+    out: dict[str, Any] = {"budgets": [], "statuses": None, "traffic_error": None,
+                           "status_meaning": STATUS_MEANING, "near": NEAR}
+    try:
+        out["budgets"] = sorted(await budget_use(ctx, now),
+                                key=lambda b: (not b.over, -b.share, b.team, b.key or ""))
+        report = await status_counts(ctx, now - STATUS_WINDOW)
+    except LlmgwError as exc:
+        out["traffic_error"] = exc.message
+        return out
+    out["statuses"] = report
+    out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": report.since.isoformat()})
+    out["errors"] = [c for c in report.counts if c.status >= 400]
+    out["answered"] = sum(c.requests for c in report.counts)
     return out
 
 
@@ -271,6 +310,7 @@ async def teams_context(ctx: AppContext) -> dict[str, Any]:
     try:
         out["teams"] = await list_teams(ctx)
         out["keys"] = await list_keys(ctx)
+        out["over"] = {b.team for b in await budget_use(ctx) if b.over and b.key is None}
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out

@@ -18,7 +18,7 @@ import msgspec
 
 from llmgw.control.context import AppContext
 from llmgw.control.tenants import served_names
-from llmgw.errors import DefinitionError
+from llmgw.errors import DefinitionError, RefusedError
 from llmgw.tenancy import Limits, check_limits, check_models_known
 
 
@@ -91,7 +91,7 @@ def limits_from(ctx: AppContext, data: dict[str, str], fields: tuple[Field, ...]
             one = msgspec.structs.replace(Limits(), **{f.name: value})
             check_limits(one, "this form")
             check_models_known(one, known, "this form")
-        except DefinitionError as exc:
+        except (DefinitionError, RefusedError) as exc:
             errors.append((f.name, exc.message.replace("this form: ", "")))
             continue
         values[f.name] = value

@@ -90,6 +90,10 @@ def _store(ctx: AppContext) -> Store:
     return ctx.store
 
 
+# The store, open, for the other views of the tenants' traffic (``control.traffic``).
+store_of = _store
+
+
 async def _team(store: Store, name: str) -> StoredTeam:
     teams, _ = await store.tenants()
     for t in teams:

@@ -21,6 +21,7 @@ from llmgw.catalog.fingerprint import fingerprints, is_stale
 from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
 from llmgw.control.context import AppContext
+from llmgw.control.traffic import UpstreamHealth
 from llmgw.errors import NotFoundError, StoreUnavailableError
 from llmgw.redact import redact_url
 from llmgw.scheduler.base import (
@@ -71,6 +72,8 @@ class ModelView(msgspec.Struct, kw_only=True):
     fingerprints: dict[str, str]
     status: ModelStatus
     scaler: ScalerDecision | None = None
+    # An external model's upstream, from the gateways' probes and recent requests.
+    upstream: UpstreamHealth | None = None
     stale_replicas: int = 0
     memory_warnings: list[str] = []
     definition: Model
@@ -188,7 +191,8 @@ def desired_reason(scaling: ScalingInForce, scaler: ScalerDecision | None) -> st
 
 
 def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
-               decisions: dict[str, ScalerDecision] | None = None) -> ModelView:
+               decisions: dict[str, ScalerDecision] | None = None,
+               upstreams: dict[str, UpstreamHealth] | None = None) -> ModelView:
     row = ctx.models.stored(m.name)
     mine = [r for r in replicas or [] if r.model == m.name]
     views = [replica_view(r, m) for r in mine]
@@ -204,6 +208,7 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
         fingerprints=fingerprints(m),
         status=ctx.backend.status(m.name),
         scaler=(decisions or {}).get(m.name),
+        upstream=(upstreams or {}).get(m.name),
         stale_replicas=sum(1 for v in views if v.stale),
         memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
         definition=shown_definition(m),

@@ -111,7 +111,7 @@ from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.tenants import TenantsFollower
 from llmgw.redact import replica_id, tag_key
-from llmgw.scheduler.base import Routing
+from llmgw.scheduler.base import PROBES_REPORT, Routing
 from llmgw.store.base import OwnerId, RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
@@ -182,6 +182,7 @@ class Gateway:
                                  signal_ttl=3 * float(gw.signal_interval))
         self.metrics = GatewayMetrics(self._replica_counts, self._live_figures)
         holder = holder_name(f"{id(self):x}")
+        self._holder = holder
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
@@ -297,9 +298,21 @@ class Gateway:
         await self.signals.close()
         await self.prober.close()
 
+    async def _publish_probes(self) -> None:
+        """What this gateway's upstream probes found, for the control plane (one row)."""
+        report = self.prober.report()
+        if report.probed and self.store.is_open:
+            await self.store.put_report(PROBES_REPORT, self._holder,
+                                        msgspec.json.encode(report))
+
     async def _scale(self) -> None:
         while True:
             await asyncio.sleep(self.scaler.interval)
+            try:
+                await self._publish_probes()
+            except Exception:
+                log.exception("publishing the upstream probes failed; retrying on the next "
+                              "tick")
             try:
                 await self.scaler.tick(self.models.catalog)
             except Exception:

@@ -110,6 +110,19 @@ class ScalerDecisions(msgspec.Struct, frozen=True):
 SCALER_REPORT = ("scaler", "decisions")
 
 
+class ProbeReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What one gateway's active probes of external models' upstreams last found
+    (published in the store, a row per gateway): per model, the upstreams it probes
+    and those failing their probe (credentials masked)."""
+
+    probed: dict[str, int] = {}
+    down: dict[str, list[str]] = {}
+
+
+# Where each gateway publishes it: store.reports(PROBES_REPORT, ...), keyed by gateway.
+PROBES_REPORT = "probes"
+
+
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     """One machine of the fleet, totals and free capacity as the scheduler counts them."""
 

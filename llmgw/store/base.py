@@ -193,6 +193,17 @@ class UsageRow(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
 
 
+class StatusCount(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests of one (team, key, model) answered with one status, and the latest."""
+
+    team: str
+    key: str
+    model: str
+    status: int
+    requests: int
+    last_at: float             # Unix seconds of the latest of them
+
+
 class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
     team: str
     key: str
@@ -297,6 +308,19 @@ KEY_USAGE_SINCE = (
     " FROM usage_rollup WHERE dim = 'key' AND ((grain = 86400 AND bucket >= ?)"
     " OR (grain = 3600 AND bucket >= ? AND bucket < ?)) GROUP BY team, name"
 )
+
+
+# Requests by status since a moment, from the raw records (kept for the ledger's
+# retention); both dialects ("?" placeholders).
+STATUS_COUNTS = (
+    "SELECT team, key, model, status, COUNT(*), MAX(at) FROM usage WHERE at >= ?"
+    " GROUP BY team, key, model, status ORDER BY team, key, model, status"
+)
+
+
+def status_count(r: Sequence[Any]) -> StatusCount:
+    return StatusCount(team=r[0], key=r[1], model=r[2], status=int(r[3]), requests=int(r[4]),
+                       last_at=float(r[5]))
 
 
 # Holdings, in both dialects ("?" placeholders). A reported holding is stored as
@@ -556,6 +580,10 @@ class Store(Protocol):
 
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
         """Tokens per (team, key) of records at or after ``since`` (raw records)."""
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        """Requests per (team, key, model, status) of records at or after ``since`` (raw
+        records), each with its latest time."""
 
     async def purge_usage(self, before: float) -> int:
         """Delete raw records older than ``before`` (the roll-ups stay); the number deleted."""

@@ -61,6 +61,7 @@ from llmgw.store.base import (
     OWNED_TABLES,
     REPORT_RETENTION,
     REVOKED_OWNER,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -68,6 +69,7 @@ from llmgw.store.base import (
     OwnerId,
     Report,
     RequestLog,
+    StatusCount,
     StoredHolding,
     StoredKey,
     StoredModel,
@@ -78,6 +80,7 @@ from llmgw.store.base import (
     UsageRecord,
     UsageRow,
     holding_row,
+    status_count,
     token_totals_params,
     usage_params,
 )
@@ -832,6 +835,11 @@ class PostgresStore:
             "SELECT team, key, SUM(prompt_tokens + completion_tokens)::bigint"
             " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        rows = await self._query("read requests by status",
+                                 STATUS_COUNTS.replace("?", "%s"), (since,))
+        return [status_count(r) for r in rows]
 
     async def purge_usage(self, before: float) -> int:
         rows = await self._query(

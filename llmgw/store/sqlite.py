@@ -61,6 +61,7 @@ from llmgw.store.base import (
     PUT_HOLDING,
     REPORT_RETENTION,
     REVOKED_OWNER,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -68,6 +69,7 @@ from llmgw.store.base import (
     OwnerId,
     Report,
     RequestLog,
+    StatusCount,
     StoredHolding,
     StoredKey,
     StoredModel,
@@ -78,6 +80,7 @@ from llmgw.store.base import (
     UsageRecord,
     UsageRow,
     holding_row,
+    status_count,
     token_totals_params,
     usage_params,
 )
@@ -932,6 +935,11 @@ class SqliteStore:
             "SELECT team, key, SUM(prompt_tokens + completion_tokens) FROM usage"
             " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(STATUS_COUNTS, (since,)).fetchall())
+        return [status_count(r) for r in rows]
 
     async def purge_usage(self, before: float) -> int:
         count = await self._conn(self._writes).run(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +20,21 @@ import pytest
 import yaml
 
 from llmgw.control.context import AppContext
-from llmgw.scheduler.base import SCALER_REPORT, ScalerDecision, ScalerDecisions
-from llmgw.store.base import Store
+from llmgw.scheduler.base import (
+    PROBES_REPORT,
+    SCALER_REPORT,
+    ProbeReport,
+    ScalerDecision,
+    ScalerDecisions,
+)
+from llmgw.store.base import Store, UsageRecord
 from llmgw.store.sqlite import SqliteStore
 
-from .browser import browser, errors, expect, live, page, sign_in
+from .browser import WAIT_MS, browser, errors, expect, live, page, sign_in
 from .conftest import ADMIN_TOKEN, cpu_yaml
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
 __all__ = ["browser", "errors", "live", "page"]  # fixtures, used by name
 
@@ -233,4 +241,163 @@ def test_a_declared_model_offers_only_what_can_be_done_and_says_why(
     expect(page).to_have_url(f"{base}/admin/models/partner-llm/remove")
     expect(page.locator("#remove-what")).to_contain_text("http://10.0.7.3:8000/v1")
     expect(page.locator("main")).not_to_contain_text("replica")
+    assert errors == []
+
+
+def failed_requests(db: Path, model: str, statuses: list[int], team: str = "web") -> None:
+    """Requests for ``model`` as the gateway's ledger records them, a second apart, the
+    last just now."""
+    now = time.time()
+    rows = [UsageRecord(id=f"{model}-{i}-{status}", at=now - (len(statuses) - i),
+                        key=f"{team}-prod", team=team, model=model, replica="", gpu_class="",
+                        prompt_tokens=0 if status >= 400 else 300, cached_tokens=0,
+                        completion_tokens=0 if status >= 400 else 80, status=status,
+                        latency=0.02, ttft=None)
+            for i, status in enumerate(statuses)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(db, write)
+
+
+def test_an_external_model_whose_upstream_is_dead_is_not_ok(
+        live: tuple[str, AppContext], page: Page, errors: list[str], tmp_path: Path) -> None:
+    """An external model answered 200 a while ago and then three 502s in a row: the list
+    and its page say its upstream is failing, not "ok", as the API does; once a gateway's
+    probe also finds its only upstream down, the page says so."""
+    base, _ = live
+    sign_in(page, base)
+    api(page, base, "POST", "/api/v1/models?skip_source_check=true",
+        {"name": "partner-llm", "upstream": ["http://10.0.7.3:8000/v1"]})
+    page.goto(f"{base}/admin/models")
+    expect(page.locator("tr[data-model='partner-llm'] .notes")).to_have_text("ok")
+    failed_requests(tmp_path / "llmgw.db", "partner-llm", [200, 502, 502, 502])
+    row = page.locator("tr[data-model='partner-llm']")
+    expect(row.locator(".notes .upstream")).to_contain_text(
+        "upstream failing: its last 3 requests failed (latest 502", timeout=WAIT_MS)
+    expect(row.locator(".notes li.ok")).to_have_count(0)
+    assert api(page, base, "GET", "/api/v1/models/partner-llm")["upstream"]["failing"] is True
+
+    report = ProbeReport(probed={"partner-llm": 1},
+                         down={"partner-llm": ["http://10.0.7.3:8000/v1"]})
+
+    async def probed(store: Store) -> None:
+        await store.put_report(PROBES_REPORT, "gw-1", msgspec.json.encode(report))
+
+    with_store(tmp_path / "llmgw.db", probed)
+    page.goto(f"{base}/admin/models/partner-llm")
+    expect(page.locator("#model-status .notes .upstream")).to_contain_text(
+        "every upstream fails its health probe (http://10.0.7.3:8000/v1)")
+    assert errors == []
+
+
+def test_a_team_over_its_budget_stands_out_with_its_reset_and_refusals_by_status(
+        live: tuple[str, AppContext], page: Page, errors: list[str], tmp_path: Path) -> None:
+    """research has used 212,764 of its 200,000 tokens per day and is answered 429: the
+    usage page shows that budget over, with both numbers (as the API counts them) and the
+    next UTC midnight as its reset; 502, 429 and 403 answers are listed by status, team
+    and key with the API's counts; the teams page marks the team over budget."""
+    base, _ = live
+    sign_in(page, base)
+    api(page, base, "POST", "/api/v1/teams",
+        {"name": "research", "limits": {"tokens_per_day": 200000}})
+    api(page, base, "POST", "/api/v1/teams", {"name": "web", "limits": {"rpm": 600}})
+    for key, team in (("research-ci", "research"), ("web-prod", "web")):
+        api(page, base, "POST", "/api/v1/keys", {"name": key, "team": team})
+    now = time.time()
+    midnight = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0,
+                                                        microsecond=0)
+    at = max(now - 5, midnight.timestamp() + 1)   # today's, whenever the test runs
+    rows = [UsageRecord(id=f"r{i}", at=at, key="research-ci", team="research", model="trial",
+                        replica="", gpu_class="", prompt_tokens=prompt, cached_tokens=0,
+                        completion_tokens=completion, status=200, latency=0.5, ttft=0.1)
+            for i, (prompt, completion) in enumerate([(150000, 40000), (20000, 2764)])]
+    rows += [UsageRecord(id=f"e{i}-{status}", at=at, key=key, team=team, model="trial",
+                         replica="", gpu_class="", prompt_tokens=0, cached_tokens=0,
+                         completion_tokens=0, status=status, latency=0.01, ttft=None)
+             for status, key, team, n in ((429, "research-ci", "research", 7),
+                                          (403, "web-prod", "web", 2),
+                                          (502, "web-prod", "web", 3))
+             for i in range(n)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(tmp_path / "llmgw.db", write)
+    page.goto(f"{base}/admin/usage")
+    over = page.locator("tr[data-budget='research//tokens_per_day']")
+    expect(over).to_have_class("over")
+    expect(over).to_contain_text("212,764")
+    expect(over).to_contain_text("200,000")
+    expect(over).to_contain_text("over: answering 429")
+    reset = (midnight + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+    expect(over.locator("time")).to_have_attribute("datetime", reset)
+    [budget] = api(page, base, "GET", "/api/v1/budgets")
+    assert (budget["used"], budget["limit"], budget["over"]) == (212764, 200000, True)
+    for status, team, count in ((429, "research", "7"), (403, "web", "2"), (502, "web", "3")):
+        row = page.locator(f"table.statuses tr[data-status='{status}'][data-team='{team}']")
+        expect(row.locator("td.num")).to_have_text(count)
+    expect(page.locator("table.statuses tr[data-status='502']")).to_contain_text(
+        "upstream failed")
+    page.goto(f"{base}/admin/teams")
+    expect(page.locator("tr[data-team='research'] .tag")).to_have_text("over budget")
+    expect(page.locator("tr[data-team='web'] .tag")).to_have_count(0)
+    assert errors == []
+
+
+def test_the_usage_chart_fills_its_box_has_ticks_marks_now_and_reads_local_times(
+        live: tuple[str, AppContext], browser: Browser, errors: list[str],
+        tmp_path: Path) -> None:
+    """In a browser in Kolkata (UTC+5:30): the chart fills its box at 1280 and 390 px,
+    its y axis has round ticks beyond 0 and the maximum, the current hour is labelled
+    "now", hour labels read in local time (HH:30), and the span's times read as local
+    ISO-like text with the UTC text on hover."""
+    base, _ = live
+    now = time.time()
+    rows = [UsageRecord(id=f"c{i}", at=now - i * 3600, key="research-ci", team="research",
+                        model="trial", replica="", gpu_class="", prompt_tokens=1000 * (i + 1),
+                        cached_tokens=0, completion_tokens=500, status=200, latency=0.5,
+                        ttft=0.1) for i in range(6)]
+
+    async def write(store: Store) -> None:
+        await store.record_usage(rows)
+
+    with_store(tmp_path / "llmgw.db", write)
+    for viewport in ({"width": 1280, "height": 900}, {"width": 390, "height": 844}):
+        context = browser.new_context(viewport=viewport,  # type: ignore[arg-type]
+                                      timezone_id="Asia/Kolkata")
+        context.set_default_timeout(WAIT_MS)
+        pg = context.new_page()
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            sign_in(pg, base)
+            pg.goto(f"{base}/admin/usage")
+            chart = pg.locator("#usage-chart svg.usage-chart")
+            expect(chart).to_be_visible()
+            box, figure = chart.bounding_box(), pg.locator("#usage-chart").bounding_box()
+            assert box is not None
+            assert figure is not None
+            assert box["width"] >= figure["width"] - 24, (box, figure)   # its padding
+            ticks = pg.locator("svg.usage-chart text.tick").all_text_contents()
+            assert len(ticks) >= 3, ticks
+            assert ticks[0] == "0", ticks
+            assert any(t.endswith("k") for t in ticks), ticks
+            expect(pg.locator("svg.usage-chart text.now-label")).to_have_text("now")
+            labels = pg.locator("svg.usage-chart text.time")
+            expect(labels.first).to_have_attribute("data-local", "1")
+            shown = labels.evaluate_all("(ts) => ts.map((t) => t.firstChild.textContent)")
+            assert shown
+            assert all(re.fullmatch(r"\d\d:30", t) for t in shown), shown
+            since = pg.locator("main p.hint time").first
+            expect(since).to_have_attribute("data-local", "1")
+            utc = since.get_attribute("datetime")
+            assert utc is not None
+            local = datetime.fromisoformat(utc).astimezone(timezone(timedelta(hours=5.5)))
+            expect(since).to_have_text(local.strftime("%Y-%m-%d %H:%M GMT+5:30"))
+            expect(since).to_have_attribute(
+                "title", datetime.fromisoformat(utc).strftime("%Y-%m-%d %H:%M UTC"))
+            assert "+00:00" not in pg.locator("main").inner_text()
+        finally:
+            context.close()
     assert errors == []

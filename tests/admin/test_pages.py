@@ -459,7 +459,7 @@ async def test_a_refused_team_form_keeps_every_field_and_lists_every_problem(
                          rf'value="{re.escape(value)}"', page), name
     api = await admin.post("/api/v1/teams", headers=API, json={
         "name": "research", "limits": {"models": ["prod-chta"]}})
-    assert api.status_code == 400
+    assert api.status_code == 409
     assert "'prod-chta' is not in the catalog" in api.json()["error"]["message"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw.admin import session as sessions
+from llmgw.admin.chart import nice_ticks
 from llmgw.admin.locate import excerpt, key_path, line_of
 from llmgw.admin.signin import safe_next
 
@@ -116,3 +117,12 @@ def test_a_flashs_notes_are_bounded_to_fit_a_cookie() -> None:
 def test_only_admin_paths_are_followed_after_sign_in(given: str | None, goes: str) -> None:
     """``next`` is followed only to a path of this site's admin page."""
     assert safe_next(given) == goes
+
+
+@pytest.mark.parametrize(("peak", "ticks"), [
+    (0, [0, 1]), (7, [0, 2, 4, 6, 8]), (212_764, [0, 100_000, 200_000, 300_000]),
+    (1_000, [0, 500, 1_000]),
+])
+def test_the_charts_y_ticks_are_round_and_cover_the_peak(peak: int, ticks: list[int]) -> None:
+    """Steps of 1, 2 or 5 times a power of ten, from 0 to the first tick at or above it."""
+    assert nice_ticks(peak) == ticks

@@ -95,12 +95,13 @@ _FORMS = """() => Array.from(document.querySelectorAll("form[method=post]")).map
 
 
 def _at(answer: Any, path: list[Any]) -> Any:
-    """The value at ``path``: keys, indexes, or {field: value} for the list item with it."""
+    """The value at ``path``: keys, indexes, or {field: value, ...} for the one list item
+    with those values."""
     for step in path:
         if isinstance(step, dict):
-            (field, wanted), = step.items()
-            found = [item for item in answer if item.get(field) == wanted]
-            assert found, f"no item with {field} = {wanted!r} in the API's answer"
+            found = [item for item in answer
+                     if all(item.get(f) == wanted for f, wanted in step.items())]
+            assert len(found) == 1, f"{len(found)} items with {step} in the API's answer"
             answer = found[0]
         else:
             answer = answer[step]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
 from llmgw.store.schema import MIGRATIONS
 
@@ -111,6 +113,19 @@ async def test_token_totals_from_roll_ups_and_recent_records(store: AnyStore) ->
     assert totals == {("ml", "k1"): 15, ("ml", "k2"): 15}
     recent = {(t.team, t.key): t.tokens for t in await store.recent_tokens(HOUR + 3750)}
     assert recent == {("ml", "k2"): 15}
+
+
+async def test_requests_by_status_with_the_latest_of_each(store: AnyStore) -> None:
+    """Raw records since a moment, counted per team, key, model and status."""
+    await store.record_usage([
+        msgspec.structs.replace(record("a", HOUR + 10), status=502),
+        msgspec.structs.replace(record("b", HOUR + 20), status=502),
+        msgspec.structs.replace(record("c", HOUR + 30, key_name="k2"), status=429),
+        record("d", HOUR + 40), record("e", HOUR - 10)])
+    counts = [(c.key, c.status, c.requests, c.last_at)
+              for c in await store.status_counts(HOUR)]
+    assert counts == [("k1", 200, 1, HOUR + 40), ("k1", 502, 2, HOUR + 20),
+                      ("k2", 429, 1, HOUR + 30)]
 
 
 def _brute_force(batch: list[UsageRecord], by: str, since: float, until: float,

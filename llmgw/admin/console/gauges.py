@@ -2,7 +2,7 @@
 
 A gauge is one limit of a team or key against what its period has used, with
 the instant the period resets: the same periods the gateway enforces
-(``llmgw.gateway.budgets.period_start`` and ``resets_at``), so a gauge at
+(``llmgw.tenancy.period_start`` and ``resets_at``), so a gauge at
 100% is a team the gateway is answering 429.
 
 A key's cost is its team's cost shared by the key's tokens in the span — the
@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from llmgw.gateway.budgets import resets_at
-from llmgw.tenancy import BUDGET_FIELDS, COST_FIELDS, Limits
+from llmgw.tenancy import BUDGET_FIELDS, COST_FIELDS, Limits, resets_at
 
 PERIOD_OF = {"tokens_per_minute": "minute", "tokens_per_day": "day",
              "tokens_per_month": "month", "cost_per_day": "day", "cost_per_month": "month"}

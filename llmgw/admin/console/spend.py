@@ -35,9 +35,8 @@ from llmgw.control import tenants
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.costs import cost_report
 from llmgw.errors import DefinitionError, LlmgwError, NotFoundError
-from llmgw.gateway.budgets import period_start
 from llmgw.store.base import REPORT_RETENTION
-from llmgw.tenancy import COSTS_REPORT, BudgetField, TeamCosts
+from llmgw.tenancy import COSTS_REPORT, BudgetField, TeamCosts, period_start
 
 from .gauges import Gauge, gauges, key_costs, per_million
 

@@ -83,6 +83,19 @@
     });
   }
 
+  // The usage chart's hour labels: <text data-time="..." data-format="hour"> in UTC, in
+  // the viewer's zone here (day labels stay UTC days, the ledger's). The UTC text is
+  // kept in the label's <title>.
+  function localiseChart(root) {
+    root.querySelectorAll("svg text[data-time][data-format=hour]:not([data-local])")
+      .forEach((t) => {
+        const d = new Date(t.dataset.time);
+        if (Number.isNaN(d.getTime())) return;
+        t.firstChild.textContent = pad(d.getHours()) + ":" + pad(d.getMinutes());
+        t.dataset.local = "1";
+      });
+  }
+
   // A button with data-copy="ID" copies the text of element ID.
   document.addEventListener("click", async (ev) => {
     const b = ev.target.closest("button[data-copy]");
@@ -103,7 +116,8 @@
   });
 
   localise(document);
-  new MutationObserver(() => localise(document)).observe(document.body,
+  localiseChart(document);
+  new MutationObserver(() => { localise(document); localiseChart(document); }).observe(document.body,
     { childList: true, subtree: true });
   document.querySelectorAll("[data-refresh]").forEach(watch);
 })();
