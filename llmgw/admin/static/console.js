@@ -101,6 +101,10 @@
                 return s + ": " + Math.round(f.errors[s] * f.requests);
               });
               refused.textContent = parts.length ? parts.join(" ") : "none";
+              const span = document.querySelector("#live-refused [data-fig=refused-window]");
+              if (span) {
+                span.textContent = view.window ? " in the last " + Math.round(view.window) + " s" : "";
+              }
             }
             table.dataset.refreshed = String(Date.now());
             note.textContent = (view.window
