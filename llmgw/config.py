@@ -170,6 +170,10 @@ class GatewayConfig(_Conf, frozen=True):
     ledger_interval: Duration = Duration(1, "1s")
     # ... and how often while records of a key or team with a token budget wait.
     budget_interval: Duration = Duration(0.2, "200ms")
+    # How long the store keeps a gateway's slice of a token budget without a renewal:
+    # what a gateway that died gives back after, and how long one cut off from the store
+    # serves from its slice before the budget's when_store_down applies.
+    budget_lease_ttl: Duration = Duration(30, "30s")
     # Records held in memory while the store is unreachable; beyond it, with a journal,
     # the newer ones wait on disk only; without one, the oldest are dropped.
     ledger_buffer: int = 100_000
@@ -409,10 +413,16 @@ def _check_gateway(cfg: GatewayConfig) -> None:
                 "body_timeout", "keepalive_timeout", "eject_for", "activity_interval",
                 "keys_check_interval", "responses_retention", "max_upload_size", "max_file_size",
                 "signal_interval", "signal_timeout", "scale_interval", "ledger_interval",
-                "budget_interval", "ledger_buffer", "usage_retention", "adapter_load_wait",
-                "body_deadline", "max_unauthenticated_per_client", "journal_max"):
+                "budget_interval", "budget_lease_ttl", "ledger_buffer", "usage_retention",
+                "adapter_load_wait", "body_deadline", "max_unauthenticated_per_client",
+                "journal_max"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"gateway.{key}: must be more than 0", field=f"gateway.{key}")
+    if cfg.budget_lease_ttl < 3 * cfg.budget_interval:
+        raise ConfigError(
+            f"gateway.budget_lease_ttl ({cfg.budget_lease_ttl}) is under three "
+            f"budget_interval ({cfg.budget_interval}): a slice would lapse between two "
+            "renewals; make it at least three times as long", field="gateway.budget_lease_ttl")
     if cfg.eject_max < cfg.eject_for:
         raise ConfigError(
             f"gateway.eject_max ({cfg.eject_max}) is shorter than gateway.eject_for "

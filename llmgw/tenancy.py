@@ -24,8 +24,13 @@ Limits (``Limits``) are the same fields on a team and on a key:
 * ``rpm``: requests per minute, per gateway process (as the keys file's).
   A team's limit is one bucket shared by its keys.
 * ``tokens_per_minute``, ``tokens_per_day``, ``tokens_per_month``: token
-  budgets (prompt + completion) enforced across instances from the usage
-  ledger (``budgets``). A team's budget counts every key of the team.
+  budgets (prompt + completion) enforced across instances: each gateway
+  reserves a request's worst case against a slice of the budget it leases
+  from the store (``llmgw.gateway.slices``). A team's budget counts every key
+  of the team.
+* ``when_store_down`` (``refuse``, the default, or ``admit``): what the
+  token budgets set beside it do once a gateway's lease on them has run out
+  because the store cannot be reached.
 * ``priority``: the admission class (``interactive`` or ``batch``); a key
   may only lower it.
 
@@ -128,6 +133,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defa
     # (``llmgw.control.costs``): the team's attributed GPU and CPU time per UTC day/month.
     cost_per_day: Cost | None = None
     cost_per_month: Cost | None = None
+    # What the token budgets set here do while a gateway cannot renew its slice of them
+    # (``llmgw.gateway.slices``): refuse (the default; the budget holds) or admit.
+    when_store_down: Literal["refuse", "admit"] | None = None
 
     def has_budget(self) -> bool:
         return (self.tokens_per_minute is not None or self.tokens_per_day is not None

@@ -30,6 +30,9 @@ def limit_options(fn: F) -> F:
                      help="Tokens per UTC calendar month, across instances."),
         click.option("--priority", type=click.Choice(["interactive", "batch"]), default=None,
                      help="Admission class when a model is saturated."),
+        click.option("--when-store-down", type=click.Choice(["refuse", "admit"]),
+                     default=None, help="What the token budgets do once a gateway's slice "
+                     "of them lapses with the store unreachable (default: refuse)."),
     )):
         fn = decorator(fn)
     return fn
@@ -37,10 +40,10 @@ def limit_options(fn: F) -> F:
 
 def _limits(models: str | None, rpm: int | None, tokens_per_minute: int | None,
             tokens_per_day: int | None, tokens_per_month: int | None,
-            priority: str | None) -> dict[str, Any]:
+            priority: str | None, when_store_down: str | None) -> dict[str, Any]:
     numbers = {"rpm": rpm, "tokens_per_minute": tokens_per_minute,
                "tokens_per_day": tokens_per_day, "tokens_per_month": tokens_per_month,
-               "priority": priority}
+               "priority": priority, "when_store_down": when_store_down}
     out: dict[str, Any] = {k: v for k, v in numbers.items() if v is not None}
     if models is not None:
         out["models"] = [m.strip() for m in models.split(",") if m.strip()]
@@ -51,7 +54,7 @@ def _limits_text(limits: dict[str, Any]) -> str:
     parts = ["models " + ",".join(limits["models"])] if "models" in limits else []
     parts.extend(f"{name.replace('_', ' ')} {limits[name]}" for name in (
         "rpm", "tokens_per_minute", "tokens_per_day", "tokens_per_month", "priority",
-        "log_requests", "log_retention_days", "cost_per_day", "cost_per_month")
+        "when_store_down", "log_requests", "log_retention_days", "cost_per_day", "cost_per_month")
         if name in limits)
     return "; ".join(parts) or "no limits"
 
@@ -91,13 +94,14 @@ def _with_logs(limits: dict[str, Any], log_requests: str | None,
 @pass_client
 def team_add(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
-             tokens_per_month: int | None, priority: str | None, log_requests: str | None,
+             tokens_per_month: int | None, priority: str | None,
+             when_store_down: str | None, log_requests: str | None,
              log_retention_days: int | None, cost_per_day: float | None,
              cost_per_month: float | None, output: str) -> None:
     """Create a team with its limits."""
     with failures():
         limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
-                                    tokens_per_month, priority), log_requests,
+                                    tokens_per_month, priority, when_store_down), log_requests,
                             log_retention_days, cost_per_day, cost_per_month)
         t = client.post("/api/v1/teams", json={"name": name, "limits": limits})
     if output == "json":
@@ -114,13 +118,14 @@ def team_add(client: ApiClient, name: str, models: str | None,
 @pass_client
 def team_set(client: ApiClient, name: str, models: str | None,
              rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
-             tokens_per_month: int | None, priority: str | None, log_requests: str | None,
+             tokens_per_month: int | None, priority: str | None,
+             when_store_down: str | None, log_requests: str | None,
              log_retention_days: int | None, cost_per_day: float | None,
              cost_per_month: float | None, output: str) -> None:
     """Replace a team's limits (those not given are lifted)."""
     with failures():
         limits = _with_logs(_limits(models, rpm, tokens_per_minute, tokens_per_day,
-                                    tokens_per_month, priority), log_requests,
+                                    tokens_per_month, priority, when_store_down), log_requests,
                             log_retention_days, cost_per_day, cost_per_month)
         t = client.put(f"/api/v1/teams/{quote(name)}/limits", json=limits)
     if output == "json":
@@ -165,11 +170,12 @@ def key() -> None:
 @pass_client
 def key_add(client: ApiClient, name: str, team_name: str, models: str | None,
             rpm: int | None, tokens_per_minute: int | None, tokens_per_day: int | None,
-            tokens_per_month: int | None, priority: str | None) -> None:
+            tokens_per_month: int | None, priority: str | None,
+            when_store_down: str | None) -> None:
     """Create a key and print it: it is shown this once and stored only as a hash."""
     with failures():
         limits = _limits(models, rpm, tokens_per_minute, tokens_per_day, tokens_per_month,
-                         priority)
+                         priority, when_store_down)
         k = client.post("/api/v1/keys", json={"name": name, "team": team_name, "limits": limits})
     click.echo(k["key"])
 

@@ -11,7 +11,9 @@ its team's token budget (429 ``insufficient_quota``, ``budgets``); the key's
 rate limit (429, before the body is read, so a client over its limit costs
 almost nothing); body size (413, from Content-Length when given, else while
 reading); JSON with a string ``model`` and a boolean or absent ``stream``
-(400); the model in the catalog in force (404); the key's allow-list (403).
+(400); the model in the catalog in force (404); the key's allow-list (403);
+the request's worst case reserved on its budgets' slices (429
+``insufficient_quota``, ``slices``).
 Then the capability check (400 when the model does not serve the endpoint;
 fallbacks that do not are skipped, see ``capabilities``). Then, for an
 on-demand model with no replica, the hold for a cold start; then admission
@@ -98,7 +100,8 @@ from llmgw.gateway.ondemand import OnDemand, is_on_demand
 from llmgw.gateway.probes import UpstreamProber
 from llmgw.gateway.proxy import Body, Forwarder, ForwardRequest, Usage
 from llmgw.gateway.request import (
-    estimated_tokens,
+    DEFAULT_ANSWER_TOKENS,
+    answer_tokens,
     header,
     mark_authenticated,
     parse_head,
@@ -109,6 +112,7 @@ from llmgw.gateway.responses_api import ResponsesEndpoint
 from llmgw.gateway.routing import UNLIMITED, Balancer
 from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
+from llmgw.gateway.slices import Slices
 from llmgw.gateway.tenants import TenantsFollower
 from llmgw.redact import replica_id, tag_key
 from llmgw.scheduler.base import PROBES_REPORT, Routing
@@ -237,8 +241,15 @@ class Gateway:
             self.budgets: Budgets | None = Budgets(store, self.ledger,
                                                    in_use=self.keys.budget_fields,
                                                    cost_in_use=self.keys.cost_budgeted)
+            self.slices: Slices | None = Slices(
+                store, self.ledger, holder, interval=float(gw.budget_interval),
+                ttl=float(gw.budget_lease_ttl), clock=self._loop_time,
+                on_renewal=lambda outcome: self.metrics.slice_renewals.labels(outcome).inc(),
+                on_unchecked=lambda team, budget, outcome:
+                    self.metrics.budget_unchecked.labels(team, budget, outcome).inc())
         else:
             self.budgets = None
+            self.slices = None
         self._tasks: list[asyncio.Task[None]] = []
         self.batch_worker = BatchWorker(self, holder, key_by_id=self.key_by_id,
                                         keys_ready=self.tenants.loaded)
@@ -276,6 +287,8 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self.tenants.run(), name="llmgw-gw-tenants"))
         if self.ledger is not None:
             self._tasks.append(asyncio.create_task(self.ledger.run(), name="llmgw-gw-ledger"))
+        if self.slices is not None:
+            self._tasks.append(asyncio.create_task(self.slices.run(), name="llmgw-gw-slices"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="llmgw-gw-idle"))
         self._tasks.append(asyncio.create_task(self.signals.run(), name="llmgw-gw-signals"))
         self._tasks.append(asyncio.create_task(self.adapters.run(), name="llmgw-gw-adapters"))
@@ -292,6 +305,8 @@ class Gateway:
         await self.batch_worker.close()
         if self.ledger is not None:
             await self.ledger.close()
+        if self.slices is not None:
+            await self.slices.close()
         await self.ondemand.close()
         await self.forwarder.close()
         await self.adapters.close()
@@ -392,6 +407,8 @@ class Gateway:
         if self.budgets is not None:
             for team, budget, share in self.budgets.shares(self.keys.teams()):
                 yield "llmgw_gateway_budget_used_ratio", (team, budget), share
+        if self.slices is not None:
+            yield from self.slices.figures()
 
     def _scheduler_figures(self) -> Iterable[tuple[str, tuple[str, ...], float]]:
         """What the alerting rules page on: a model short of what it should run, its crash
@@ -697,6 +714,16 @@ class Gateway:
         ledger = self.ledger
         if ledger is None:
             return
+        slices = self.slices
+        if key.budgeted and slices is not None:
+            # With the record below, in one step: a slice's settled tokens are those not
+            # among the ledger's buffered records (``slices``).
+            if req.reservation is not None:
+                slices.settle(req.reservation, usage.prompt + usage.completion)
+                req.reservation = None
+            elif usage.prompt or usage.completion:
+                slices.charge(slices.slices_of(key.team, key.name, key.team_limits,
+                                               key.limits), usage.prompt + usage.completion)
         gpu_class = ""
         if served is not None and served.profiles:
             # With one profile there is no doubt; with several, the one the answering
@@ -748,14 +775,29 @@ class Gateway:
         query: bytes = scope.get("query_string", b"")
         if query:
             path = f"{path}?{query.decode('latin-1')}"
-        call.request = ForwardRequest(path=path, body=body, model=head.model,
-                                      stream=bool(head.stream), headers=scope["headers"],
-                                      started=started, metrics=call.metrics,
-                                      priority=key.priority, strip_usage=strip,
-                                      team=key.team, cost=estimated_tokens(body, head),
-                                      capture=[] if key.log_requests == "bodies" else None,
-                                      adapter=self.models.catalog.adapters.get(head.model))
-        return call.request, chain
+        answer = answer_tokens(head)
+        call.request = req = ForwardRequest(
+            path=path, body=body, model=head.model, stream=bool(head.stream),
+            headers=scope["headers"], started=started, metrics=call.metrics,
+            priority=key.priority, strip_usage=strip, team=key.team,
+            cost=len(body) / 4 + (DEFAULT_ANSWER_TOKENS if answer is None else answer),
+            capture=[] if key.log_requests == "bodies" else None,
+            adapter=self.models.catalog.adapters.get(head.model))
+        if key.budgeted and self.slices is not None:
+            await self._reserve(key, req, answer)
+        return req, chain
+
+    async def _reserve(self, key: ApiKey, req: ForwardRequest, answer: int | None) -> None:
+        """Hold the request's worst case on its key's budget slices (``slices``): the
+        body's bytes, which bound its prompt's tokens, plus what it may generate."""
+        slices = self.slices
+        assert slices is not None
+        held = slices.slices_of(key.team, key.name, key.team_limits, key.limits)
+        if not held:
+            return
+        tokens = len(req.body) + (DEFAULT_ANSWER_TOKENS if answer is None else answer)
+        req.reservation = slices.reserve(held, tokens) or \
+            await slices.reserve_waiting(held, tokens)
 
     def check_key(self, headers: Sequence[tuple[bytes, bytes]], now: float) -> ApiKey:
         key = self._authenticate(headers)
@@ -846,6 +888,8 @@ class Gateway:
                                           variant=variant,
                                           team=key.team if key is not None else "",
                                           adapter=self.catalog.adapters.get(model))
+            if key is not None and key.budgeted and self.slices is not None:
+                await self._reserve(key, call.request, answer_tokens(parse_head(body)))
             answer.status = await self._serve(call.request, chain, _never, answer.send)
         except LlmgwError as err:
             answer.status = err.status

@@ -5,31 +5,37 @@ A budget is ``tokens_per_minute``, ``tokens_per_day`` (UTC) or
 or on a key (``llmgw.tenancy.Limits``); a token is a prompt or completion
 token as the engine reported it.
 
-What a request is checked against, when it arrives (before its body is
-read): the tokens the store's ledger holds for the period — read by every
-instance right after each of its ledger flushes, from the hourly roll-ups for
-a day or a month and from the raw records for the last minute — plus this
-instance's own tokens not yet written, or written since that read began
-(``Ledger.pending_*``, ``Ledger.written_*``). At or over the
-budget, the answer is 429 with the code ``insufficient_quota`` in OpenAI's
-error shape, the time the budget resets in the message, and ``Retry-After``.
+Two checks, both without a store round trip on the request path:
 
-**Overshoot is bounded, not zero.** No database round trip is made per
-request, so a budget can be exceeded by:
+* **Admission reserves against a leased slice** (``llmgw.gateway.slices``,
+  which argues the design and its bounds): once the body is read, a request
+  holds its worst case — its body's bytes plus ``max_tokens`` — on this
+  process's slice of every budget of its key and team, and settles with the
+  engine's usage when it ends. The store grants slices so that the written
+  tokens plus every process's slice never exceed the budget, so however many
+  instances share a budget, the tokens served never exceed it when every
+  request states ``max_tokens``; a request without it reserves
+  ``DEFAULT_ANSWER_TOKENS`` for its answer, and what it generates past that is
+  the overshoot, at most its model's context per such request in flight. A
+  budget smaller than one request's reservation answers 429 saying so.
+* **Before the body is read**, this module's ``check``: the tokens the store's
+  ledger holds for the period — read by every instance right after each of its
+  ledger flushes, from the hourly roll-ups for a day or a month and from the
+  raw records for the last minute — plus this instance's own tokens not yet
+  written, or written since that read began (``Ledger.pending_*``,
+  ``Ledger.written_*``). At or over the budget, the request is refused before
+  it costs a body read. This view lags the other instances by up to two ledger
+  cycles (their flush, this instance's re-read; a cycle is
+  ``gateway.budget_interval``, quickened to a quarter of it past 80% of a
+  budget), which is why it only refuses and never admits past a slice. It is
+  also what a budget with ``when_store_down: admit`` is held to while its slice
+  has lapsed: each instance then enforces the whole budget on its own view,
+  so N instances cut off from the store allow up to N times the budget.
 
-* the tokens of requests admitted before it was reached: each is checked when
-  it arrives and its tokens are known only when it ends (bounded by the
-  requests in flight and their ``max_tokens``);
-* the tokens other instances served and had not yet written and re-read:
-  at most two ledger cycles of the team's traffic through them — one for
-  their flush, one for this instance's refresh. A cycle is
-  ``gateway.budget_interval`` (200ms; the ledger writes records of budgeted
-  keys at that pace, not every ``ledger_interval``) plus one write and one
-  read of the store, so a slow store widens it. Past 80% of a budget the
-  cycle quickens to a quarter of ``budget_interval`` on every instance that
-  sees it, so the last fifth of a budget is shared four times as often.
-
-``bench/ledger_bench.py`` measures it under a 32-connection burst.
+At or over the budget, the answer is 429 with the code ``insufficient_quota``
+in OpenAI's error shape, the time the budget resets in the message, and
+``Retry-After``. ``bench/budget_overshoot.py`` measures what is served against
+the budget with two and four ``llmgw serve`` instances on one Postgres.
 
 A team may also have ``cost_per_day`` and ``cost_per_month``: its share of GPU
 and CPU time as ``llmgw.control.costs`` attributes it. The cost meter

@@ -64,6 +64,14 @@ _LIVE = {
         "Share of a team's budget used in its current period: tokens as the budget check "
         "counts them over tokens_per_minute, tokens_per_day or tokens_per_month, or the cost "
         "meter's figure over cost_per_day or cost_per_month.", ["team", "budget"]),
+    "llmgw_gateway_budget_slice_tokens": (
+        "This process's slice of a token budget (key empty: the team's), by state: "
+        "available (granted, not yet reserved or spent; 0 while the lease has lapsed), "
+        "reserved (by requests in flight), unwritten (spent, not yet in the store's "
+        "totals).", ["team", "key", "budget", "state"]),
+    "llmgw_gateway_budget_slice_lease_seconds": (
+        "Seconds this process may still use its slice of a token budget without renewing "
+        "it; 0: lapsed, the budget's when_store_down applies.", ["team", "key", "budget"]),
     # The scheduler's own view, as this process reads it (the relay's copy in a worker).
     "llmgw_scheduler_desired_replicas": (
         "Replicas the scheduler is asked to run for a scheduled model (scaling.min, or the "
@@ -232,6 +240,16 @@ class GatewayMetrics:
         self.ledger_dropped = Counter(
             "llmgw_gateway_ledger_dropped_records", "Usage records dropped because the "
             "ledger's buffer was full while the store could not be written.", registry=r)
+        self.slice_renewals = Counter(
+            "llmgw_gateway_budget_slice_renewals", "Renewals of this process's slices of "
+            "token budgets, by outcome (granted: more tokens; kept: no more wanted; "
+            "exhausted: the budget had no more room; failed: the store did not answer).",
+            ["outcome"], registry=r)
+        self.budget_unchecked = Counter(
+            "llmgw_gateway_budget_unchecked_requests", "Requests of a budget whose slice "
+            "lapsed because the store could not be reached, by team, budget and outcome "
+            "(refused: when_store_down refuse, answered 503; admitted: when_store_down "
+            "admit).", ["team", "budget", "outcome"], registry=r)
         self.ledger_unjournaled = Counter(
             "llmgw_gateway_ledger_unjournaled_records", "Usage records that could not be "
             "journaled (gateway.journal_max reached, or the write failed): kept in memory "

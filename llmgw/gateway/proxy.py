@@ -63,7 +63,7 @@ import logging
 import os
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import aiohttp
 import msgspec
@@ -89,6 +89,9 @@ from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
 from llmgw.redact import redact_url, replica_tag, scrub
 from llmgw.tenancy import Priority
+
+if TYPE_CHECKING:
+    from llmgw.gateway.slices import Reservation
 
 log = requestid.tagged(logging.getLogger("llmgw.gateway.proxy"))
 
@@ -341,6 +344,8 @@ class ForwardRequest:
     splice: Splice | None = None    # a resumable stream under way (``llmgw.gateway.resume``)
     # The LoRA adapter the client asked for, served on the chain's one model (its base).
     adapter: Adapter | None = None
+    # Its tokens held on its key's budget slices until it is accounted (``slices``).
+    reservation: Reservation | None = None
 
     def prefix_key(self, prefix_bytes: int) -> PrefixKey | None:
         """The request's prefix key (``llmgw.gateway.prefix``), computed once."""

@@ -146,12 +146,11 @@ def with_usage(body: bytes, options: msgspec.Raw) -> bytes | None:
 DEFAULT_ANSWER_TOKENS = 256
 
 
-def estimated_tokens(body: bytes, head: RequestHead) -> float:
-    """A request's tokens before it runs: its bytes / 4, plus the answer it allows."""
-    answer = DEFAULT_ANSWER_TOKENS
+def answer_tokens(head: RequestHead) -> int | None:
+    """The answer a request allows (``max_completion_tokens``, else ``max_tokens``);
+    None when it states neither as a whole number."""
     for raw in (head.max_completion_tokens, head.max_tokens):
         text = bytes(raw).strip()
         if text.isdigit():
-            answer = int(text)
-            break
-    return len(body) / 4 + answer
+            return int(text)
+    return None

@@ -210,6 +210,68 @@ class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int                # prompt + completion
 
 
+class SliceAsk(msgspec.Struct, frozen=True, kw_only=True):
+    """One gateway's lease on a slice of a token budget (``Store.lease_slice``).
+
+    ``granted`` and ``settled`` are running totals of the holder's lease on
+    ``scope``: tokens ever granted, and tokens of its answered requests that
+    its ledger has written (so they are in the usage totals). What the lease
+    holds against the budget is their difference, never a written token.
+    """
+
+    scope: str                 # the budget: "team/<team>/<field>" or "key/<team>/<key>/<field>"
+    holder: str                # the gateway process
+    team: str
+    key: str                   # "" for a team's budget
+    since: float               # start of the budget's period (Unix seconds, as usage.at)
+    recent: bool               # a sliding minute: counted from raw records, not roll-ups
+    limit: int
+    settled: int
+    floor: int                 # granted never drops below this (what the holder has used)
+    want: int                  # granted wanted, room permitting
+    ttl: float                 # seconds until the store gives the slice back unrenewed
+
+
+class SliceGrant(msgspec.Struct, frozen=True, kw_only=True):
+    granted: int               # the holder's running total granted, now
+    used: int                  # the budget's period in the usage totals
+    others: int                # what other live holders hold
+
+
+def slice_grant(ask: SliceAsk, used: int, others: int) -> int:
+    """The running total granted to ``ask``'s holder: as much as it wants while the
+    written tokens, every other holder's slice and its own fit the budget, and never
+    less than it has already handed out (that is spent whatever the store says)."""
+    room = ask.limit - used - others
+    return max(ask.floor, min(ask.want, ask.settled + room))
+
+
+# A budget's tokens in the period, in both dialects ("?" placeholders): from the
+# roll-ups (days since the day boundary, hours before it; see token_totals_params) for
+# a day or a month, from the raw records for a sliding minute.
+SLICE_USED = (
+    "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage_rollup"
+    " WHERE dim = ? AND name = ? AND team = ? AND ((grain = 86400 AND bucket >= ?)"
+    " OR (grain = 3600 AND bucket >= ? AND bucket < ?))"
+)
+SLICE_USED_RECENT = (
+    "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage"
+    " WHERE team = ? AND (? = '' OR key = ?) AND at >= ?"
+)
+SLICE_OTHERS = (
+    "SELECT COALESCE(SUM(granted - settled), 0) FROM budget_slices"
+    " WHERE scope = ? AND holder <> ? AND granted > settled"
+)
+
+
+def slice_used_params(ask: SliceAsk) -> tuple[str, tuple[object, ...]]:
+    """The query and parameters reading the tokens ``ask``'s budget has used."""
+    if ask.recent:
+        return SLICE_USED_RECENT, (ask.team, ask.key, ask.key, ask.since)
+    dim, name, team = ("key", ask.key, ask.team) if ask.key else ("team", ask.team, "")
+    return SLICE_USED, (dim, name, team, *token_totals_params(ask.since))
+
+
 class RequestLog(msgspec.Struct, frozen=True, kw_only=True):
     """A request kept for a team that logs requests: its usage record as JSON, and its
     bodies only when the team logs bodies."""
@@ -584,6 +646,16 @@ class Store(Protocol):
     async def status_counts(self, since: float) -> list[StatusCount]:
         """Requests per (team, key, model, status) of records at or after ``since`` (raw
         records), each with its latest time."""
+
+    async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
+        """Take, renew, grow or shrink ``ask.holder``'s slice of a token budget, in one
+        transaction that holds the budget's lock: slices other holders let expire are
+        dropped (their tokens come back), then the slice is granted by ``slice_grant``
+        against the period's written tokens and every live slice, and renewed for
+        ``ask.ttl`` seconds of the database's clock."""
+
+    async def release_slice(self, scope: str, holder: str) -> None:
+        """Drop ``holder``'s slice of ``scope`` (it holds nothing unwritten)."""
 
     async def purge_usage(self, before: float) -> int:
         """Delete raw records older than ``before`` (the roll-ups stay); the number deleted."""

@@ -61,6 +61,7 @@ from llmgw.store.base import (
     OWNED_TABLES,
     REPORT_RETENTION,
     REVOKED_OWNER,
+    SLICE_OTHERS,
     STATUS_COUNTS,
     BatchResult,
     BatchRow,
@@ -69,6 +70,8 @@ from llmgw.store.base import (
     OwnerId,
     Report,
     RequestLog,
+    SliceAsk,
+    SliceGrant,
     StatusCount,
     StoredHolding,
     StoredKey,
@@ -80,6 +83,8 @@ from llmgw.store.base import (
     UsageRecord,
     UsageRow,
     holding_row,
+    slice_grant,
+    slice_used_params,
     status_count,
     token_totals_params,
     usage_params,
@@ -841,6 +846,32 @@ class PostgresStore:
                                  STATUS_COUNTS.replace("?", "%s"), (since,))
         return [status_count(r) for r in rows]
 
+    async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
+        doing = f"lease a slice of budget {ask.scope!r}"
+        used_query, used_params = slice_used_params(ask)
+        async with self._connection(doing) as conn, conn.transaction():
+            # Every holder of the budget takes this lock first, so the sum of the live
+            # slices cannot change between reading it and adding this one.
+            await self._execute(conn, doing, "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                                (f"llmgw-budget:{ask.scope}",))
+            await self._execute(conn, doing, "DELETE FROM budget_slices WHERE scope = %s"
+                                " AND expires_at <= now()", (ask.scope,))
+            used = await self._one(conn, doing, used_query.replace("?", "%s"), used_params)
+            others = await self._one(conn, doing, _SLICE_OTHERS, (ask.scope, ask.holder))
+            granted = slice_grant(ask, used, others)
+            await self._execute(conn, doing, _PUT_SLICE, (
+                ask.scope, ask.holder, granted, ask.settled, float(ask.ttl)))
+        return SliceGrant(granted=granted, used=used, others=others)
+
+    async def _one(self, conn: Conn, doing: str, query: str, params: tuple[Any, ...]) -> int:
+        row = await (await self._execute(conn, doing, query, params)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    async def release_slice(self, scope: str, holder: str) -> None:
+        await self._query(f"give back a slice of budget {scope!r}",
+                          "DELETE FROM budget_slices WHERE scope = %s AND holder = %s",
+                          (scope, holder))
+
     async def purge_usage(self, before: float) -> int:
         rows = await self._query(
             "purge old usage records",
@@ -902,6 +933,13 @@ class PostgresStore:
 
 _encode_records = msgspec.json.Encoder().encode
 
+_SLICE_OTHERS = SLICE_OTHERS.replace("?", "%s")
+_PUT_SLICE = (
+    "INSERT INTO budget_slices (scope, holder, granted, settled, expires_at)"
+    " VALUES (%s, %s, %s, %s, now() + %s * interval '1 second')"
+    " ON CONFLICT (scope, holder) DO UPDATE SET granted = excluded.granted,"
+    " settled = excluded.settled, expires_at = excluded.expires_at"
+)
 _KEY_USAGE_SINCE = KEY_USAGE_SINCE.replace("?", "%s")
 # One statement: the holdings as reported, and those open but unreported closed. The
 # update skips the rows the insert wrote (one statement may not change a row twice).

@@ -61,6 +61,7 @@ from llmgw.store.base import (
     PUT_HOLDING,
     REPORT_RETENTION,
     REVOKED_OWNER,
+    SLICE_OTHERS,
     STATUS_COUNTS,
     BatchResult,
     BatchRow,
@@ -69,6 +70,8 @@ from llmgw.store.base import (
     OwnerId,
     Report,
     RequestLog,
+    SliceAsk,
+    SliceGrant,
     StatusCount,
     StoredHolding,
     StoredKey,
@@ -80,6 +83,8 @@ from llmgw.store.base import (
     UsageRecord,
     UsageRow,
     holding_row,
+    slice_grant,
+    slice_used_params,
     status_count,
     token_totals_params,
     usage_params,
@@ -95,6 +100,16 @@ T = TypeVar("T")
 # statement, is spelled out in each statement below as
 #     ((julianday('now') - 2440587.5) * 86400.0)
 # (2440587.5 is the Julian day of the Unix epoch).
+_PUT_SLICE = (
+    "INSERT INTO budget_slices (scope, holder, granted, settled, expires_at)"
+    " VALUES (?, ?, ?, ?, ((julianday('now') - 2440587.5) * 86400.0) + ?)"
+    " ON CONFLICT (scope, holder) DO UPDATE SET granted = excluded.granted,"
+    " settled = excluded.settled, expires_at = excluded.expires_at"
+)
+_DROP_EXPIRED_SLICES = (
+    "DELETE FROM budget_slices"
+    " WHERE scope = ? AND expires_at <= ((julianday('now') - 2440587.5) * 86400.0)"
+)
 _TRY_LEASE = (
     "INSERT INTO leases (name, holder, expires_at)"
     " VALUES (?, ?, ((julianday('now') - 2440587.5) * 86400.0) + ?)"
@@ -940,6 +955,25 @@ class SqliteStore:
         rows = await self._conn(self._reads).run(
             lambda db: db.execute(STATUS_COUNTS, (since,)).fetchall())
         return [status_count(r) for r in rows]
+
+    async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
+        used_query, used_params = slice_used_params(ask)
+
+        def run(db: sqlite3.Connection) -> SliceGrant:
+            # Inside BEGIN IMMEDIATE: no other holder writes a slice until the commit.
+            db.execute(_DROP_EXPIRED_SLICES, (ask.scope,))
+            used = int(db.execute(used_query, used_params).fetchone()[0])
+            others = int(db.execute(SLICE_OTHERS, (ask.scope, ask.holder)).fetchone()[0])
+            granted = slice_grant(ask, used, others)
+            db.execute(_PUT_SLICE, (ask.scope, ask.holder, granted, ask.settled,
+                                    float(ask.ttl)))
+            return SliceGrant(granted=granted, used=used, others=others)
+
+        return await self._conn(self._writes).run(lambda db: _in_transaction(db, run))
+
+    async def release_slice(self, scope: str, holder: str) -> None:
+        await self._conn(self._writes).run(lambda db: db.execute(
+            "DELETE FROM budget_slices WHERE scope = ? AND holder = ?", (scope, holder)))
 
     async def purge_usage(self, before: float) -> int:
         count = await self._conn(self._writes).run(

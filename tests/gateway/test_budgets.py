@@ -7,6 +7,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
+
 from llmgw.gateway.batchworker import RETRY_STATUSES
 from llmgw.gateway.budgets import Budgets, period_start, resets_at
 from llmgw.gateway.keys import hash_key
@@ -22,28 +24,71 @@ from tests.gateway.test_tenants import make_key, make_team, until
 PER_REQUEST = 8
 
 
+# Each request reserves its body's bytes (about 80) and max_tokens on its budgets.
+MAX_TOKENS = 3
+
+
+async def until_refused(chat: Callable[[], Awaitable[httpx.Response]], what: str,
+                        limit: int = 200) -> tuple[int, httpx.Response]:
+    """Send requests one at a time until one is refused: how many were answered 200,
+    and the refusal."""
+    for answered in range(limit):
+        r = await chat()
+        if r.status_code != 200:
+            return answered, r
+    raise AssertionError(f"{what}: {limit} requests were all answered")
+
+
 async def test_a_team_over_its_daily_budget_gets_insufficient_quota(
         make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """Requests are admitted while the team's budget holds their reservation, then refused
+    with 429 insufficient_quota saying what was used and when it resets."""
     engine = await engines()
     gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
-    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    await make_team(gw.store, "ml", Limits(tokens_per_day=400))
     k1 = await make_key(gw.store, "k1", "ml")
-    k2 = await make_key(gw.store, "k2", "ml")
 
     async def accepted() -> bool:
-        return (await gw.chat("m", key=k1)).status_code == 200
+        return (await gw.chat("m", key=k1, max_tokens=MAX_TOKENS)).status_code == 200
 
-    await until(accepted, "the key to be accepted")          # 8 tokens
-    assert (await gw.chat("m", key=k2)).status_code == 200   # 8 < 10: admitted, now 16
-    r = await gw.chat("m", key=k1)
+    await until(accepted, "the key to be accepted")
+    answered, r = await until_refused(lambda: gw.chat("m", key=k1, max_tokens=MAX_TOKENS),
+                                      "a team over its budget")
+    assert answered >= 1
+    assert (answered + 1) * PER_REQUEST <= 400
     assert r.status_code == 429
     error = r.json()["error"]
     assert error["code"] == "insufficient_quota"
     assert error["type"] == "insufficient_quota"
-    assert "team 'ml' has used 16 of its 10 tokens per day (UTC)" in error["message"]
+    assert "team 'ml' has used or reserved" in error["message"]
+    assert "of its 400 tokens per day (UTC)" in error["message"]
     midnight = datetime.fromtimestamp(resets_at("tokens_per_day", time.time()), UTC)
     assert midnight.isoformat(timespec="seconds") in error["message"]
     assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_a_budget_smaller_than_one_reservation_says_so(
+        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """A request whose reservation (body bytes plus max_tokens) exceeds the whole budget can
+    never be admitted: 429 insufficient_quota saying so, with the reset time."""
+    engine = await engines()
+    gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
+    await make_team(gw.store, "ml", Limits(tokens_per_day=50))
+    key = await make_key(gw.store, "k", "ml")
+
+    async def refused() -> bool:
+        return (await gw.chat("m", key=key, max_tokens=MAX_TOKENS)).status_code == 429
+
+    await until(refused, "the key's team budget to be in force")
+    r = await gw.chat("m", key=key, max_tokens=MAX_TOKENS)
+    error = r.json()["error"]
+    assert error["code"] == "insufficient_quota"
+    assert "team 'ml''s budget of 50 tokens per day (UTC) is smaller than this request's " \
+        "reservation" in error["message"]
+    midnight = datetime.fromtimestamp(resets_at("tokens_per_day", time.time()), UTC)
+    assert f"it resets at {midnight.isoformat(timespec='seconds')}" in error["message"]
+    assert int(r.headers["retry-after"]) >= 1
+    assert engine.requests == []
 
 
 async def test_a_batch_line_of_a_team_over_its_budget_is_refused_for_the_worker_to_retry(
@@ -52,18 +97,21 @@ async def test_a_batch_line_of_a_team_over_its_budget_is_refused_for_the_worker_
     batch was created: past it, a line is answered 429 (final for the worker: quota)."""
     engine = await engines()
     gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
-    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    await make_team(gw.store, "ml", Limits(tokens_per_day=400))
     k1 = await make_key(gw.store, "k1", "ml")
 
     async def accepted() -> bool:
-        return (await gw.chat("m", key=k1)).status_code == 200
+        return (await gw.chat("m", key=k1, max_tokens=MAX_TOKENS)).status_code == 200
 
-    await until(accepted, "the key to be accepted")          # 8 tokens
-    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    await until(accepted, "the key to be accepted")
+    body = b'{"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}'
     owner = OwnerId(key_id(hash_key(k1)))
     first = await gw.gateway.execute("/v1/chat/completions", body, "m", owner=owner)
-    assert first.status == 200                               # 8 < 10: admitted, now 16
-    refused = await gw.gateway.execute("/v1/chat/completions", body, "m", owner=owner)
+    assert first.status == 200
+    for _ in range(200):
+        refused = await gw.gateway.execute("/v1/chat/completions", body, "m", owner=owner)
+        if refused.status != 200:
+            break
     assert refused.status == 429
     assert b"insufficient_quota" in refused.body
     assert 429 in RETRY_STATUSES
@@ -73,36 +121,41 @@ async def test_a_key_budget_narrows_its_team(
         make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
     engine = await engines()
     gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
-    await make_team(gw.store, "ml", Limits(tokens_per_month=1000))
-    small = await make_key(gw.store, "small", "ml", Limits(tokens_per_minute=PER_REQUEST))
+    await make_team(gw.store, "ml", Limits(tokens_per_month=10_000))
+    small = await make_key(gw.store, "small", "ml", Limits(tokens_per_minute=150))
     other = await make_key(gw.store, "other", "ml")
 
     async def accepted() -> bool:
-        return (await gw.chat("m", key=small)).status_code == 200
+        return (await gw.chat("m", key=small, max_tokens=MAX_TOKENS)).status_code == 200
 
     await until(accepted, "the key to be accepted")
-    r = await gw.chat("m", key=small)
+    _, r = await until_refused(lambda: gw.chat("m", key=small, max_tokens=MAX_TOKENS),
+                               "a key over its own budget")
     assert r.status_code == 429
-    assert "key 'small' has used 8 of its 8 tokens per minute" in r.json()["error"]["message"]
-    assert (await gw.chat("m", key=other)).status_code == 200
+    assert "key 'small' has used or reserved" in r.json()["error"]["message"]
+    assert "of its 150 tokens per minute" in r.json()["error"]["message"]
+    assert (await gw.chat("m", key=other, max_tokens=MAX_TOKENS)).status_code == 200
 
 
 async def test_another_instance_sees_the_tokens_after_a_flush(
         make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]]) -> None:
+    """What one instance spent of a budget, another cannot lease again."""
     engine = await engines()
     models = [chat_model("m", upstream=[engine.url])]
     first = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
     second = await make_gateway(models, listen="0.0.0.0:8080", ledger_interval="100ms")
-    await make_team(first.store, "ml", Limits(tokens_per_day=PER_REQUEST))
+    await make_team(first.store, "ml", Limits(tokens_per_day=200))
     key = await make_key(first.store, "k", "ml")
 
     async def accepted() -> bool:
-        return (await first.chat("m", key=key)).status_code == 200
+        return (await first.chat("m", key=key, max_tokens=MAX_TOKENS)).status_code == 200
 
     await until(accepted, "the key to be accepted on the first instance")
+    await until_refused(lambda: first.chat("m", key=key, max_tokens=MAX_TOKENS),
+                        "the first instance spending the budget")
 
     async def refused_on_second() -> bool:
-        r = await second.chat("m", key=key)
+        r = await second.chat("m", key=key, max_tokens=MAX_TOKENS)
         return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
 
     await until(refused_on_second, "the second instance to refuse the spent budget")
@@ -227,16 +280,20 @@ async def test_metrics_show_how_much_of_each_team_budget_is_used(
     budget-near-exhaustion alert (deploy/llmgw-rules.yml) reads."""
     engine = await engines()
     gw = await make_gateway([chat_model("m", upstream=[engine.url])], listen="0.0.0.0:8080")
-    await make_team(gw.store, "ml", Limits(tokens_per_day=10))
+    await make_team(gw.store, "ml", Limits(tokens_per_day=400))
     key = await make_key(gw.store, "k", "ml")
 
     async def accepted() -> bool:
-        return (await gw.chat("m", key=key)).status_code == 200
+        return (await gw.chat("m", key=key, max_tokens=MAX_TOKENS)).status_code == 200
 
-    await until(accepted, "the key to be accepted")          # 8 of 10 tokens
+    await until(accepted, "the key to be accepted")          # 8 of 400 tokens
 
     async def reported() -> bool:
         text = (await gw.client.get("/metrics")).text
-        return 'llmgw_gateway_budget_used_ratio{budget="tokens_per_day",team="ml"} 0.8' in text
+        return 'llmgw_gateway_budget_used_ratio{budget="tokens_per_day",team="ml"} 0.02' in text
 
     await until(reported, "the team's share of its budget on /metrics")
+    text = (await gw.client.get("/metrics")).text
+    assert 'llmgw_gateway_budget_slice_tokens{budget="tokens_per_day",key="",state="reserved",' \
+        'team="ml"} 0.0' in text
+    assert 'llmgw_gateway_budget_slice_renewals_total{outcome="granted"}' in text

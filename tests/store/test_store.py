@@ -15,7 +15,7 @@ import pytest
 
 from llmgw.errors import StoreUnavailableError
 from llmgw.store.base import StoredModel
-from llmgw.store.schema import LATEST
+from llmgw.store.schema import LATEST, MIGRATIONS
 
 from .conftest import AnyStore, Database, StoreFactory, with_params
 
@@ -56,7 +56,7 @@ async def test_reopening_applies_no_migration_twice_and_keeps_data(
     assert [m.name for m in await second.models()] == ["qwen-coder-32b"]
     assert await second.catalog_version() == 1
     rows = await database.fetch("SELECT version FROM schema_migrations ORDER BY version")
-    assert [r[0] for r in rows] == list(range(1, LATEST + 1))
+    assert [r[0] for r in rows] == [m.number for m in MIGRATIONS]
 
 
 async def test_concurrent_first_opens_migrate_exactly_once(
@@ -65,7 +65,7 @@ async def test_concurrent_first_opens_migrate_exactly_once(
     stores = [await make_store(open=False) for _ in range(4)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await database.fetch("SELECT version FROM schema_migrations ORDER BY version")
-    assert [r[0] for r in rows] == list(range(1, LATEST + 1))
+    assert [r[0] for r in rows] == [m.number for m in MIGRATIONS]
     assert {await s.catalog_version() for s in stores} == {0}
 
 
