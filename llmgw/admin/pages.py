@@ -17,12 +17,12 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import yaml
 from litestar import Request, get
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
 from llmgw.admin.chart import series_of, usage_chart
@@ -33,6 +33,7 @@ from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
 from llmgw.admin.tenantforms import KEY_FIELDS, TEAM_FIELDS
 from llmgw.catalog.decode import to_builtins
+from llmgw.catalog.model import Model
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
@@ -51,6 +52,7 @@ from llmgw.control.views import (
     find_model,
     model_view,
     replica_view,
+    replicas_by_model,
     replicas_of,
     scaler_decisions,
 )
@@ -89,15 +91,55 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 
 # -- what the templates show -------------------------------------------------
 
-async def models_context(ctx: AppContext) -> dict[str, Any]:
-    replicas = await replicas_of(ctx)
-    upstreams = await upstream_health_of(ctx, list(ctx.models.catalog))
-    views = [model_view(ctx, m, replicas, upstreams=upstreams) for m in ctx.models.catalog]
+# Rows of a long list per page: a fleet of 2,000 models (or 1,000 keys) on one page
+# is over a megabyte of HTML and a second of rendering.
+PAGE_SIZE = 100
+
+
+class Paged:
+    """One page of a filtered list: its rows, where it is, and the links around it."""
+
+    def __init__(self, rows: list[Any], number: int, path: str, query: dict[str, str],
+                 size: int = PAGE_SIZE) -> None:
+        self.total = len(rows)
+        self.pages = max(1, -(-self.total // size))
+        self.number = min(max(1, number), self.pages)
+        self.first = (self.number - 1) * size
+        self.rows = rows[self.first:self.first + size]
+        self.last = self.first + len(self.rows)
+        self.path, self.query = path, {k: v for k, v in query.items() if v}
+
+    def link(self, number: int) -> str:
+        return f"{self.path}?{urlencode({**self.query, 'page': number})}"
+
+    @property
+    def here(self) -> str:
+        return self.link(self.number) if self.number > 1 else (
+            f"{self.path}?{urlencode(self.query)}" if self.query else self.path)
+
+
+def matching(names: list[Any], q: str, key: Any) -> list[Any]:
+    needle = q.strip().lower()
+    return [n for n in names if needle in key(n).lower()] if needle else names
+
+
+async def models_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[str, Any]:
+    shown = Paged(matching(list(ctx.models.catalog), q, lambda m: m.name), number,
+                  "/admin/models", {"q": q})
+    chosen: list[Model] = shown.rows
+    replicas = await replicas_of(ctx) if len(chosen) != 1 else await replicas_of(
+        ctx, chosen[0].name)
+    upstreams = await upstream_health_of(ctx, chosen)
+    mine = replicas_by_model(replicas)
+    views = [model_view(ctx, m, mine.get(m.name, []), upstreams=upstreams) for m in chosen]
     loaded = ctx.adapters_loaded() if ctx.adapters_loaded is not None else {}
     adapters = [adapter_view(ctx, a, loaded.get(a.name))
                 for a in sorted(ctx.models.catalog.adapters.values(), key=lambda a: a.name)]
     return {
         "models": views,
+        "paged": shown,
+        "q": q,
+        "fragment_url": "/admin/fragments/models" + shown.here.removeprefix("/admin/models"),
         "adapters": adapters,
         "replicas_unknown": replicas is None,
         "skipped": ctx.models.skipped,
@@ -192,13 +234,18 @@ async def index() -> Redirect:
 
 
 @get("/models")
-async def models_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
-    return page(request, "models.html", session=signed_in(request), **await models_context(ctx))
+async def models_page(request: Request[Any, Any, Any], ctx: Ctx, q: FromQuery[str] = "",
+                      page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                      ) -> Template:
+    return page(request, "models.html", session=signed_in(request),
+                **await models_context(ctx, q, page_number))
 
 
 @get("/fragments/models", opt=FRAGMENT)
-async def models_fragment(ctx: Ctx) -> Template:
-    return fragment("_models.html", **await models_context(ctx))
+async def models_fragment(ctx: Ctx, q: FromQuery[str] = "",
+                          page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                          ) -> Template:
+    return fragment("_models.html", **await models_context(ctx, q, page_number))
 
 
 @get("/models/{name:str}")
@@ -268,6 +315,9 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
     return out
 
 
+# The busiest refusals and failures shown; the API lists them all.
+MAX_STATUS_ROWS = 50
+
 # Statuses shown with what they mean to the operator; the rest by their number alone.
 STATUS_MEANING = {
     400: "refused as malformed", 401: "no or unknown key", 403: "model not allowed",
@@ -291,7 +341,9 @@ async def traffic_context(ctx: AppContext, now: float) -> dict[str, Any]:
         return out
     out["statuses"] = report
     out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": report.since.isoformat()})
-    out["errors"] = [c for c in report.counts if c.status >= 400]
+    errors = sorted((c for c in report.counts if c.status >= 400),
+                    key=lambda c: (-c.requests, c.status, c.team, c.key, c.model))
+    out["errors"], out["errors_more"] = errors[:MAX_STATUS_ROWS], len(errors) - MAX_STATUS_ROWS
     out["answered"] = sum(c.requests for c in report.counts)
     return out
 
@@ -303,22 +355,29 @@ async def usage_page(request: Request[Any, Any, Any], ctx: Ctx, by: FromQuery[By
                 **await usage_context(ctx, by, granularity))
 
 
-async def teams_context(ctx: AppContext) -> dict[str, Any]:
+async def teams_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {"teams_error": None, "teams": [], "keys": [], "over": set(),
                            "limits_text": limits_text, "team_fields": TEAM_FIELDS,
-                           "key_fields": KEY_FIELDS}
+                           "key_fields": KEY_FIELDS, "q": q,
+                           "paged": Paged([], 1, "/admin/teams", {"q": q})}
     try:
-        out["teams"] = await list_teams(ctx)
-        out["keys"] = await list_keys(ctx)
-        out["over"] = {b.team for b in await budget_use(ctx) if b.over and b.key is None}
+        teams, keys = await list_teams(ctx), await list_keys(ctx)
+        paged = Paged(matching(keys, q, lambda k: f"{k.name} {k.team}"),
+                      number, "/admin/teams", {"q": q})
+        out["teams"], out["paged"], out["keys"] = teams, paged, paged.rows
+        out["over"] = {b.team for b in await budget_use(ctx, teams=teams, keys=keys)
+                       if b.over and b.key is None}
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out
 
 
 @get("/teams")
-async def teams_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
-    return page(request, "teams.html", session=signed_in(request), **await teams_context(ctx))
+async def teams_page(request: Request[Any, Any, Any], ctx: Ctx, q: FromQuery[str] = "",
+                     page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                     ) -> Template:
+    return page(request, "teams.html", session=signed_in(request),
+                **await teams_context(ctx, q, page_number))
 
 
 route_handlers = [index, models_page, models_fragment, show_model, model_fragment, fleet_page,

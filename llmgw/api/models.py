@@ -33,6 +33,7 @@ from llmgw.control.views import (
     find_model,
     model_view,
     replica_view,
+    replicas_by_model,
     replicas_of,
     scaler_decisions,
 )
@@ -76,7 +77,9 @@ async def list_models(ctx: Ctx) -> list[ModelView]:
     replicas = await replicas_of(ctx)
     decisions = await scaler_decisions(ctx)
     upstreams = await upstream_health_of(ctx, list(ctx.models.catalog))
-    return [model_view(ctx, m, replicas, decisions, upstreams) for m in ctx.models.catalog]
+    mine = replicas_by_model(replicas)
+    return [model_view(ctx, m, mine.get(m.name, []), decisions, upstreams)
+            for m in ctx.models.catalog]
 
 
 @get("/models/{name:str}", summary="Show one model")

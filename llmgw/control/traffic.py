@@ -32,7 +32,7 @@ import msgspec
 
 from llmgw.catalog.model import Model
 from llmgw.control.context import AppContext
-from llmgw.control.tenants import list_keys, list_teams, store_of
+from llmgw.control.tenants import KeyView, TeamView, list_keys, list_teams, store_of
 from llmgw.scheduler.base import PROBES_REPORT, ProbeReport
 from llmgw.store.base import REPORT_RETENTION, StatusCount, TokenTotal
 from llmgw.tenancy import (
@@ -120,10 +120,14 @@ def _use(team: str, key: str | None, budget: str, limit: float, used: float,
                          resets_at(period, now), UTC))  # type: ignore[arg-type]
 
 
-async def budget_use(ctx: AppContext, now: float | None = None) -> list[BudgetUse]:
-    """Every budget of every runtime team and key, with its use so far."""
+async def budget_use(ctx: AppContext, now: float | None = None, *,
+                     teams: list[TeamView] | None = None,
+                     keys: list[KeyView] | None = None) -> list[BudgetUse]:
+    """Every budget of every runtime team and key, with its use so far (``teams`` and
+    ``keys`` when the caller has just listed them)."""
     now = time.time() if now is None else now
-    teams, keys = await list_teams(ctx), await list_keys(ctx)
+    teams = await list_teams(ctx) if teams is None else teams
+    keys = await list_keys(ctx) if keys is None else keys
     limits: list[tuple[str, str | None, Limits]] = [(t.name, None, t.limits) for t in teams]
     limits += [(k.team, k.name, k.limits) for k in keys]
     totals: dict[BudgetField, list[TokenTotal]] = {}
@@ -140,14 +144,22 @@ async def budget_use(ctx: AppContext, now: float | None = None) -> list[BudgetUs
             costs = msgspec.json.decode(reports[0].payload, type=TeamCosts) if reports else None
         except (msgspec.DecodeError, msgspec.ValidationError):
             costs = None
+    # Added up once per period, by team and by (team, key): a fleet has a thousand keys.
+    by_team: dict[BudgetField, dict[str, int]] = {}
+    by_key: dict[BudgetField, dict[tuple[str, str], int]] = {}
+    for field, found in totals.items():
+        teams_used, keys_used = by_team.setdefault(field, {}), by_key.setdefault(field, {})
+        for t in found:
+            teams_used[t.team] = teams_used.get(t.team, 0) + t.tokens
+            keys_used[(t.team, t.key)] = keys_used.get((t.team, t.key), 0) + t.tokens
     out: list[BudgetUse] = []
     for team, key, lim in limits:
         for field in BUDGET_FIELDS:
             limit = lim.budget(field)
             if limit is None:
                 continue
-            used = sum(t.tokens for t in totals.get(field, [])
-                       if t.team == team and (key is None or t.key == key))
+            used = (by_team.get(field, {}).get(team, 0) if key is None
+                    else by_key.get(field, {}).get((team, key), 0))
             out.append(_use(team, key, field, limit, used, now))
         for cost_field in COST_FIELDS:
             cost_limit: float | None = getattr(lim, cost_field)

@@ -190,6 +190,15 @@ def desired_reason(scaling: ScalingInForce, scaler: ScalerDecision | None) -> st
     return "fixed: scaling.min = scaling.max"
 
 
+def replicas_by_model(replicas: list[Replica] | None) -> dict[str, list[Replica]]:
+    """``replicas`` grouped by model, so a list of views looks each model up once
+    instead of scanning every replica per model."""
+    out: dict[str, list[Replica]] = {}
+    for r in replicas or []:
+        out.setdefault(r.model, []).append(r)
+    return out
+
+
 def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
                decisions: dict[str, ScalerDecision] | None = None,
                upstreams: dict[str, UpstreamHealth] | None = None) -> ModelView:

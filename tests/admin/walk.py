@@ -6,14 +6,16 @@ What a page must pass:
 * **no horizontal overflow**: the document is no wider than the window (a wide
   table scrolls inside its own box), the header spans the window, and no text is
   wrapped a few letters per line;
+* **labels**: every field a person fills in has a label a screen reader reads;
 * **weight**: the HTML under ``MAX_PAGE_BYTES``;
 * **numbers agree with the API**: every number marked with ``data-api`` (the
   ``api_number`` helper of ``llmgw.admin.render``) equals the value at its
   ``data-api-path`` in the JSON the API answers at ``data-api``;
 * **forms can be reloaded**: a GET on every form's action lands on an HTML page
   (never a JSON 405), and a form submitted as it stands (its typed fields emptied,
-  so it is refused, or harmless) ends on a page loaded by GET. A form marked
-  ``data-destructive`` (the last step of removing a model) is not submitted.
+  so it is refused, or harmless) ends on a page loaded by GET, which passes the
+  layout checks with its problems shown. A form marked ``data-destructive`` (the
+  last step of removing a model) is not submitted.
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ _LAYOUT = """() => {
     if (lines >= 3 && text.length / lines < __MIN__) {
       out.push(name(el) + " wraps '" + text.slice(0, 30) + "' over " + lines + " lines");
     }
+  }
+  for (const field of document.querySelectorAll(
+      "input:not([type=hidden]), select, textarea")) {
+    const labelled = field.getAttribute("aria-label") || field.getAttribute("aria-labelledby")
+      || (field.id && document.querySelector("label[for='" + CSS.escape(field.id) + "']"))
+      || field.closest("label");
+    if (!labelled) out.push(name(field) + " (" + (field.name || "?") + ") has no label");
   }
   return out;
 }""".replace("__MIN__", str(MIN_CHARS_PER_LINE))
@@ -190,6 +199,9 @@ def form_problems(page: Page, base: str, url: str) -> tuple[list[str], int]:
         if response is None or response.status != 200:
             out.append(f"reloading after {f['id'] or f['action']} answers "
                        f"{response.status if response else 'nothing'}")
+            continue
+        # The page a refused form leads to, its problems shown, must fit as well.
+        out += [f"after {f['id'] or f['action']}: {p}" for p in layout_problems(page)]
     return out, submitted
 
 
