@@ -115,9 +115,11 @@ def test_the_live_view_shows_the_gateways_traffic_and_refreshes_itself(
     first = table.get_attribute("data-refreshed")
     until(lambda: table.get_attribute("data-refreshed") != first, "a second refresh")
     expect(row.locator("[data-fig=rps]")).not_to_have_text("—")
-    expect(row.locator("[data-fig=errors]")).to_have_text("none")
-    # The over-budget team's 429 is refused before its model is read.
-    expect(page.locator("#live-refused")).to_contain_text("429: 1")
+    # The over-budget team's 429: on the model's row when its budget is checked after
+    # the model is read, among the requests refused before routing otherwise.
+    expect(page.locator("#live-table tr[data-model='team-chat'] [data-fig=errors], "
+                        "#live-refused [data-fig=refused]").filter(has_text="429")
+           ).to_have_count(1)
     expect(row.locator("[data-fig=ttft]")).not_to_have_text("— / —")
     assert errors == []
 
@@ -167,12 +169,18 @@ def test_the_playground_streams_an_answer_and_names_the_replica(
 def test_spend_shows_costs_budgets_and_a_team_over_its_budget_as_the_api_does(
         page: Page, fleet: tuple[Fleet, Traffic], errors: list[str]) -> None:
     """Each team's cost and tokens today agree with /api/v1/costs and the usage report;
-    the over-budget team's gauge says so with its reset time in the viewer's zone; each
+    the over-budget team's gauge is at its limit with its reset time in the viewer's zone; each
     model's cost per million tokens is shown."""
-    f, _ = fleet
+    f, traffic = fleet
     page.goto(f"{f.url}/admin/spend")
     web = page.locator("tr[data-team='web']")
-    expect(web.locator(".budget.over")).to_contain_text("over: answering 429")
+    # The gateway refuses once what is left of the budget cannot cover a request's
+    # reserve, before the ledger's figure reaches the limit: the row shows both.
+    expect(web.locator(".budget")).to_contain_text("of 400")
+    expect(web.locator(".refused")).to_contain_text("429 × ")
+    shown = int(web.locator(".refused").inner_text().split("429 × ")[1].split()[0])
+    # At least the fixture's (other tests here send the team more).
+    assert shown >= sum(1 for s in traffic.statuses["web-app"] if s == 429)
     # UTC on hover, the viewer's zone (Kathmandu, +05:45) in the text.
     reset = web.locator(".budget time")
     assert (reset.get_attribute("title") or "").endswith("UTC")

@@ -53,6 +53,7 @@ class TeamSpend(msgspec.Struct, kw_only=True):
     tokens: int
     per_million: float | None
     gauges: list[Gauge]
+    refused: dict[int, int]      # status (429, 403) → requests refused in the span
 
 
 class KeySpend(msgspec.Struct, kw_only=True):
@@ -86,16 +87,25 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
     try:
         # Independent reads, together: the cost report's pricing runs in a thread while
         # the store answers the others.
-        report, (teams, keys), day, month, minute, figures = await asyncio.gather(
-            cost_report(ctx, datetime.fromtimestamp(since, UTC), None),
-            tenants.teams_and_keys(ctx),
-            store.token_totals(period_start("tokens_per_day", now)),
-            store.token_totals(period_start("tokens_per_month", now)),
-            store.recent_tokens(now - 60), _cost_figures(ctx))
+        (report, (teams, keys), day, month, minute, figures), statuses = await asyncio.gather(
+            asyncio.gather(
+                cost_report(ctx, datetime.fromtimestamp(since, UTC), None),
+                tenants.teams_and_keys(ctx),
+                store.token_totals(period_start("tokens_per_day", now)),
+                store.token_totals(period_start("tokens_per_month", now)),
+                store.recent_tokens(now - 60), _cost_figures(ctx)),
+            store.status_counts(since))
     except LlmgwError as exc:
         out["spend_error"] = exc.message
         return out
     span = day if period == "day" else month
+    # What the gateway refused each team in the span: a budget answers 429 before the
+    # ledger's figure reaches its limit when the rest cannot cover a request's reserve.
+    refusals: dict[str, dict[int, int]] = {}
+    for c in statuses:
+        if c.status in (403, 429):
+            per = refusals.setdefault(c.team, {})
+            per[c.status] = per.get(c.status, 0) + c.requests
     team_cost = {t.team: t.cost for t in report.teams}
 
     def sums(rows: list[Any], by_key: bool) -> dict[str, int]:
@@ -112,7 +122,8 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
         name=t.name, cost=team_cost.get(t.name, 0.0), tokens=used[period][0].get(t.name, 0),
         per_million=per_million(team_cost.get(t.name, 0.0), used[period][0].get(t.name, 0)),
         gauges=gauges(t.limits, {p: used[p][0].get(t.name, 0) for p in used},
-                      {p: c.get(t.name, 0.0) for p, c in cost_used.items()}, now))
+                      {p: c.get(t.name, 0.0) for p, c in cost_used.items()}, now),
+        refused=refusals.get(t.name, {}))
         for t in teams]
     shares = key_costs(team_cost, [(r.team, r.key, r.tokens) for r in span])
     key_tokens = used[period][1]
