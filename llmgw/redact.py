@@ -20,6 +20,7 @@ masking is for the URL someone wrote anyway.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable
@@ -91,6 +92,9 @@ def scrub(text: str, urls: list[str] | tuple[str, ...]) -> str:
     return text
 
 
+# Every request's ledger record names its replica; there are few replicas, and parsing
+# a URL costs more than the rest of the record.
+@functools.lru_cache(maxsize=1024)
 def replica_id(url: str) -> str:
     """What names an upstream or a replica where a URL must not be kept (the usage
     ledger): its host and port, with no user, password, path or query."""

@@ -10,7 +10,8 @@ must show in a short-lived cookie the next page consumes:
 * success: the flash message (``llmgw.admin.session``);
 * refusal: ``Refused``, the form's id, what was typed and every problem found
   (by field), so the page shows the form filled in as it was sent with each
-  error beside its field;
+  error beside its field (encrypted like a key: a pasted definition may hold
+  an upstream's password);
 * a new API key: ``Secret``, encrypted, shown once beside the form that asked
   for it.
 
@@ -143,18 +144,31 @@ def _secret_key(session: Session) -> bytes:
     return hmac.new(session.key, _SECRET_LABEL, hashlib.sha256).digest()
 
 
+def _encrypt(session: Session, plain: bytes) -> bytes:
+    nonce = secrets.token_bytes(16)
+    return nonce + _xor(plain, _keystream(_secret_key(session), nonce, len(plain)))
+
+
+def _decrypt(session: Session, sealed: bytes) -> bytes:
+    nonce, body = sealed[:16], sealed[16:]
+    return _xor(body, _keystream(_secret_key(session), nonce, len(body)))
+
+
 def seal_refused(session: Session, state: FormState) -> str:
+    """Encrypted too: what was typed may hold a credential (an upstream URL's password
+    in a pasted definition)."""
     body = _Refused(form=state.form, errors=list(state.errors),
                     values={k: v for k, v in state.values.items() if k not in NOT_CARRIED})
-    return seal(flash_key(session), zlib.compress(msgspec.json.encode(body), 9))
+    return seal(flash_key(session),
+                _encrypt(session, zlib.compress(msgspec.json.encode(body), 9)))
 
 
 def open_refused(session: Session, value: str | None) -> FormState | None:
     raw = unseal(flash_key(session), value) if value else None
-    if raw is None:
+    if raw is None or len(raw) < 16:
         return None
     try:
-        body = msgspec.json.decode(zlib.decompress(raw), type=_Refused)
+        body = msgspec.json.decode(zlib.decompress(_decrypt(session, raw)), type=_Refused)
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
         return None
     return FormState(form=body.form, values=body.values, errors=body.errors)

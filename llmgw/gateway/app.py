@@ -39,7 +39,9 @@ sane, else a new one), which the request's log lines and its engine see too.
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
-engine stops generating for nobody.
+engine stops generating for nobody. The watcher starts once the request has
+run ``WATCH_AFTER`` (50 ms): most answers are complete before, and a timer
+costs the request a fraction of what a task does.
 
 **Without a keys file**, inference is open only when the server listens on a
 loopback address (a laptop, a test); on any other address every inference
@@ -313,7 +315,7 @@ class Gateway:
         await self.signals.close()
         await self.prober.close()
 
-    async def _publish_probes(self) -> None:
+    async def publish_probes(self) -> None:
         """What this gateway's upstream probes found, for the control plane (one row)."""
         report = self.prober.report()
         if report.probed and self.store.is_open:
@@ -324,7 +326,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.scaler.interval)
             try:
-                await self._publish_probes()
+                await self.publish_probes()
             except Exception:
                 log.exception("publishing the upstream probes failed; retrying on the next "
                               "tick")
@@ -906,7 +908,9 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         state = _Watch()
-        watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
+        # Watched from WATCH_AFTER on (see the module's docstring): an engine works at
+        # most that long for a client that is gone.
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, _watch, receive, task, state)
         mm.in_flight.inc()
         # Chat and completion streams only: a Responses stream is shaped by its
         # exchange from the replica's head, which a held stream no longer passes on.
@@ -951,7 +955,9 @@ class Gateway:
             return 499
         finally:
             state.done = True
-            watcher.cancel()
+            timer.cancel()
+            if state.watcher is not None:
+                state.watcher.cancel()
             mm.in_flight.dec()
 
     async def _forward_after_cold_wait(self, req: ForwardRequest, chain: list[Model],
@@ -1046,12 +1052,23 @@ async def _never() -> Message:
     raise AssertionError("unreachable")
 
 
+# How long a request runs before its client's disconnect is watched for.
+WATCH_AFTER = 0.05
+
+
 class _Watch:
-    __slots__ = ("done", "gone")
+    __slots__ = ("done", "gone", "watcher")
 
     def __init__(self) -> None:
         self.done = False
         self.gone = False
+        self.watcher: asyncio.Task[None] | None = None
+
+
+def _watch(receive: Receive, task: asyncio.Task[Any], state: _Watch) -> None:
+    if not state.done:
+        state.watcher = asyncio.get_running_loop().create_task(
+            _watch_disconnect(receive, task, state))
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], state: _Watch) -> None:

@@ -71,6 +71,7 @@ import msgspec
 from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.gateway import requestid
+from llmgw.gateway.deadline import Deadline
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -190,6 +191,17 @@ def rewrite_model(body: bytes, served: str) -> bytes:
 
 
 _targets: dict[tuple[str, str], str] = {}
+_connect_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+
+def _connect_timeout(connect: float) -> aiohttp.ClientTimeout:
+    """The client timeout of an attempt (the connect bound only), one per distinct value."""
+    found = _connect_timeouts.get(connect)
+    if found is None:
+        if len(_connect_timeouts) > 256:
+            _connect_timeouts.clear()
+        found = _connect_timeouts[connect] = aiohttp.ClientTimeout(total=None, connect=connect)
+    return found
 
 
 def target_url(base: str, path: str) -> str:
@@ -713,12 +725,11 @@ class Forwarder:
         self.balancer.acquire(url)
         answered = False
         try:
-            async with asyncio.timeout(first_byte) as deadline:
+            async with Deadline(first_byte) as deadline:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=headers_out,
-                        timeout=aiohttp.ClientTimeout(total=None, connect=connect),
+                        headers=headers_out, timeout=_connect_timeout(connect),
                     )
                     status = resp.status
                     if status >= 500:
@@ -738,7 +749,6 @@ class Forwarder:
                     headers.append((b"x-llmgw-replica", self._tag_of(url)))
                     req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
-                    to_client = self._sender(send)
                     events = ctype.startswith("text/event-stream")
                     if continuing and (status != 200 or not events):
                         # The client has its answer's start: only a stream can follow it.
@@ -747,6 +757,7 @@ class Forwarder:
                         return _Failure("resume_refused",
                                         f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
                     if ctype.startswith(_STREAMED) and status < 400:
+                        to_client = self._sender(send)
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
@@ -760,7 +771,8 @@ class Forwarder:
                         await self._stream(req, model, resp, chunk, to_client, deadline, idle,
                                            loop, events, splice)
                     else:
-                        deadline.reschedule(loop.time() + idle)
+                        if not resp.content.is_eof():     # else the body is all here
+                            deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
                         answered = True
@@ -770,15 +782,16 @@ class Forwarder:
                             headers = [(n, v) for n, v in headers if n != b"content-type"]
                             headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
-                        await to_client({"type": "http.response.start", "status": status,
-                                         "headers": headers})
-                        sent = req.responded = True
                         # Read before the answer ends: its end is where the ledger records it.
                         if req.capture is not None:
                             req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
                             self._count_usage(model, data, req)
-                        await to_client({"type": "http.response.body", "body": data})
+                        sent = req.responded = True
+                        await self._to_client(
+                            send, {"type": "http.response.start", "status": status,
+                                   "headers": headers},
+                            {"type": "http.response.body", "body": data})
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -819,7 +832,7 @@ class Forwarder:
         return None if kind is None else Splice(kind, limit, model.dialect)
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
-                      chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
+                      chunk: bytes, to_client: Send, deadline: Deadline, idle: float,
                       loop: asyncio.AbstractEventLoop, events: bool,
                       splice: Splice | None = None) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica.
@@ -871,24 +884,30 @@ class Forwarder:
         self.metrics.unrecoverable.labels(model.name, why).inc()
         log.warning("stream of a request for %r broke: %s", req.model, message)
         event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
-        to_client = self._sender(send)
-        await to_client({"type": "http.response.body", "body": event, "more_body": True})
-        await to_client({"type": "http.response.body", "body": b""})
+        await self._to_client(send,
+                              {"type": "http.response.body", "body": event, "more_body": True},
+                              {"type": "http.response.body", "body": b""})
 
     def _sender(self, send: Send) -> Send:
         """``send`` bounded by ``client_send_timeout``; any failure of it is ClientGone."""
-        limit = self.client_send_timeout
 
         async def to_client(message: Message) -> None:
-            try:
-                async with asyncio.timeout(limit):
-                    await send(message)
-            except TimeoutError:
-                raise ClientGone(f"the client read nothing for {limit:g} s") from None
-            except Exception as exc:
-                raise ClientGone(str(exc)) from exc
+            await self._to_client(send, message)
 
         return to_client
+
+    async def _to_client(self, send: Send, *messages: Message) -> None:
+        """``messages`` sent in turn, within ``client_send_timeout`` together (a whole
+        answer's head and body take one deadline); any failure is ClientGone."""
+        limit = self.client_send_timeout
+        try:
+            async with Deadline(limit):
+                for message in messages:
+                    await send(message)
+        except TimeoutError:
+            raise ClientGone(f"the client read nothing for {limit:g} s") from None
+        except Exception as exc:
+            raise ClientGone(str(exc)) from exc
 
     def _count_usage(self, model: Model, data: bytes, req: ForwardRequest) -> None:
         try:

@@ -126,3 +126,32 @@ def test_only_admin_paths_are_followed_after_sign_in(given: str | None, goes: st
 def test_the_charts_y_ticks_are_round_and_cover_the_peak(peak: int, ticks: list[int]) -> None:
     """Steps of 1, 2 or 5 times a power of ten, from 0 to the first tick at or above it."""
     assert nice_ticks(peak) == ticks
+
+
+def test_a_refused_form_and_a_new_key_travel_encrypted_and_bound_to_the_session() -> None:
+    """What a redirect carries opens under its own session only, and neither the typed
+    text nor the key is readable in the cookie."""
+    from llmgw.admin.prg import (
+        FormState,
+        Shown,
+        open_refused,
+        open_secret,
+        seal_refused,
+        seal_secret,
+    )
+
+    _, mine = sessions.issue("t0ken-alice-0123456789", "alice")
+    _, other = sessions.issue("t0ken-bob-9876543210", "bob")
+    password = "hunter2-upstream"
+    state = FormState("add-form", {"yaml": f"upstream: [https://u:{password}@x/v1]"},
+                      [("upstream", "bad")])
+    cookie = seal_refused(mine, state)
+    assert password not in cookie
+    assert password not in sessions.unseal(sessions.flash_key(mine), cookie).decode("latin-1")
+    assert open_refused(mine, cookie) == state
+    assert open_refused(other, cookie) is None
+    key = "sk-llmgw-" + "ab" * 24
+    sealed = seal_secret(mine, Shown("key-form", "key ci", key))
+    assert key not in sealed
+    assert open_secret(mine, sealed) == Shown("key-form", "key ci", key)
+    assert open_secret(other, sealed) is None
