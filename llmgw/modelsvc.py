@@ -300,13 +300,11 @@ class ModelService:
             where = f"{self._config_name} (models[{self._declared_index[name]}])"
             raise RefusedError(f"model {name!r} is declared in {where}; {consequence}")
 
-    async def add(self, model: Model, by: str) -> Model:
-        """Put ``model`` in the catalog and keep it across restarts.
-
-        Replaces a runtime model of the same name. Validated by building the
-        whole catalog first, so a model that would be skipped on every future
-        start — a model that looks added and never appears — is refused now.
-        """
+    async def check(self, model: Model) -> str:
+        """Every check ``add`` makes before it writes — not a declared name, the store
+        open, the whole catalog valid with it, and the scheduler able to place it — with
+        nothing written (the admin console's guided form shows the outcome first).
+        Returns the wording ``add`` gives a catalog it would make invalid."""
         if model.name in self._declared_index:
             # A definition that cannot be added is a wrong definition (400),
             # like every other failure to add; 409 is for valid changes refused.
@@ -324,6 +322,20 @@ class ModelService:
             accepted, _ = self._assemble([r for r in rows if r.name != model.name])
             built = self._build([*accepted, model], invalid)
             await self._placement_check(built.models[model.name], built)
+        else:
+            rows = await self._store.models()
+            accepted, _ = self._assemble([r for r in rows if r.name != model.name])
+            self._build([*accepted, model], invalid)
+        return invalid
+
+    async def add(self, model: Model, by: str) -> Model:
+        """Put ``model`` in the catalog and keep it across restarts.
+
+        Replaces a runtime model of the same name. Validated by building the
+        whole catalog first, so a model that would be skipped on every future
+        start — a model that looks added and never appears — is refused now.
+        """
+        invalid = await self.check(model)
         now = datetime.now(UTC)
         async with self._store.change() as tx:
             rows = await tx.models()

@@ -56,6 +56,14 @@ key's id resolves to no key again unless the very same secret is put back
 (an operator restoring a file entry), which is the same holder. The id is 128
 bits of a SHA-256 of 256 random bits: it tells nothing about the key.
 
+**Rotation keeps the id.** Rotating a runtime key gives it a new secret; its
+id stays the one its first secret gave it (stored as the key's ``owner``),
+so what it owns stays its own. The replaced secret is accepted until the
+grace period chosen at rotation ends (``previous_until``), so clients can
+move over without an outage, and never after. A key may also expire
+(``expires_at``): from then on it is refused like a revoked one, though its
+row stays, with its id, until it is revoked or given a later expiry.
+
 Every number must be at least 1 (a cost more than 0) and at most
 ``MAX_TOKENS`` (``MAX_RPM`` for ``rpm``, ``MAX_COST``, ``MAX_LOG_DAYS``): zero,
 negative or absurd values are refused naming the field.
@@ -286,6 +294,15 @@ class RuntimeKey(msgspec.Struct, frozen=True, kw_only=True):
     team: str
     sha256: str
     limits: Limits
+    expires_at: float | None = None       # refused from then on
+    previous_sha256: str | None = None    # the secret a rotation replaced ...
+    previous_until: float | None = None   # ... accepted until then
+    owner: str | None = None              # the key's id, when not key_id(sha256)
+
+    @property
+    def id(self) -> str:
+        """The key's immutable id: its first secret's, kept through rotations."""
+        return self.owner or key_id(self.sha256)
 
 
 def effective(team: Limits, key: Limits) -> Limits:
@@ -319,7 +336,9 @@ def from_store(teams: Sequence[StoredTeam], keys: Sequence[StoredKey]
             log.error("key %r: stored limits do not decode (%s); it is refused",  # noqa: TRY400
                       k.name, exc)
             continue
-        out_keys.append(RuntimeKey(name=k.name, team=k.team, sha256=k.sha256, limits=limits))
+        out_keys.append(RuntimeKey(name=k.name, team=k.team, sha256=k.sha256, limits=limits,
+                                   expires_at=k.expires_at, previous_sha256=k.previous_sha256,
+                                   previous_until=k.previous_until, owner=k.owner))
     return out_teams, out_keys
 
 

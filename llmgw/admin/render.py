@@ -27,6 +27,7 @@ from litestar.response import Template
 from litestar.template.config import TemplateConfig
 from markupsafe import Markup
 
+from llmgw.admin import timefmt
 from llmgw.admin.prg import carried
 from llmgw.admin.session import FLASH_COOKIE, Session, expired_cookie, read_flash
 from llmgw.catalog.model import Scaling
@@ -48,6 +49,14 @@ NAV: list[tuple[str, str, str]] = [
     ("fleet", "/admin/fleet", "Fleet"),
     ("usage", "/admin/usage", "Usage"),
     ("teams", "/admin/teams", "Teams & keys"),
+    # The console's pages (llmgw.admin.console).
+    ("live", "/admin/live", "Live"),
+    ("replicas", "/admin/replicas", "Replicas"),
+    ("playground", "/admin/playground", "Playground"),
+    ("spend", "/admin/spend", "Spend"),
+    ("logs", "/admin/logs", "Request logs"),
+    ("guided", "/admin/guided", "Add (form)"),
+    ("mirror", "/admin/mirror", "Mirror"),
 ]
 
 
@@ -105,6 +114,7 @@ def environment() -> Environment:
     env.filters["scaling"] = scaling_text
     env.filters["pair"] = lambda value: (value, value)
     env.globals["api_number"] = api_number
+    timefmt.install(env)
     return env
 
 

@@ -116,7 +116,7 @@ from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.slices import Slices
 from llmgw.gateway.tenants import TenantsFollower
-from llmgw.redact import replica_id
+from llmgw.redact import replica_id, tag_key
 from llmgw.scheduler.base import PROBES_REPORT, Routing
 from llmgw.store.base import OwnerId, RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
@@ -195,7 +195,8 @@ class Gateway:
         # in flight, not the model that was asked for).
         self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
                                    gw.max_attempts, self._loop_time,
-                                   activity=_Attempts(self))
+                                   activity=_Attempts(self),
+                                   tag_key=tag_key(config.admin_token_names()))
         self.queues: dict[str, AdmissionQueue] = {}
         self.adapters = AdapterManager(
             self.balancer, lambda: self.models.catalog, self.replicas, self._loop_time,

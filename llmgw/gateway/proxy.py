@@ -7,9 +7,11 @@ replica of the model is tried (least outstanding, never one already tried by
 this request), then each model of the fallback chain in order (depth-first:
 a fallback's own fallbacks before the next one, see ``Catalog.fallback_chain``),
 and ``x-llmgw-model`` says
-who answered. After it, nothing is retried; a stream that breaks ends with
-an SSE ``error`` event in OpenAI's shape, so a client sees a failure rather
-than a stream that merely stops.
+who answered (``x-llmgw-replica`` which replica, by an opaque tag the
+admin console can resolve and a client cannot). After it, nothing is
+retried; a stream that breaks ends with an SSE ``error`` event in
+OpenAI's shape, so a client sees a failure rather than a stream that
+merely stops.
 
 To keep that window as wide as possible the response headers are held back
 until the first body chunk has arrived: an engine that sends ``200`` and then
@@ -86,7 +88,7 @@ from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
-from llmgw.redact import redact_url, scrub
+from llmgw.redact import redact_url, replica_tag, scrub
 from llmgw.tenancy import Priority
 
 if TYPE_CHECKING:
@@ -449,8 +451,12 @@ class Forwarder:
         clock: Callable[[], float],
         activity: Activity | None = None,
         client_send_timeout: float = CLIENT_SEND_TIMEOUT,
+        tag_key: bytes = b"",
     ) -> None:
         self.balancer = balancer
+        # x-llmgw-replica: each replica's opaque tag (``redact.replica_tag``), made once.
+        self._tag_key = tag_key
+        self._tags: dict[str, bytes] = {}
         self.metrics = metrics
         self.replicas = replicas
         self.max_attempts = max(1, max_attempts)
@@ -458,6 +464,14 @@ class Forwarder:
         self.activity = activity
         self.client_send_timeout = client_send_timeout
         self._session: aiohttp.ClientSession | None = None
+
+    def _tag_of(self, url: str) -> bytes:
+        tag = self._tags.get(url)
+        if tag is None:
+            if len(self._tags) > 4096:   # replicas come and go (new ports): bounded
+                self._tags.clear()
+            tag = self._tags[url] = replica_tag(url, self._tag_key).encode()
+        return tag
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -732,6 +746,7 @@ class Forwarder:
                     headers = [(n.lower(), v) for n, v in resp.raw_headers
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))
+                    headers.append((b"x-llmgw-replica", self._tag_of(url)))
                     req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
                     events = ctype.startswith("text/event-stream")

@@ -149,6 +149,12 @@ class StoredKey(msgspec.Struct, frozen=True, kw_only=True):
     settings: bytes            # the key's narrowing of its team's limits, JSON
     created_by: str
     created_at: float
+    expires_at: float | None = None       # refused from then on; None: never expires
+    # After a rotation: the secret replaced, still accepted until previous_until.
+    previous_sha256: str | None = None
+    previous_until: float | None = None
+    # The key's immutable id once it is not key_id(sha256) (a rotated key keeps its first).
+    owner: str | None = None
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
@@ -603,6 +609,10 @@ class Store(Protocol):
 
     async def put_key(self, key: StoredKey) -> bool:
         """Create a key; False if its name is taken or its team does not exist."""
+
+    async def update_key(self, key: StoredKey) -> bool:
+        """Replace a key's secret hash, limits, expiry and rotation fields (its name and
+        team stay); False if there is no key of that name."""
 
     async def delete_key(self, name: str) -> bool: ...
 

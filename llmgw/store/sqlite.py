@@ -842,8 +842,11 @@ class SqliteStore:
                     "SELECT name, CAST(settings AS BLOB), created_by, created_at FROM teams"
                     " ORDER BY name")]
                 keys = [StoredKey(name=r[0], team=r[1], sha256=r[2], settings=bytes(r[3]),
-                                  created_by=r[4], created_at=float(r[5])) for r in db.execute(
-                    "SELECT name, team, sha256, CAST(settings AS BLOB), created_by, created_at"
+                                  created_by=r[4], created_at=float(r[5]), expires_at=r[6],
+                                  previous_sha256=r[7], previous_until=r[8], owner=r[9])
+                        for r in db.execute(
+                    "SELECT name, team, sha256, CAST(settings AS BLOB), created_by, created_at,"
+                    " expires_at, previous_sha256, previous_until, owner"
                     " FROM api_keys ORDER BY name")]
             finally:
                 db.execute("COMMIT")
@@ -884,12 +887,21 @@ class SqliteStore:
             if db.execute("SELECT 1 FROM teams WHERE name = ?", (key.team,)).fetchone() is None:
                 return False
             return db.execute(
-                "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at,"
+                " expires_at, previous_sha256, previous_until, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (key.name, key.team, key.sha256, key.settings, key.created_by,
-                 key.created_at)).rowcount > 0
+                 key.created_at, key.expires_at, key.previous_sha256, key.previous_until,
+                 key.owner)).rowcount > 0
 
         return await self._tenant_change(run)
+
+    async def update_key(self, key: StoredKey) -> bool:
+        return await self._tenant_change(lambda db: db.execute(
+            "UPDATE api_keys SET sha256 = ?, settings = ?, expires_at = ?, previous_sha256 = ?,"
+            " previous_until = ?, owner = ? WHERE name = ?",
+            (key.sha256, key.settings, key.expires_at, key.previous_sha256, key.previous_until,
+             key.owner, key.name)).rowcount > 0)
 
     async def delete_key(self, name: str) -> bool:
         return await self._tenant_change(lambda db: db.execute(

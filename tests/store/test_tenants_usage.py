@@ -274,3 +274,22 @@ async def test_request_logs_are_kept_read_newest_first_and_purged(store: AnyStor
     assert await store.request_logs("web", now + 1, 10) == []
     assert await store.purge_request_logs(now + 150) == 1
     assert [g.id for g in await store.request_logs("ml", now + 1, 10)] == ["l2", "l1"]
+
+
+async def test_update_key_replaces_secret_expiry_and_rotation_fields(
+        store: AnyStore, make_store: StoreFactory) -> None:
+    """A rotation's fields (new hash, old hash and its grace, the kept id) and an expiry
+    round-trip through the store, bump the version, and a missing key is reported."""
+    other = await make_store()
+    await store.put_team(team("ml"), create=True)
+    await store.put_key(key("k1", "ml"))
+    v0 = await other.tenants_version()
+    rotated = StoredKey(name="k1", team="ml", sha256="e" * 64, settings=b'{"rpm": 5}',
+                        created_by="alice", created_at=2.5, expires_at=1_900_000_000.5,
+                        previous_sha256=key("k1", "ml").sha256, previous_until=1_800_000_000.0,
+                        owner="key-" + "1" * 32)
+    assert await store.update_key(rotated)
+    assert await other.tenants_version() > v0
+    _, keys = await other.tenants()
+    assert keys == [rotated]
+    assert not await store.update_key(key("absent", "ml"))
