@@ -1,12 +1,13 @@
 """Does this tree's gateway serve chat completions as fast as another revision's? Alternating A/B.
 
-    .venv/bin/python bench/gateway_ab.py [--ref main] [--rounds 6] [--duration 8]
+    .venv/bin/python bench/gateway_ab.py [--ref main] [--b-ref REV] [--rounds 6] [--duration 8]
 
 The gateway of git revision ``--ref`` (A, exported to a temporary directory)
 and of this working tree (B) are started in turn, one worker each, in front
 of the same upstream (nginx, or the Python upstream), and loaded the way
-``gateway_bench.py`` loads them: throughput at concurrency 32, median
-latency at concurrency 1. Alternating A and B for several rounds spreads a
+``gateway_bench.py`` loads them: throughput at concurrency 32 (with wrk, also
+the CPU time the gateway's process spent per request), median latency at
+concurrency 1. Alternating A and B for several rounds spreads a
 shared machine's changing load over both, so the medians compare the code,
 not the moment.
 
@@ -74,40 +75,65 @@ def check_imports(tree: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref", default="main")
+    parser.add_argument("--b-ref", help="B is this revision rather than the working tree")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--duration", type=int, default=8, help="whole seconds (wrk)")
+    parser.add_argument("--guard-both", action="store_true",
+                        help="serve A as B is served (a revision that has llmgw.connection)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="llmgw-ab-"))
     export(args.ref, base)
     check_imports(base)
+    b_tree: Path | None = None
+    if args.b_ref:
+        b_tree = Path(tempfile.mkdtemp(prefix="llmgw-ab-b-"))
+        export(args.b_ref, b_tree)
+        check_imports(b_tree)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-ab-run-"))
     rps: dict[str, list[float]] = {"A": [], "B": []}
     latency: dict[str, list[float]] = {"A": [], "B": []}
-    use_nginx = shutil.which("nginx") is not None and shutil.which("wrk") is not None
-    print(f"A: {args.ref}; B: the working tree; upstream: {'nginx' if use_nginx else 'python'}"
+    cpu: dict[str, list[float]] = {"A": [], "B": []}
+    use_wrk = shutil.which("wrk") is not None
+    use_nginx = shutil.which("nginx") is not None and use_wrk
+    print(f"A: {args.ref}; B: {args.b_ref or 'the working tree'}; upstream: "
+          f"{'nginx' if use_nginx else 'python'}"
           f"; {os.cpu_count()} cores")
     with contextlib.ExitStack() as stack:
         static = stack.enter_context(gb.nginx_upstream(tmp) if use_nginx
                                      else gb.python_upstream(100, 0.1))
         for round_ in range(args.rounds):
-            for name, tree in (("A", base), ("B", None)):
+            for name, tree in (("A", base), ("B", b_tree)):
                 use(tree)
-                extra = B_SERVER if name == "B" else ()
-                with gb.gateway("uvicorn", {"bench": static}, extra) as (url, _pid):
+                extra = B_SERVER if name == "B" or args.guard_both else ()
+                with gb.gateway("uvicorn", {"bench": static}, extra) as (url, pid):
                     gb.load(url, 32, 2.0, tmp)
-                    r, _, bad = gb.load(url, 32, args.duration, tmp)
+                    before = gb.cpu_seconds(pid)
+                    busy = gb.wrk_runs([url], 32, args.duration, tmp)[0] if use_wrk else None
+                    used = gb.cpu_seconds(pid) - before
+                    r, _, bad = (busy.rps, busy.p50, busy.errors) if busy is not None else \
+                        gb.load(url, 32, args.duration, tmp, warm=False)
                     _, median, _ = gb.load(url, 1, float(max(2, round(args.duration / 2))),
                                            tmp)
                 rps[name].append(r)
                 latency[name].append(median)
-                print(f"round {round_ + 1} {name}: {r:,.0f} req/s at concurrency 32, median "
-                      f"{median:.3f} ms at 1, failed {bad}", flush=True)
+                if busy is not None:
+                    cpu[name].append(used / max(1, busy.requests) * 1e6)
+                print(f"round {round_ + 1} {name}: {r:,.0f} req/s at concurrency 32"
+                      + (f" ({cpu[name][-1]:.0f} us CPU a request)" if busy is not None else "")
+                      + f", median {median:.3f} ms at 1, failed {bad}", flush=True)
     use(None)
     a, b = statistics.median(rps["A"]), statistics.median(rps["B"])
     print(f"\nmedian throughput: A {a:,.0f} req/s, B {b:,.0f} req/s, B/A {b / a:.3f}")
     print(f"median latency at concurrency 1: A {statistics.median(latency['A']):.3f} ms, "
           f"B {statistics.median(latency['B']):.3f} ms")
+    if cpu["A"]:
+        ratios = [b / a for a, b in zip(cpu["A"], cpu["B"], strict=True)]
+        print(f"CPU per request (the gateway's process tree, at concurrency 32): A "
+              f"{statistics.median(cpu['A']):.0f} us, B {statistics.median(cpu['B']):.0f} us, "
+              f"B/A median of the rounds' ratios {statistics.median(ratios):.3f}")
     shutil.rmtree(base, ignore_errors=True)
+    if b_tree is not None:
+        shutil.rmtree(b_tree, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -29,8 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 BENCH = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -60,6 +61,7 @@ http {{
       default_type application/json;
       return 200 '{canned}';
     }}
+    location = /health {{ return 200 ''; }}
   }}
 }}
 """
@@ -169,7 +171,31 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) ``pid`` and its live descendants have used so far."""
+    total = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            # The fields after the command, which is in parentheses and may hold spaces.
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])   # utime, stime
+    return total / _TICK
+
+
 # ---------------------------------------------------------------- load: wrk or Python
+
+
+class WrkFigures(NamedTuple):
+    """What one wrk run measured."""
+
+    rps: float
+    p50: float          # ms
+    p99: float          # ms
+    requests: int
+    errors: int         # non-2xx responses, or 1 for any socket error
 
 
 def wrk(url: str, connections: int, duration: float, tmp: Path,
@@ -182,11 +208,17 @@ def wrk_together(urls: Sequence[str], connections: int, duration: float,
                  tmp: Path, key: str | None = None) -> list[tuple[float, float, int]]:
     """``wrk`` against each of ``urls`` at once (a wrk each), in the same window;
     ``key``: sent as the API key."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else None
+    return [(f.rps, f.p50, f.errors) for f in wrk_runs(urls, connections, duration, tmp,
+                                                        headers)]
+
+
+def wrk_runs(urls: Sequence[str], connections: int, duration: float, tmp: Path,
+             headers: Mapping[str, str] | None = None) -> list[WrkFigures]:
+    """``wrk`` against each of ``urls`` at once, sending ``headers`` too."""
     lua = tmp / "post.lua"
-    script = WRK_LUA.format(body=BODY.decode())
-    if key is not None:
-        script += f'wrk.headers["Authorization"] = "Bearer {key}"\n'
-    lua.write_text(script)
+    lua.write_text(WRK_LUA.format(body=BODY.decode()) + "".join(
+        f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items()))
     procs = [subprocess.Popen(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", "-s", str(lua),
          f"{url}/v1/chat/completions"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -200,13 +232,20 @@ def wrk_together(urls: Sequence[str], connections: int, duration: float,
     return results
 
 
-def _wrk_figures(out: str) -> tuple[float, float, int]:
+def _wrk_ms(out: str, percent: str) -> float:
+    found = re.search(rf"\s{percent}%\s+([\d.]+)(us|ms|s)", out)
+    assert found is not None, out
+    value, unit = found.groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def _wrk_figures(out: str) -> WrkFigures:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    value, unit = re.search(r"\s50%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
-    median = float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    count = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
-    return rps, median, int(bad.group(1)) if bad else (1 if errors else 0)
+    return WrkFigures(rps, _wrk_ms(out, "50"), _wrk_ms(out, "99"), count,
+                      int(bad.group(1)) if bad else (1 if errors else 0))
 
 
 class _KeepAliveClient(asyncio.Protocol):

@@ -69,10 +69,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway_bench import (
     BODY,
+    cpu_seconds,
     free_port,
     gateway,
     load,
-    process_tree,
     python_upstream,
     wrk_together,
 )
@@ -184,17 +184,6 @@ def pin(pid: int, core: int) -> None:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(int(task.name), {core})
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of ``pid`` so far, its threads and the children it has
-    now included (the SQLite store writes the ledger from a child)."""
-    total = 0.0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:

@@ -70,6 +70,31 @@ def provenance(rows: Mapping[str, StoredModel]) -> dict[str, Provenance]:
             for name, row in rows.items()}
 
 
+def rescaled(name: str, current: Scaling, min_: int, max_: int | None) -> Scaling:
+    """The scaling after asking for ``min_`` (and ``max_``, when given) replicas.
+
+    Changing the minimum keeps the maximum in force: a model scaling between 1
+    and 4 asked for min 2 scales between 2 and 4. Setting ``max`` to the new
+    minimum instead would end its autoscaling without a word, which is what a
+    form or a ``ctl scale --min`` that leaves max out used to do. A maximum
+    that was never set follows the minimum, as it always has (so a model run
+    at a fixed count stays fixed at the new one). A minimum above the maximum
+    in force is refused with both numbers, not silently widened: raising the
+    maximum spends GPUs, so it is asked for, never inferred.
+    """
+    if max_ is None:
+        if current.max is not None and current.max < min_:
+            raise DefinitionError(
+                f"model {name!r}: min {min_} is above its max {current.max} in force; give "
+                f"max {min_} or more with it (changing min keeps the max)", field="min")
+        max_ = current.max
+    elif max_ < min_:
+        raise DefinitionError(
+            f"model {name!r}: max {max_} is below min {min_}; give max {min_} or more, or a "
+            f"lower min", field="max")
+    return msgspec.structs.replace(current, min=min_, max=max_)
+
+
 class ModelService:
     """Adds, removes, scales and resizes models without a restart."""
 
@@ -275,13 +300,11 @@ class ModelService:
             where = f"{self._config_name} (models[{self._declared_index[name]}])"
             raise RefusedError(f"model {name!r} is declared in {where}; {consequence}")
 
-    async def add(self, model: Model, by: str) -> Model:
-        """Put ``model`` in the catalog and keep it across restarts.
-
-        Replaces a runtime model of the same name. Validated by building the
-        whole catalog first, so a model that would be skipped on every future
-        start — a model that looks added and never appears — is refused now.
-        """
+    async def check(self, model: Model) -> str:
+        """Every check ``add`` makes before it writes — not a declared name, the store
+        open, the whole catalog valid with it, and the scheduler able to place it — with
+        nothing written (the admin console's guided form shows the outcome first).
+        Returns the wording ``add`` gives a catalog it would make invalid."""
         if model.name in self._declared_index:
             # A definition that cannot be added is a wrong definition (400),
             # like every other failure to add; 409 is for valid changes refused.
@@ -299,6 +322,20 @@ class ModelService:
             accepted, _ = self._assemble([r for r in rows if r.name != model.name])
             built = self._build([*accepted, model], invalid)
             await self._placement_check(built.models[model.name], built)
+        else:
+            rows = await self._store.models()
+            accepted, _ = self._assemble([r for r in rows if r.name != model.name])
+            self._build([*accepted, model], invalid)
+        return invalid
+
+    async def add(self, model: Model, by: str) -> Model:
+        """Put ``model`` in the catalog and keep it across restarts.
+
+        Replaces a runtime model of the same name. Validated by building the
+        whole catalog first, so a model that would be skipped on every future
+        start — a model that looks added and never appears — is refused now.
+        """
+        invalid = await self.check(model)
         now = datetime.now(UTC)
         async with self._store.change() as tx:
             rows = await tx.models()
@@ -347,7 +384,7 @@ class ModelService:
         await self._reload_after_change()
 
     async def scale(self, name: str, min_: int, max_: int | None, by: str) -> Scaling:
-        """Change only the scaling block; return the scaling in force.
+        """Change only the scaling block (``rescaled`` says how); return the scaling in force.
 
         Everything else is read back from the store and written out untouched,
         so changing a number cannot quietly become a redefinition. The answer
@@ -358,8 +395,7 @@ class ModelService:
             name, "change its scaling there, or it reverts on the next restart")
 
         def change(m: Model) -> Model:
-            scaling = msgspec.structs.replace(m.scaling, min=min_, max=max_)
-            return msgspec.structs.replace(m, scaling=scaling)
+            return msgspec.structs.replace(m, scaling=rescaled(name, m.scaling, min_, max_))
 
         final = await self._update(name, by, change, f"scaling {name!r} that way would make "
                                                      "the catalog invalid", place=False)

@@ -128,6 +128,8 @@ class Server:
 
         self.gateway = Gateway(config, self.models, self.backend, self.store)
         self.ctx.adapters_loaded = self.gateway.adapters.loaded_where
+        self.ctx.gateway_samples = self.gateway.metrics.counted_samples
+        self.ctx.gateway_state = self.gateway.metrics.state_samples
         # With gateway workers (llmgw serve --workers N) this process is the
         # control plane only: the workers serve /v1 and read the scheduler
         # through the relay (llmgw.workers).

@@ -56,6 +56,14 @@ key's id resolves to no key again unless the very same secret is put back
 (an operator restoring a file entry), which is the same holder. The id is 128
 bits of a SHA-256 of 256 random bits: it tells nothing about the key.
 
+**Rotation keeps the id.** Rotating a runtime key gives it a new secret; its
+id stays the one its first secret gave it (stored as the key's ``owner``),
+so what it owns stays its own. The replaced secret is accepted until the
+grace period chosen at rotation ends (``previous_until``), so clients can
+move over without an outage, and never after. A key may also expire
+(``expires_at``): from then on it is refused like a revoked one, though its
+row stays, with its id, until it is revoked or given a later expiry.
+
 Every number must be at least 1 (a cost more than 0) and at most
 ``MAX_TOKENS`` (``MAX_RPM`` for ``rpm``, ``MAX_COST``, ``MAX_LOG_DAYS``): zero,
 negative or absurd values are refused naming the field.
@@ -67,15 +75,15 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 
 from llmgw.catalog.rules import rule
-from llmgw.errors import ConfigError, DefinitionError
+from llmgw.errors import ConfigError, DefinitionError, RefusedError
 from llmgw.store.base import StoredKey, StoredTeam
 
 log = logging.getLogger("llmgw.tenancy")
@@ -163,6 +171,28 @@ _decode_limits = msgspec.json.Decoder(Limits)
 encode_limits = msgspec.json.Encoder().encode
 
 
+# The periods of token budgets, as the gateways count them and the console shows them.
+def period_start(field: BudgetField, now: float) -> float:
+    """Where the period of ``field`` holding ``now`` began (Unix seconds, UTC)."""
+    if field == "tokens_per_minute":
+        return now - 60.0
+    t = datetime.fromtimestamp(now, UTC)
+    if field == "tokens_per_day":
+        return t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def resets_at(field: BudgetField, now: float) -> float:
+    """When the budget of ``field`` used up at ``now`` has room again (at the latest)."""
+    if field == "tokens_per_minute":
+        return now + 60.0
+    t = datetime.fromtimestamp(period_start(field, now), UTC)
+    if field == "tokens_per_day":
+        return (t + timedelta(days=1)).timestamp()
+    year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
+    return t.replace(year=year, month=month).timestamp()
+
+
 def check_limits(limits: Limits, where: str) -> None:
     """Refuse numbers below 1 or beyond belief, naming the field."""
     for name in ("rpm", *BUDGET_FIELDS):
@@ -201,6 +231,22 @@ def check_limits(limits: Limits, where: str) -> None:
             if not isinstance(m, str) or not m:
                 raise DefinitionError(f"{where}: models holds {m!r}, not a model name",
                                       field="models")
+
+
+def check_models_known(limits: Limits, known: Collection[str], where: str) -> None:
+    """Refuse an allow-list naming what the catalog does not serve (models and LoRA
+    adapters): a typo there would lock the team out of the model it meant, silently.
+    Every unknown name is listed at once. A conflict with the catalog in force (409),
+    not a malformed request: the same list is accepted once the model is added."""
+    if limits.models is None:
+        return
+    unknown = [m for m in limits.models if m not in known]
+    if unknown:
+        names = ", ".join(repr(m) for m in unknown)
+        raise RefusedError(
+            f"{where}: models {names} {'is' if len(unknown) == 1 else 'are'} not in the "
+            "catalog; `llmgw ctl model list` shows what is served (add the model first, or "
+            "correct the name)", field="models")
 
 
 def check_narrowing(team: Limits, key: Limits, where: str) -> None:
@@ -248,6 +294,15 @@ class RuntimeKey(msgspec.Struct, frozen=True, kw_only=True):
     team: str
     sha256: str
     limits: Limits
+    expires_at: float | None = None       # refused from then on
+    previous_sha256: str | None = None    # the secret a rotation replaced ...
+    previous_until: float | None = None   # ... accepted until then
+    owner: str | None = None              # the key's id, when not key_id(sha256)
+
+    @property
+    def id(self) -> str:
+        """The key's immutable id: its first secret's, kept through rotations."""
+        return self.owner or key_id(self.sha256)
 
 
 def effective(team: Limits, key: Limits) -> Limits:
@@ -281,7 +336,9 @@ def from_store(teams: Sequence[StoredTeam], keys: Sequence[StoredKey]
             log.error("key %r: stored limits do not decode (%s); it is refused",  # noqa: TRY400
                       k.name, exc)
             continue
-        out_keys.append(RuntimeKey(name=k.name, team=k.team, sha256=k.sha256, limits=limits))
+        out_keys.append(RuntimeKey(name=k.name, team=k.team, sha256=k.sha256, limits=limits,
+                                   expires_at=k.expires_at, previous_sha256=k.previous_sha256,
+                                   previous_until=k.previous_until, owner=k.owner))
     return out_teams, out_keys
 
 

@@ -17,29 +17,44 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import yaml
 from litestar import Request, get
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
 from llmgw.admin.chart import series_of, usage_chart
 from llmgw.admin.csrf import session_of
+from llmgw.admin.locate import excerpt, line_of
+from llmgw.admin.prg import FormState
 from llmgw.admin.render import fragment, page
 from llmgw.admin.session import Session
+from llmgw.admin.tenantforms import KEY_FIELDS, TEAM_FIELDS
 from llmgw.catalog.decode import to_builtins
+from llmgw.catalog.model import Model
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
 from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.traffic import (
+    NEAR,
+    STATUS_WINDOW,
+    budget_use,
+    status_counts,
+    upstream_health_of,
+)
 from llmgw.control.usage import By, Granularity, usage_report
 from llmgw.control.views import (
     ModelView,
     ReplicaView,
+    desired_reason,
     find_model,
     model_view,
     replica_view,
+    replicas_by_model,
     replicas_of,
+    scaler_decisions,
 )
 from llmgw.errors import LlmgwError
 from llmgw.scheduler.base import Fleet
@@ -76,14 +91,55 @@ def signed_in(request: Request[Any, Any, Any]) -> Session:
 
 # -- what the templates show -------------------------------------------------
 
-async def models_context(ctx: AppContext) -> dict[str, Any]:
-    replicas = await replicas_of(ctx)
-    views = [model_view(ctx, m, replicas) for m in ctx.models.catalog]
+# Rows of a long list per page: a fleet of 2,000 models (or 1,000 keys) on one page
+# is over a megabyte of HTML and a second of rendering.
+PAGE_SIZE = 100
+
+
+class Paged:
+    """One page of a filtered list: its rows, where it is, and the links around it."""
+
+    def __init__(self, rows: list[Any], number: int, path: str, query: dict[str, str],
+                 size: int = PAGE_SIZE) -> None:
+        self.total = len(rows)
+        self.pages = max(1, -(-self.total // size))
+        self.number = min(max(1, number), self.pages)
+        self.first = (self.number - 1) * size
+        self.rows = rows[self.first:self.first + size]
+        self.last = self.first + len(self.rows)
+        self.path, self.query = path, {k: v for k, v in query.items() if v}
+
+    def link(self, number: int) -> str:
+        return f"{self.path}?{urlencode({**self.query, 'page': number})}"
+
+    @property
+    def here(self) -> str:
+        return self.link(self.number) if self.number > 1 else (
+            f"{self.path}?{urlencode(self.query)}" if self.query else self.path)
+
+
+def matching(names: list[Any], q: str, key: Any) -> list[Any]:
+    needle = q.strip().lower()
+    return [n for n in names if needle in key(n).lower()] if needle else names
+
+
+async def models_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[str, Any]:
+    shown = Paged(matching(list(ctx.models.catalog), q, lambda m: m.name), number,
+                  "/admin/models", {"q": q})
+    chosen: list[Model] = shown.rows
+    replicas = await replicas_of(ctx) if len(chosen) != 1 else await replicas_of(
+        ctx, chosen[0].name)
+    upstreams = await upstream_health_of(ctx, chosen)
+    mine = replicas_by_model(replicas)
+    views = [model_view(ctx, m, mine.get(m.name, []), upstreams=upstreams) for m in chosen]
     loaded = ctx.adapters_loaded() if ctx.adapters_loaded is not None else {}
     adapters = [adapter_view(ctx, a, loaded.get(a.name))
                 for a in sorted(ctx.models.catalog.adapters.values(), key=lambda a: a.name)]
     return {
         "models": views,
+        "paged": shown,
+        "q": q,
+        "fragment_url": "/admin/fragments/models" + shown.here.removeprefix("/admin/models"),
         "adapters": adapters,
         "replicas_unknown": replicas is None,
         "skipped": ctx.models.skipped,
@@ -95,7 +151,8 @@ async def models_context(ctx: AppContext) -> dict[str, Any]:
 async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
     m = find_model(ctx, name)
     replicas = await replicas_of(ctx, name)
-    view: ModelView = model_view(ctx, m, replicas)
+    view: ModelView = model_view(ctx, m, replicas, await scaler_decisions(ctx),
+                                 await upstream_health_of(ctx, [m]))
     rows: list[ReplicaView] = [replica_view(r, m) for r in replicas or [] if r.model == name]
     prefetch = None
     if not m.external:
@@ -105,7 +162,30 @@ async def model_context(ctx: AppContext, name: str) -> dict[str, Any]:
         except Exception as exc:  # the page answers without it when the scheduler does not
             log.info("prefetch status of %s: %s", name, exc)
     return {"m": view, "replicas": rows, "replicas_unknown": replicas is None,
-            "backend": ctx.backend.health(), "prefetch": prefetch}
+            "backend": ctx.backend.health(), "prefetch": prefetch,
+            "why_desired": desired_reason(view.scaling, view.scaler),
+            "offers": model_actions(view)}
+
+
+def model_actions(view: ModelView) -> dict[str, str | None]:
+    """Each action of the model page: None when it can be done, else why it cannot.
+
+    The page offers only what the service would accept, and says why the rest
+    is not there, rather than offering a button that is then refused.
+    """
+    declared = view.origin == "declared"
+    external = ("external: its replicas are the upstream's, run by whoever runs it"
+                if view.external else None)
+    return {
+        "scale": external or ("declared in the server's configuration: change its scaling "
+                              "there (a change here would revert on the next restart)"
+                              if declared else None),
+        "rollout": external,
+        "prefetch": ("external: no node of this fleet holds its weights"
+                     if view.external else None),
+        "remove": ("declared in the server's configuration: remove it there (it would come "
+                   "back on the next restart)" if declared else None),
+    }
 
 
 def definition_yaml(view: ModelView) -> str:
@@ -131,13 +211,19 @@ async def fleet_context(ctx: AppContext) -> dict[str, Any]:
     return {"fleet": found, "fleet_error": error}
 
 
-async def model_page(request: Request[Any, Any, Any], ctx: AppContext, name: str, *,
-                     status: int = 200, **extra: Any) -> Template:
-    """The model page; actions re-render it with their error next to their form."""
-    context = await model_context(ctx, name)
-    defaults: dict[str, Any] = {"scale_error": None, "scale_min": None, "scale_max": None}
-    return page(request, "model.html", session=signed_in(request), status=status,
-                definition=definition_yaml(context["m"]), **{**defaults, **context, **extra})
+def add_context(ctx: AppContext, state: FormState | None = None) -> dict[str, Any]:
+    """The add page's context; ``state`` when a refused form is answered directly."""
+    return {"example": EXAMPLE, "checked": ctx.source_check is not None,
+            "locate": locate_error, "direct": state}
+
+
+def locate_error(state: FormState) -> dict[str, Any]:
+    """Where the add form's error is in what was pasted: its field, line and excerpt."""
+    field, message = state.errors[0] if state.errors else ("", "")
+    text = state.values.get("yaml", "")
+    line = line_of(text, field or None)
+    return {"error": message, "field": field or None, "line": line,
+            "lines": excerpt(text, line) if line else []}
 
 
 # -- routes ------------------------------------------------------------------
@@ -148,18 +234,25 @@ async def index() -> Redirect:
 
 
 @get("/models")
-async def models_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
-    return page(request, "models.html", session=signed_in(request), **await models_context(ctx))
+async def models_page(request: Request[Any, Any, Any], ctx: Ctx, q: FromQuery[str] = "",
+                      page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                      ) -> Template:
+    return page(request, "models.html", session=signed_in(request),
+                **await models_context(ctx, q, page_number))
 
 
 @get("/fragments/models", opt=FRAGMENT)
-async def models_fragment(ctx: Ctx) -> Template:
-    return fragment("_models.html", **await models_context(ctx))
+async def models_fragment(ctx: Ctx, q: FromQuery[str] = "",
+                          page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                          ) -> Template:
+    return fragment("_models.html", **await models_context(ctx, q, page_number))
 
 
 @get("/models/{name:str}")
 async def show_model(request: Request[Any, Any, Any], ctx: Ctx, name: FromPath[str]) -> Template:
-    return await model_page(request, ctx, name)
+    context = await model_context(ctx, name)
+    return page(request, "model.html", session=signed_in(request),
+                definition=definition_yaml(context["m"]), **context)
 
 
 @get("/fragments/models/{name:str}", opt=FRAGMENT)
@@ -179,8 +272,7 @@ async def fleet_fragment(ctx: Ctx) -> Template:
 
 @get("/add")
 async def add_page(request: Request[Any, Any, Any], ctx: Ctx) -> Template:
-    return page(request, "add.html", session=signed_in(request), yaml="", example=EXAMPLE,
-                field=None, line=None, lines=[], checked=ctx.source_check is not None)
+    return page(request, "add.html", session=signed_in(request), **add_context(ctx))
 
 
 @get("/models/{name:str}/remove")
@@ -206,23 +298,53 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
     end = (int(now // step) + 1) * step
     count = 24 if hourly else 14
     since = datetime.fromtimestamp(end - count * step, UTC)
-    out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None,
-                           "teams_error": None, "teams": [], "keys": [],
-                           "limits_text": limits_text, "team_error": None, "key_error": None,
-                           "new_key": None}
+    out: dict[str, Any] = {"by": by, "granularity": granularity, "usage_error": None}
     try:
         report = await usage_report(ctx, by, since, datetime.fromtimestamp(end, UTC),
                                     granularity)
         starts = [datetime.fromtimestamp(end - (count - i) * step, UTC) for i in range(count)]
+        query = urlencode({"by": by, "granularity": granularity,
+                           "since": report.since.isoformat(), "until": report.until.isoformat()})
         out.update(report=report, series=series_of(report.totals),
-                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly))
+                   usage_api=f"/api/v1/usage?{query}",
+                   chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly,
+                                     now=datetime.fromtimestamp(now, UTC)))
     except LlmgwError as exc:
         out["usage_error"] = exc.message
+    out.update(await traffic_context(ctx, now))
+    return out
+
+
+# The busiest refusals and failures shown; the API lists them all.
+MAX_STATUS_ROWS = 50
+
+# Statuses shown with what they mean to the operator; the rest by their number alone.
+STATUS_MEANING = {
+    400: "refused as malformed", 401: "no or unknown key", 403: "model not allowed",
+    404: "unknown model", 408: "timed out", 413: "too large",
+    429: "budget, rate limit or queue full", 499: "client went away",
+    500: "engine error", 502: "upstream failed", 503: "no replica ready",
+    504: "upstream timed out",
+}
+
+
+async def traffic_context(ctx: AppContext, now: float) -> dict[str, Any]:
+    """Budget use against each limit, and the last hour's answers by status."""
+    out: dict[str, Any] = {"budgets": [], "statuses": None, "traffic_error": None,
+                           "status_meaning": STATUS_MEANING, "near": NEAR}
     try:
-        out["teams"] = await list_teams(ctx)
-        out["keys"] = await list_keys(ctx)
+        out["budgets"] = sorted(await budget_use(ctx, now),
+                                key=lambda b: (not b.over, -b.share, b.team, b.key or ""))
+        report = await status_counts(ctx, now - STATUS_WINDOW)
     except LlmgwError as exc:
-        out["teams_error"] = exc.message
+        out["traffic_error"] = exc.message
+        return out
+    out["statuses"] = report
+    out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": report.since.isoformat()})
+    errors = sorted((c for c in report.counts if c.status >= 400),
+                    key=lambda c: (-c.requests, c.status, c.team, c.key, c.model))
+    out["errors"], out["errors_more"] = errors[:MAX_STATUS_ROWS], len(errors) - MAX_STATUS_ROWS
+    out["answered"] = sum(c.requests for c in report.counts)
     return out
 
 
@@ -233,5 +355,30 @@ async def usage_page(request: Request[Any, Any, Any], ctx: Ctx, by: FromQuery[By
                 **await usage_context(ctx, by, granularity))
 
 
+async def teams_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[str, Any]:
+    out: dict[str, Any] = {"teams_error": None, "teams": [], "keys": [], "over": set(),
+                           "limits_text": limits_text, "team_fields": TEAM_FIELDS,
+                           "key_fields": KEY_FIELDS, "q": q,
+                           "paged": Paged([], 1, "/admin/teams", {"q": q})}
+    try:
+        teams, keys = await list_teams(ctx), await list_keys(ctx)
+        paged = Paged(matching(keys, q, lambda k: f"{k.name} {k.team}"),
+                      number, "/admin/teams", {"q": q})
+        out["teams"], out["paged"], out["keys"] = teams, paged, paged.rows
+        out["over"] = {b.team for b in await budget_use(ctx, teams=teams, keys=keys)
+                       if b.over and b.key is None}
+    except LlmgwError as exc:
+        out["teams_error"] = exc.message
+    return out
+
+
+@get("/teams")
+async def teams_page(request: Request[Any, Any, Any], ctx: Ctx, q: FromQuery[str] = "",
+                     page_number: Annotated[int, QueryParameter(name="page", ge=1)] = 1,
+                     ) -> Template:
+    return page(request, "teams.html", session=signed_in(request),
+                **await teams_context(ctx, q, page_number))
+
+
 route_handlers = [index, models_page, models_fragment, show_model, model_fragment, fleet_page,
-                  fleet_fragment, add_page, remove_page, usage_page]
+                  fleet_fragment, add_page, remove_page, usage_page, teams_page]

@@ -26,9 +26,9 @@ from litestar.exceptions import HTTPException
 from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 
-from llmgw.admin import actions, pages, signin
+from llmgw.admin import actions, console, pages, signin
 from llmgw.admin.csrf import CsrfRefused, check_csrf, session_of
-from llmgw.admin.render import STATIC
+from llmgw.admin.render import NAV, STATIC
 from llmgw.admin.signin import NotSignedIn, require_session
 from llmgw.errors import LlmgwError
 
@@ -54,7 +54,7 @@ def _error_page(request: Request[Any, Any, Any], status: int, title: str,
         template_name="error.html",
         context={"who": session.name if session else None,
                  "csrf": session.csrf if session else "",
-                 "flash": None, "refresh_seconds": 0, "error": None,
+                 "flash": None, "refresh_seconds": 0, "error": None, "nav_items": NAV,
                  "status": status, "title": title, "message": message},
         status_code=status, headers={**SECURITY_HEADERS, "Cache-Control": "no-store"},
     )
@@ -97,7 +97,9 @@ def admin_router() -> Router:
     return Router(
         "/admin",
         route_handlers=[*signin.route_handlers, *pages.route_handlers,
-                        *actions.route_handlers],
+                        *actions.route_handlers,
+                        # The console's pages (llmgw.admin.console), one block.
+                        *console.route_handlers],
         guards=[require_session, check_csrf],
         exception_handlers={
             NotSignedIn: _not_signed_in,

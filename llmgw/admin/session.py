@@ -105,12 +105,12 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _seal(key: bytes, payload: bytes) -> str:
+def seal(key: bytes, payload: bytes) -> str:
     mac = hmac.new(key, payload, hashlib.sha256).digest()
     return f"{_b64(payload)}.{_b64(mac)}"
 
 
-def _open(key: bytes, value: str) -> bytes | None:
+def unseal(key: bytes, value: str) -> bytes | None:
     body, dot, mac = value.partition(".")
     if not dot:
         return None
@@ -127,7 +127,7 @@ def issue(token: str, name: str, *, now: float | None = None) -> tuple[str, Sess
     expires = int(now if now is not None else time.time()) + LIFETIME
     payload = _Payload(exp=expires, csrf=secrets.token_urlsafe(32))
     key = _key(token)
-    value = _seal(key, msgspec.json.encode(payload))
+    value = seal(key, msgspec.json.encode(payload))
     return value, Session(name=name, csrf=payload.csrf, expires=expires, key=key)
 
 
@@ -143,7 +143,7 @@ def verify(tokens: dict[str, str], value: str | None, *,
     found: tuple[str, bytes, bytes] | None = None
     for token, name in tokens.items():
         key = _key(token)
-        payload = _open(key, value)
+        payload = unseal(key, value)
         if payload is not None:
             found = (name, key, payload)
     if found is None:
@@ -169,27 +169,27 @@ def served_over_https(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
     return connection.headers.get("x-forwarded-proto", "").lower() == "https"
 
 
-def _cookie(connection: ASGIConnection[Any, Any, Any, Any], key: str, value: str,
+def admin_cookie(connection: ASGIConnection[Any, Any, Any, Any], key: str, value: str,
             max_age: int, path: str = COOKIE_PATH) -> Cookie:
     return Cookie(key=key, value=value, path=path, max_age=max_age, httponly=True,
                   samesite="strict", secure=served_over_https(connection))
 
 
 def session_cookie(connection: ASGIConnection[Any, Any, Any, Any], value: str) -> Cookie:
-    return _cookie(connection, COOKIE, value, LIFETIME)
+    return admin_cookie(connection, COOKIE, value, LIFETIME)
 
 
 def expired_cookie(connection: ASGIConnection[Any, Any, Any, Any], key: str,
                    path: str = COOKIE_PATH) -> Cookie:
     """A cookie that makes the browser forget ``key``."""
-    return _cookie(connection, key, "", 0, path)
+    return admin_cookie(connection, key, "", 0, path)
 
 
 def signin_cookie(connection: ASGIConnection[Any, Any, Any, Any], value: str) -> Cookie:
-    return _cookie(connection, SIGNIN_COOKIE, value, 3600, path=f"{COOKIE_PATH}/signin")
+    return admin_cookie(connection, SIGNIN_COOKIE, value, 3600, path=f"{COOKIE_PATH}/signin")
 
 
-def _flash_key(session: Session) -> bytes:
+def flash_key(session: Session) -> bytes:
     return hmac.new(session.key, _FLASH_LABEL, hashlib.sha256).digest()
 
 
@@ -205,18 +205,18 @@ def _bounded(notes: list[str]) -> list[str]:
 def seal_flash(session: Session, kind: str, text: str, notes: list[str] | None = None) -> str:
     """A message for the next page; signed so no one else can put words on it."""
     flash = _Flash(kind=kind, text=text, notes=_bounded(notes or []))
-    return _seal(_flash_key(session), msgspec.json.encode(flash))
+    return seal(flash_key(session), msgspec.json.encode(flash))
 
 
 def flash_cookie(connection: ASGIConnection[Any, Any, Any, Any], session: Session,
                  kind: str, text: str, notes: list[str] | None = None) -> Cookie:
-    return _cookie(connection, FLASH_COOKIE, seal_flash(session, kind, text, notes), 60)
+    return admin_cookie(connection, FLASH_COOKIE, seal_flash(session, kind, text, notes), 60)
 
 
 def read_flash(session: Session, value: str | None) -> Flash | None:
     if not value:
         return None
-    raw = _open(_flash_key(session), value)
+    raw = unseal(flash_key(session), value)
     if raw is None:
         return None
     try:

@@ -24,6 +24,7 @@ from llmgw.control.actions import (
 )
 from llmgw.control.actions import add_model as add
 from llmgw.control.context import Ctx
+from llmgw.control.traffic import upstream_health_of
 from llmgw.control.views import (
     AddedView,
     ModelView,
@@ -32,6 +33,7 @@ from llmgw.control.views import (
     find_model,
     model_view,
     replica_view,
+    replicas_by_model,
     replicas_of,
     scaler_decisions,
 )
@@ -74,13 +76,17 @@ async def strict_body(request: Request[Any, Any, Any], type_: type[T]) -> T:
 async def list_models(ctx: Ctx) -> list[ModelView]:
     replicas = await replicas_of(ctx)
     decisions = await scaler_decisions(ctx)
-    return [model_view(ctx, m, replicas, decisions) for m in ctx.models.catalog]
+    upstreams = await upstream_health_of(ctx, list(ctx.models.catalog))
+    mine = replicas_by_model(replicas)
+    return [model_view(ctx, m, mine.get(m.name, []), decisions, upstreams)
+            for m in ctx.models.catalog]
 
 
 @get("/models/{name:str}", summary="Show one model")
 async def show_model(ctx: Ctx, name: ModelPath) -> ModelView:
     m = find_model(ctx, name)
-    return model_view(ctx, m, await replicas_of(ctx, name), await scaler_decisions(ctx))
+    return model_view(ctx, m, await replicas_of(ctx, name), await scaler_decisions(ctx),
+                      await upstream_health_of(ctx, [m]))
 
 
 @post("/models", status_code=HTTP_200_OK, summary="Add (or replace) a runtime model")

@@ -177,19 +177,23 @@ def model_resources(client: ApiClient, name: str, cpu_cores: int, memory: str,
 @click.command("scale")
 @click.argument("name")
 @click.option("--min", "min_", type=click.IntRange(min=0), required=True,
-              help="Replicas to run. 0 makes the model on demand.")
+              help="Replicas always running. 0 makes the model on demand: the first "
+                   "request loads one, and it stops after scaling.idle_timeout idle.")
 @click.option("--max", "max_", type=click.IntRange(min=1), default=None,
-              help="Upper bound, defaulting to --min (1 for an on-demand model). A model "
-                   "with a minimum runs exactly that many replicas: nothing scales it up "
-                   "under load. An on-demand model (--min 0) loads one replica on demand, "
-                   "however high --max is.")
+              help="Most replicas the gateway's scaler may run under load (it aims at "
+                   "scaling.target requests per replica, and scales down after "
+                   "scaling.scale_down_delay of lower load). Left out, the max in force "
+                   "is kept; a --min above it is refused. A model that never had a max "
+                   "runs exactly --min replicas.")
 @output_option
 @pass_client
 def scale(client: ApiClient, name: str, min_: int, max_: int | None, output: str) -> None:
     """Change how many replicas a runtime model runs, without a restart.
 
     Only the scaling block changes; the rest of the stored definition is
-    written back untouched. Models declared in server.yaml are refused: change
+    written back untouched. Changing --min keeps the max in force unless
+    --max is given too; `llmgw ctl replicas` shows the count the scaler
+    chose between the two and why. Models declared in server.yaml are refused: change
     their scaling there, or it reverts on the next restart. The answer is the
     scaling in force, after defaults.
     """

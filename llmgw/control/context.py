@@ -10,7 +10,7 @@ scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -40,6 +40,11 @@ class AppContext:
     adapter_check: Callable[[Adapter], Awaitable[None]] | None = None
     # Adapter → the replicas holding it, from this process's gateway; None: no gateway.
     adapters_loaded: Callable[[], dict[str, list[str]]] | None = None
+    # This process's gateway metrics as (name, labels, value) samples, for the admin
+    # console's live view: the request counters (readable from any thread) and the
+    # figures of the gateway's state (on its event loop only). None: no gateway here.
+    gateway_samples: Callable[[], Iterable[tuple[str, dict[str, str], float]]] | None = None
+    gateway_state: Callable[[], Iterable[tuple[str, dict[str, str], float]]] | None = None
 
 
 # How a handler asks for the context: ``async def handler(ctx: Ctx) -> ...``.

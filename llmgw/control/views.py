@@ -21,6 +21,7 @@ from llmgw.catalog.fingerprint import fingerprints, is_stale
 from llmgw.catalog.model import Model, Scaling
 from llmgw.catalog.units import Duration, format_size
 from llmgw.control.context import AppContext
+from llmgw.control.traffic import UpstreamHealth
 from llmgw.errors import NotFoundError, StoreUnavailableError
 from llmgw.redact import redact_url
 from llmgw.scheduler.base import (
@@ -71,6 +72,8 @@ class ModelView(msgspec.Struct, kw_only=True):
     fingerprints: dict[str, str]
     status: ModelStatus
     scaler: ScalerDecision | None = None
+    # An external model's upstream, from the gateways' probes and recent requests.
+    upstream: UpstreamHealth | None = None
     stale_replicas: int = 0
     memory_warnings: list[str] = []
     definition: Model
@@ -173,8 +176,32 @@ async def scaler_decisions(ctx: AppContext) -> dict[str, ScalerDecision]:
     return {}
 
 
+def desired_reason(scaling: ScalingInForce, scaler: ScalerDecision | None) -> str:
+    """Why a model wants the replicas it does, worded as ``llmgw ctl replicas`` words it."""
+    if scaler is not None:
+        why = f"scaler ({scaler.kind}): {scaler.reason}"
+        if scaler.since is not None:
+            why += f"; count unchanged for {scaler.since:.0f}s"
+        return why
+    if scaling.max > max(scaling.min, 1):
+        return "no decision from the gateway's scaler yet"
+    if scaling.min == 0:
+        return "on demand: started by a request, stopped when idle"
+    return "fixed: scaling.min = scaling.max"
+
+
+def replicas_by_model(replicas: list[Replica] | None) -> dict[str, list[Replica]]:
+    """``replicas`` grouped by model, so a list of views looks each model up once
+    instead of scanning every replica per model."""
+    out: dict[str, list[Replica]] = {}
+    for r in replicas or []:
+        out.setdefault(r.model, []).append(r)
+    return out
+
+
 def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
-               decisions: dict[str, ScalerDecision] | None = None) -> ModelView:
+               decisions: dict[str, ScalerDecision] | None = None,
+               upstreams: dict[str, UpstreamHealth] | None = None) -> ModelView:
     row = ctx.models.stored(m.name)
     mine = [r for r in replicas or [] if r.model == m.name]
     views = [replica_view(r, m) for r in mine]
@@ -190,6 +217,7 @@ def model_view(ctx: AppContext, m: Model, replicas: list[Replica] | None,
         fingerprints=fingerprints(m),
         status=ctx.backend.status(m.name),
         scaler=(decisions or {}).get(m.name),
+        upstream=(upstreams or {}).get(m.name),
         stale_replicas=sum(1 for v in views if v.stale),
         memory_warnings=[f"{r.id}: {w}" for r in mine if (w := memory_warning(r))],
         definition=shown_definition(m),

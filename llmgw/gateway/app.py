@@ -39,7 +39,9 @@ sane, else a new one), which the request's log lines and its engine see too.
 
 A client that disconnects cancels its request: a watcher on ``receive``
 cancels the task serving it, which closes the upstream connection, so the
-engine stops generating for nobody.
+engine stops generating for nobody. The watcher starts once the request has
+run ``WATCH_AFTER`` (50 ms): most answers are complete before, and a timer
+costs the request a fraction of what a task does.
 
 **Without a keys file**, inference is open only when the server listens on a
 loopback address (a laptop, a test); on any other address every inference
@@ -114,8 +116,8 @@ from llmgw.gateway.scaler import ModelLoad, Scaler
 from llmgw.gateway.signals import SignalScraper
 from llmgw.gateway.slices import Slices
 from llmgw.gateway.tenants import TenantsFollower
-from llmgw.redact import replica_id
-from llmgw.scheduler.base import Routing
+from llmgw.redact import replica_id, tag_key
+from llmgw.scheduler.base import PROBES_REPORT, Routing
 from llmgw.store.base import OwnerId, RequestLog, Store, UsageRecord
 from llmgw.tenancy import Priority
 
@@ -186,13 +188,15 @@ class Gateway:
                                  signal_ttl=3 * float(gw.signal_interval))
         self.metrics = GatewayMetrics(self._replica_counts, self._live_figures)
         holder = holder_name(f"{id(self):x}")
+        self._holder = holder
         self.ondemand = OnDemand(
             backend, store, self.metrics, holder, gw.activity_interval, self._loop_time)
         # Each attempt marks the model it is made on (a fallback that answers is
         # in flight, not the model that was asked for).
         self.forwarder = Forwarder(self.balancer, self.metrics, self.replicas,
                                    gw.max_attempts, self._loop_time,
-                                   activity=_Attempts(self))
+                                   activity=_Attempts(self),
+                                   tag_key=tag_key(config.admin_token_names()))
         self.queues: dict[str, AdmissionQueue] = {}
         self.adapters = AdapterManager(
             self.balancer, lambda: self.models.catalog, self.replicas, self._loop_time,
@@ -311,9 +315,21 @@ class Gateway:
         await self.signals.close()
         await self.prober.close()
 
+    async def publish_probes(self) -> None:
+        """What this gateway's upstream probes found, for the control plane (one row)."""
+        report = self.prober.report()
+        if report.probed and self.store.is_open:
+            await self.store.put_report(PROBES_REPORT, self._holder,
+                                        msgspec.json.encode(report))
+
     async def _scale(self) -> None:
         while True:
             await asyncio.sleep(self.scaler.interval)
+            try:
+                await self.publish_probes()
+            except Exception:
+                log.exception("publishing the upstream probes failed; retrying on the next "
+                              "tick")
             try:
                 await self.scaler.tick(self.models.catalog)
             except Exception:
@@ -892,7 +908,9 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         state = _Watch()
-        watcher = asyncio.create_task(_watch_disconnect(receive, task, state))
+        # Watched from WATCH_AFTER on (see the module's docstring): an engine works at
+        # most that long for a client that is gone.
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, _watch, receive, task, state)
         mm.in_flight.inc()
         # Chat and completion streams only: a Responses stream is shaped by its
         # exchange from the replica's head, which a held stream no longer passes on.
@@ -937,7 +955,9 @@ class Gateway:
             return 499
         finally:
             state.done = True
-            watcher.cancel()
+            timer.cancel()
+            if state.watcher is not None:
+                state.watcher.cancel()
             mm.in_flight.dec()
 
     async def _forward_after_cold_wait(self, req: ForwardRequest, chain: list[Model],
@@ -1032,12 +1052,23 @@ async def _never() -> Message:
     raise AssertionError("unreachable")
 
 
+# How long a request runs before its client's disconnect is watched for.
+WATCH_AFTER = 0.05
+
+
 class _Watch:
-    __slots__ = ("done", "gone")
+    __slots__ = ("done", "gone", "watcher")
 
     def __init__(self) -> None:
         self.done = False
         self.gone = False
+        self.watcher: asyncio.Task[None] | None = None
+
+
+def _watch(receive: Receive, task: asyncio.Task[Any], state: _Watch) -> None:
+    if not state.done:
+        state.watcher = asyncio.get_running_loop().create_task(
+            _watch_disconnect(receive, task, state))
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], state: _Watch) -> None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -69,6 +69,8 @@ from llmgw.tenancy import (
     Limits,
     RuntimeTeam,
     TeamCosts,
+    period_start,
+    resets_at,
 )
 
 log = logging.getLogger("llmgw.gateway.budgets")
@@ -86,27 +88,6 @@ class QuotaExceededError(RateLimitedError):
     def __init__(self, message: str, *, retry_after: float, resets_at: float) -> None:
         super().__init__(message, retry_after=retry_after)
         self.resets_at = resets_at
-
-
-def period_start(field: BudgetField, now: float) -> float:
-    """Where the period of ``field`` holding ``now`` began (Unix seconds, UTC)."""
-    if field == "tokens_per_minute":
-        return now - 60.0
-    t = datetime.fromtimestamp(now, UTC)
-    if field == "tokens_per_day":
-        return t.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
-    return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
-
-
-def resets_at(field: BudgetField, now: float) -> float:
-    """When the budget of ``field`` used up at ``now`` has room again (at the latest)."""
-    if field == "tokens_per_minute":
-        return now + 60.0
-    t = datetime.fromtimestamp(period_start(field, now), UTC)
-    if field == "tokens_per_day":
-        return (t + timedelta(days=1)).timestamp()
-    year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
-    return t.replace(year=year, month=month).timestamp()
 
 
 def _cost_period(field: CostField) -> BudgetField:

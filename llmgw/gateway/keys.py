@@ -20,6 +20,11 @@ presented key, not the key itself, and an attacker learns nothing useful from
 the timing of a digest comparison; the constant-time compare makes that
 property explicit rather than an argument in a comment.
 
+A runtime key may expire, and may have been rotated: ``ApiKey.valid_for``
+accepts its current secret until it expires and the secret a rotation
+replaced until the grace period chosen then ends (``llmgw.tenancy``). Keys
+with neither take the lookup's old path, with no clock read.
+
 Rate limits are per gateway process (a token bucket per key, refilled at
 ``rpm``/60 per second, holding at most one minute's allowance). Sharing them
 through the store would put a database write on every request; with several
@@ -35,6 +40,7 @@ import ipaddress
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -156,11 +162,30 @@ class ApiKey:
     team_gate: ApiKey | None = None
     tokens: float = 0.0
     refilled_at: float = field(default=-1.0)
+    # A runtime key's id once rotated (its first secret's); "": key_id(sha256).
+    owner_id: str = ""
+    expires_at: float | None = None         # refused from then on
+    previous_sha256: str | None = None      # a rotation's old secret, accepted ...
+    previous_until: float | None = None     # ... until then
 
     @property
     def id(self) -> str:
-        """The key's immutable id (``tenancy.key_id``); "" for open access."""
+        """The key's immutable id (``tenancy.key_id``, kept through rotations); "" for
+        open access."""
+        if self.owner_id:
+            return self.owner_id
         return key_id(self.sha256) if self.sha256 else ""
+
+    def valid_for(self, digest: str, now: float) -> bool:
+        """Whether a presented secret of SHA-256 ``digest`` opens this key at ``now``: the
+        current secret until the key expires, the replaced one until its grace ends."""
+        if self.expires_at is not None and now >= self.expires_at:
+            return False
+        if hmac.compare_digest(self.sha256, digest):
+            return True
+        return (self.previous_sha256 is not None and self.previous_until is not None
+                and now < self.previous_until
+                and hmac.compare_digest(self.previous_sha256, digest))
 
     @property
     def owner(self) -> OwnerId:
@@ -222,6 +247,8 @@ class KeyRing:
 
     def __init__(self, entries: Sequence[KeyEntry] = ()) -> None:
         self._by_hash: dict[str, ApiKey] = {}
+        # Rotated keys by the secret they replaced, while it is still accepted.
+        self._previous: dict[str, ApiKey] = {}
         self._by_id: dict[str, ApiKey] = {}
         self._file: list[KeyEntry] = list(entries)
         self._teams: dict[str, RuntimeTeam] = {}
@@ -260,6 +287,7 @@ class KeyRing:
             fresh[e.sha256] = key
             names.add(e.name)
         gates: dict[str, ApiKey] = {}
+        previous: dict[str, ApiKey] = {}
         for r in self._runtime:
             team = self._teams.get(r.team)
             if team is None:
@@ -281,11 +309,15 @@ class KeyRing:
                          budgeted=r.limits.has_budget() or team.limits.has_budget(),
                          log_requests=team.limits.log_requests or "off",
                          log_days=team.limits.log_retention_days or DEFAULT_LOG_DAYS,
-                         team_gate=gate)
+                         team_gate=gate, owner_id=r.owner or "", expires_at=r.expires_at,
+                         previous_sha256=r.previous_sha256, previous_until=r.previous_until)
             _keep_bucket(key, old.get(r.name))
             fresh[r.sha256] = key
+            if r.previous_sha256 is not None and r.previous_sha256 not in fresh:
+                previous[r.previous_sha256] = key
             names.add(r.name)
         self._by_hash = fresh
+        self._previous = previous
         self._by_id = {k.id: k for k in fresh.values()}
         self._budget_fields = {f for limits in [*(t.limits for t in self._teams.values()),
                                                 *(r.limits for r in self._runtime)]
@@ -313,12 +345,18 @@ class KeyRing:
         """The id of each key in force, by name (the keys file's and the runtime ones)."""
         return {k.name: k.id for k in self._by_hash.values()}
 
-    def lookup(self, presented: str) -> ApiKey | None:
+    def lookup(self, presented: str, now: float | None = None) -> ApiKey | None:
+        """The key a presented secret opens at ``now`` (wall-clock seconds, default now):
+        None for an unknown, expired or revoked one, or a rotated-away secret past its
+        grace period."""
         digest = hash_key(presented)
-        key = self._by_hash.get(digest)
-        if key is None or not hmac.compare_digest(key.sha256, digest):
+        key = self._by_hash.get(digest) or self._previous.get(digest)
+        if key is None:
             return None
-        return key
+        if key.expires_at is None and key.previous_sha256 is None:
+            # The common case, and the hot path: no clock read.
+            return key if hmac.compare_digest(key.sha256, digest) else None
+        return key if key.valid_for(digest, time.time() if now is None else now) else None
 
 
 def _keep_bucket(key: ApiKey, prev: ApiKey | None) -> None:

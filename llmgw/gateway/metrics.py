@@ -288,6 +288,30 @@ class GatewayMetrics:
             mm = self._models[name] = ModelMetrics(self, name)
         return mm
 
+    def counted_samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """The request counters, histograms and gauges the admin console's live view
+        reads, as (name, labels, value): safe to read from any thread (each metric
+        takes its own lock), so a fleet's thousands of series can be read off the
+        event loop. With several worker processes, every process's, from their files."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            every = CollectorRegistry()
+            MultiProcessCollector(every)  # type: ignore[no-untyped-call]
+            families: Iterable[Metric] = every.collect()
+        else:
+            families = (f for m in (self.requests, self.latency, self.ttft, self.tokens,
+                                    self.rejected, self.queued, self.in_flight)
+                        for f in m.collect())
+        for family in families:
+            for sample in family.samples:
+                yield sample.name, sample.labels, sample.value
+
+    def state_samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """The figures read from the gateway's state at scrape time (healthy and ejected
+        replicas, engine queues, the scaler): on the gateway's event loop only."""
+        for family in self._collected.collect():
+            for sample in family.samples:
+                yield sample.name, sample.labels, sample.value
+
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             every = CollectorRegistry()

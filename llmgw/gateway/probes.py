@@ -16,6 +16,10 @@ restarted replica gets traffic within one probe interval. A replica that
 passes its probes but fails requests is not forgiven by them; its ejection
 runs its course, since the probe saw nothing change.
 
+Each gateway publishes what its probes found (``report``, a store report beside
+the scaler's), so the control plane shows a dead upstream as down rather than
+"ok".
+
 Probes are bounded like engine scrapes: a timeout each, a cap on how many run
 at once, and each answer's body is not read.
 """
@@ -33,6 +37,7 @@ from llmgw.catalog.model import Model
 from llmgw.gateway.proxy import target_url
 from llmgw.gateway.routing import Balancer
 from llmgw.redact import redact_url, scrub
+from llmgw.scheduler.base import ProbeReport
 
 log = logging.getLogger("llmgw.gateway.probes")
 
@@ -120,6 +125,16 @@ class UpstreamProber:
             log.info("upstream %s of model %r passes its health probe again", redact_url(url),
                      model.name)
             self._changed()
+
+    def report(self) -> ProbeReport:
+        """What the probes found, per model, for the control plane to show."""
+        probed: dict[str, int] = {}
+        down: dict[str, list[str]] = {}
+        for url, model in self._targets().items():
+            probed[model.name] = probed.get(model.name, 0) + 1
+            if url in self.down:
+                down.setdefault(model.name, []).append(redact_url(url))
+        return ProbeReport(probed=probed, down=down)
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -7,9 +7,11 @@ replica of the model is tried (least outstanding, never one already tried by
 this request), then each model of the fallback chain in order (depth-first:
 a fallback's own fallbacks before the next one, see ``Catalog.fallback_chain``),
 and ``x-llmgw-model`` says
-who answered. After it, nothing is retried; a stream that breaks ends with
-an SSE ``error`` event in OpenAI's shape, so a client sees a failure rather
-than a stream that merely stops.
+who answered (``x-llmgw-replica`` which replica, by an opaque tag the
+admin console can resolve and a client cannot). After it, nothing is
+retried; a stream that breaks ends with an SSE ``error`` event in
+OpenAI's shape, so a client sees a failure rather than a stream that
+merely stops.
 
 To keep that window as wide as possible the response headers are held back
 until the first body chunk has arrived: an engine that sends ``200`` and then
@@ -69,6 +71,7 @@ import msgspec
 from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.model import Model
 from llmgw.gateway import requestid
+from llmgw.gateway.deadline import Deadline
 from llmgw.gateway.dialects import for_llama_cpp, needs_rewrite
 from llmgw.gateway.errors import (
     ClientGone,
@@ -85,7 +88,7 @@ from llmgw.gateway.metrics import GatewayMetrics, ModelMetrics
 from llmgw.gateway.prefix import PrefixKey, prefix_key
 from llmgw.gateway.resume import Splice, resume_kind
 from llmgw.gateway.routing import Balancer
-from llmgw.redact import redact_url, scrub
+from llmgw.redact import redact_url, replica_tag, scrub
 from llmgw.tenancy import Priority
 
 if TYPE_CHECKING:
@@ -188,6 +191,17 @@ def rewrite_model(body: bytes, served: str) -> bytes:
 
 
 _targets: dict[tuple[str, str], str] = {}
+_connect_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+
+def _connect_timeout(connect: float) -> aiohttp.ClientTimeout:
+    """The client timeout of an attempt (the connect bound only), one per distinct value."""
+    found = _connect_timeouts.get(connect)
+    if found is None:
+        if len(_connect_timeouts) > 256:
+            _connect_timeouts.clear()
+        found = _connect_timeouts[connect] = aiohttp.ClientTimeout(total=None, connect=connect)
+    return found
 
 
 def target_url(base: str, path: str) -> str:
@@ -437,8 +451,12 @@ class Forwarder:
         clock: Callable[[], float],
         activity: Activity | None = None,
         client_send_timeout: float = CLIENT_SEND_TIMEOUT,
+        tag_key: bytes = b"",
     ) -> None:
         self.balancer = balancer
+        # x-llmgw-replica: each replica's opaque tag (``redact.replica_tag``), made once.
+        self._tag_key = tag_key
+        self._tags: dict[str, bytes] = {}
         self.metrics = metrics
         self.replicas = replicas
         self.max_attempts = max(1, max_attempts)
@@ -446,6 +464,14 @@ class Forwarder:
         self.activity = activity
         self.client_send_timeout = client_send_timeout
         self._session: aiohttp.ClientSession | None = None
+
+    def _tag_of(self, url: str) -> bytes:
+        tag = self._tags.get(url)
+        if tag is None:
+            if len(self._tags) > 4096:   # replicas come and go (new ports): bounded
+                self._tags.clear()
+            tag = self._tags[url] = replica_tag(url, self._tag_key).encode()
+        return tag
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -699,12 +725,11 @@ class Forwarder:
         self.balancer.acquire(url)
         answered = False
         try:
-            async with asyncio.timeout(first_byte) as deadline:
+            async with Deadline(first_byte) as deadline:
                 try:
                     resp = await session.post(
                         target_url(url, path), data=body,
-                        headers=headers_out,
-                        timeout=aiohttp.ClientTimeout(total=None, connect=connect),
+                        headers=headers_out, timeout=_connect_timeout(connect),
                     )
                     status = resp.status
                     if status >= 500:
@@ -721,9 +746,9 @@ class Forwarder:
                     headers = [(n.lower(), v) for n, v in resp.raw_headers
                                if n.lower() not in _DROP_RESPONSE]
                     headers.append((b"x-llmgw-model", model.name.encode()))
+                    headers.append((b"x-llmgw-replica", self._tag_of(url)))
                     req.served_by, req.replica = model, url
                     ctype = resp.headers.get("content-type", "")
-                    to_client = self._sender(send)
                     events = ctype.startswith("text/event-stream")
                     if continuing and (status != 200 or not events):
                         # The client has its answer's start: only a stream can follow it.
@@ -732,6 +757,7 @@ class Forwarder:
                         return _Failure("resume_refused",
                                         f"HTTP {status}: {text}"[:_ERROR_SNIPPET])
                     if ctype.startswith(_STREAMED) and status < 400:
+                        to_client = self._sender(send)
                         chunk = await resp.content.readany()
                         self.balancer.succeeded(url)
                         answered = True
@@ -745,7 +771,8 @@ class Forwarder:
                         await self._stream(req, model, resp, chunk, to_client, deadline, idle,
                                            loop, events, splice)
                     else:
-                        deadline.reschedule(loop.time() + idle)
+                        if not resp.content.is_eof():     # else the body is all here
+                            deadline.reschedule(loop.time() + idle)
                         data = await resp.read()
                         self.balancer.succeeded(url)
                         answered = True
@@ -755,15 +782,16 @@ class Forwarder:
                             headers = [(n, v) for n, v in headers if n != b"content-type"]
                             headers.append((b"content-type", b"application/json"))
                         headers.append((b"content-length", str(len(data)).encode()))
-                        await to_client({"type": "http.response.start", "status": status,
-                                         "headers": headers})
-                        sent = req.responded = True
                         # Read before the answer ends: its end is where the ledger records it.
                         if req.capture is not None:
                             req.capture.append(data[:CAPTURE_LIMIT])
                         if status == 200 and ctype.startswith("application/json"):
                             self._count_usage(model, data, req)
-                        await to_client({"type": "http.response.body", "body": data})
+                        sent = req.responded = True
+                        await self._to_client(
+                            send, {"type": "http.response.start", "status": status,
+                                   "headers": headers},
+                            {"type": "http.response.body", "body": data})
                     return status
                 except (aiohttp.ClientError, OSError) as exc:
                     self.balancer.failed(url, self.clock())
@@ -804,7 +832,7 @@ class Forwarder:
         return None if kind is None else Splice(kind, limit, model.dialect)
 
     async def _stream(self, req: ForwardRequest, model: Model, resp: aiohttp.ClientResponse,
-                      chunk: bytes, to_client: Send, deadline: asyncio.Timeout, idle: float,
+                      chunk: bytes, to_client: Send, deadline: Deadline, idle: float,
                       loop: asyncio.AbstractEventLoop, events: bool,
                       splice: Splice | None = None) -> None:
         """Pass the stream on; ``deadline`` is armed only while reading from the replica.
@@ -856,24 +884,30 @@ class Forwarder:
         self.metrics.unrecoverable.labels(model.name, why).inc()
         log.warning("stream of a request for %r broke: %s", req.model, message)
         event = sse_error_event(StreamBrokenError(f"model {model.name!r}: {message}"))
-        to_client = self._sender(send)
-        await to_client({"type": "http.response.body", "body": event, "more_body": True})
-        await to_client({"type": "http.response.body", "body": b""})
+        await self._to_client(send,
+                              {"type": "http.response.body", "body": event, "more_body": True},
+                              {"type": "http.response.body", "body": b""})
 
     def _sender(self, send: Send) -> Send:
         """``send`` bounded by ``client_send_timeout``; any failure of it is ClientGone."""
-        limit = self.client_send_timeout
 
         async def to_client(message: Message) -> None:
-            try:
-                async with asyncio.timeout(limit):
-                    await send(message)
-            except TimeoutError:
-                raise ClientGone(f"the client read nothing for {limit:g} s") from None
-            except Exception as exc:
-                raise ClientGone(str(exc)) from exc
+            await self._to_client(send, message)
 
         return to_client
+
+    async def _to_client(self, send: Send, *messages: Message) -> None:
+        """``messages`` sent in turn, within ``client_send_timeout`` together (a whole
+        answer's head and body take one deadline); any failure is ClientGone."""
+        limit = self.client_send_timeout
+        try:
+            async with Deadline(limit):
+                for message in messages:
+                    await send(message)
+        except TimeoutError:
+            raise ClientGone(f"the client read nothing for {limit:g} s") from None
+        except Exception as exc:
+            raise ClientGone(str(exc)) from exc
 
     def _count_usage(self, model: Model, data: bytes, req: ForwardRequest) -> None:
         try:

@@ -78,10 +78,10 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 
 from llmgw.errors import LlmgwError, RateLimitedError, UnavailableError
-from llmgw.gateway.budgets import QuotaExceededError, period_start, resets_at
+from llmgw.gateway.budgets import QuotaExceededError
 from llmgw.gateway.ledger import Ledger
 from llmgw.store.base import SliceAsk, Store
-from llmgw.tenancy import BUDGET_FIELDS, BudgetField, Limits
+from llmgw.tenancy import BUDGET_FIELDS, BudgetField, Limits, period_start, resets_at
 
 log = logging.getLogger("llmgw.gateway.slices")
 

@@ -19,7 +19,7 @@ Placement has two failure kinds, kept apart on purpose:
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -108,6 +108,19 @@ class ScalerDecisions(msgspec.Struct, frozen=True):
 
 # Where the scaler publishes them: store.reports(SCALER_REPORT, ...), one row.
 SCALER_REPORT = ("scaler", "decisions")
+
+
+class ProbeReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What one gateway's active probes of external models' upstreams last found
+    (published in the store, a row per gateway): per model, the upstreams it probes
+    and those failing their probe (credentials masked)."""
+
+    probed: dict[str, int] = {}
+    down: dict[str, list[str]] = {}
+
+
+# Where each gateway publishes it: store.reports(PROBES_REPORT, ...), keyed by gateway.
+PROBES_REPORT = "probes"
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -292,6 +305,16 @@ class Control(Protocol):
 
     async def prefetch_status(self, model: str) -> Prefetch:
         """The model's latest prefetch, node by node, and which nodes hold its weights."""
+
+
+@runtime_checkable
+class ReplicaLogs(Protocol):
+    """A backend that can show a replica's engine output (the admin console's replica
+    page asks with ``isinstance``; a backend without it shows none)."""
+
+    async def replica_log(self, replica: str, lines: int) -> list[str]:
+        """The last ``lines`` lines the engine of replica ``replica`` (its ``Replica.id``)
+        wrote, oldest first. ``NotFoundError`` when no replica has that id."""
 
 
 class Backend(Routing, Control, Protocol):

@@ -149,6 +149,12 @@ class StoredKey(msgspec.Struct, frozen=True, kw_only=True):
     settings: bytes            # the key's narrowing of its team's limits, JSON
     created_by: str
     created_at: float
+    expires_at: float | None = None       # refused from then on; None: never expires
+    # After a rotation: the secret replaced, still accepted until previous_until.
+    previous_sha256: str | None = None
+    previous_until: float | None = None
+    # The key's immutable id once it is not key_id(sha256) (a rotated key keeps its first).
+    owner: str | None = None
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
@@ -185,6 +191,17 @@ class UsageRow(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+
+
+class StatusCount(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests of one (team, key, model) answered with one status, and the latest."""
+
+    team: str
+    key: str
+    model: str
+    status: int
+    requests: int
+    last_at: float             # Unix seconds of the latest of them
 
 
 class TokenTotal(msgspec.Struct, frozen=True, kw_only=True):
@@ -353,6 +370,19 @@ KEY_USAGE_SINCE = (
     " FROM usage_rollup WHERE dim = 'key' AND ((grain = 86400 AND bucket >= ?)"
     " OR (grain = 3600 AND bucket >= ? AND bucket < ?)) GROUP BY team, name"
 )
+
+
+# Requests by status since a moment, from the raw records (kept for the ledger's
+# retention); both dialects ("?" placeholders).
+STATUS_COUNTS = (
+    "SELECT team, key, model, status, COUNT(*), MAX(at) FROM usage WHERE at >= ?"
+    " GROUP BY team, key, model, status ORDER BY team, key, model, status"
+)
+
+
+def status_count(r: Sequence[Any]) -> StatusCount:
+    return StatusCount(team=r[0], key=r[1], model=r[2], status=int(r[3]), requests=int(r[4]),
+                       last_at=float(r[5]))
 
 
 # Holdings, in both dialects ("?" placeholders). A reported holding is stored as
@@ -580,6 +610,10 @@ class Store(Protocol):
     async def put_key(self, key: StoredKey) -> bool:
         """Create a key; False if its name is taken or its team does not exist."""
 
+    async def update_key(self, key: StoredKey) -> bool:
+        """Replace a key's secret hash, limits, expiry and rotation fields (its name and
+        team stay); False if there is no key of that name."""
+
     async def delete_key(self, name: str) -> bool: ...
 
     async def claim_legacy_owners(self, ids: dict[str, str]) -> int:
@@ -608,6 +642,10 @@ class Store(Protocol):
 
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
         """Tokens per (team, key) of records at or after ``since`` (raw records)."""
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        """Requests per (team, key, model, status) of records at or after ``since`` (raw
+        records), each with its latest time."""
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         """Take, renew, grow or shrink ``ask.holder``'s slice of a token budget, in one

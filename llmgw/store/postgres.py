@@ -62,6 +62,7 @@ from llmgw.store.base import (
     REPORT_RETENTION,
     REVOKED_OWNER,
     SLICE_OTHERS,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -71,6 +72,7 @@ from llmgw.store.base import (
     RequestLog,
     SliceAsk,
     SliceGrant,
+    StatusCount,
     StoredHolding,
     StoredKey,
     StoredModel,
@@ -83,6 +85,7 @@ from llmgw.store.base import (
     holding_row,
     slice_grant,
     slice_used_params,
+    status_count,
     token_totals_params,
     usage_params,
 )
@@ -744,12 +747,14 @@ class PostgresStore:
             "SELECT name, settings, created_by, created_at FROM teams ORDER BY name")
         keys = await self._query(
             "read the keys",
-            "SELECT name, team, sha256, settings, created_by, created_at FROM api_keys"
-            " ORDER BY name")
+            "SELECT name, team, sha256, settings, created_by, created_at, expires_at,"
+            " previous_sha256, previous_until, owner FROM api_keys ORDER BY name")
         return ([StoredTeam(name=r[0], settings=bytes(r[1]), created_by=r[2],
                             created_at=float(r[3])) for r in teams],
                 [StoredKey(name=r[0], team=r[1], sha256=r[2], settings=bytes(r[3]),
-                           created_by=r[4], created_at=float(r[5])) for r in keys])
+                           created_by=r[4], created_at=float(r[5]), expires_at=r[6],
+                           previous_sha256=r[7], previous_until=r[8], owner=r[9])
+                 for r in keys])
 
     async def _tenant_change(self, doing: str, changed_cte: str,
                              params: tuple[Any, ...]) -> bool:
@@ -780,10 +785,20 @@ class PostgresStore:
     async def put_key(self, key: StoredKey) -> bool:
         return await self._tenant_change(
             f"create key {key.name!r}",
-            "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at)"
-            " SELECT %s, name, %s, %s, %s, %s FROM teams WHERE name = %s"
+            "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at,"
+            " expires_at, previous_sha256, previous_until, owner)"
+            " SELECT %s, name, %s, %s, %s, %s, %s, %s, %s, %s FROM teams WHERE name = %s"
             " ON CONFLICT DO NOTHING RETURNING 1",
-            (key.name, key.sha256, key.settings, key.created_by, key.created_at, key.team))
+            (key.name, key.sha256, key.settings, key.created_by, key.created_at,
+             key.expires_at, key.previous_sha256, key.previous_until, key.owner, key.team))
+
+    async def update_key(self, key: StoredKey) -> bool:
+        return await self._tenant_change(
+            f"update key {key.name!r}",
+            "UPDATE api_keys SET sha256 = %s, settings = %s, expires_at = %s,"
+            " previous_sha256 = %s, previous_until = %s, owner = %s WHERE name = %s RETURNING 1",
+            (key.sha256, key.settings, key.expires_at, key.previous_sha256, key.previous_until,
+             key.owner, key.name))
 
     async def delete_key(self, name: str) -> bool:
         return await self._tenant_change(
@@ -825,6 +840,11 @@ class PostgresStore:
             "SELECT team, key, SUM(prompt_tokens + completion_tokens)::bigint"
             " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        rows = await self._query("read requests by status",
+                                 STATUS_COUNTS.replace("?", "%s"), (since,))
+        return [status_count(r) for r in rows]
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         doing = f"lease a slice of budget {ask.scope!r}"

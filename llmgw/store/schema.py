@@ -540,6 +540,24 @@ MIGRATIONS: tuple[Migration, ...] = (
                   "ALTER TABLE usage ADD COLUMN key_id text NOT NULL DEFAULT ''"),
     ),
     Migration(
+        number=11,
+        name="keys that expire, and rotation: a new secret with the old one kept a while",
+        # owner: the key's id when it is not key_id(sha256) any more (a rotated key keeps
+        # the id its first secret gave it); NULL for a key never rotated.
+        sqlite=(
+            "ALTER TABLE api_keys ADD COLUMN expires_at REAL",
+            "ALTER TABLE api_keys ADD COLUMN previous_sha256 TEXT",
+            "ALTER TABLE api_keys ADD COLUMN previous_until REAL",
+            "ALTER TABLE api_keys ADD COLUMN owner TEXT",
+        ),
+        postgres=(
+            "ALTER TABLE api_keys ADD COLUMN expires_at double precision",
+            "ALTER TABLE api_keys ADD COLUMN previous_sha256 text",
+            "ALTER TABLE api_keys ADD COLUMN previous_until double precision",
+            "ALTER TABLE api_keys ADD COLUMN owner text",
+        ),
+    ),
+    Migration(
         number=12,
         name="slices of token budgets leased by gateway instances",
         sqlite=(

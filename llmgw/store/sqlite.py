@@ -62,6 +62,7 @@ from llmgw.store.base import (
     REPORT_RETENTION,
     REVOKED_OWNER,
     SLICE_OTHERS,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -71,6 +72,7 @@ from llmgw.store.base import (
     RequestLog,
     SliceAsk,
     SliceGrant,
+    StatusCount,
     StoredHolding,
     StoredKey,
     StoredModel,
@@ -83,6 +85,7 @@ from llmgw.store.base import (
     holding_row,
     slice_grant,
     slice_used_params,
+    status_count,
     token_totals_params,
     usage_params,
 )
@@ -839,8 +842,11 @@ class SqliteStore:
                     "SELECT name, CAST(settings AS BLOB), created_by, created_at FROM teams"
                     " ORDER BY name")]
                 keys = [StoredKey(name=r[0], team=r[1], sha256=r[2], settings=bytes(r[3]),
-                                  created_by=r[4], created_at=float(r[5])) for r in db.execute(
-                    "SELECT name, team, sha256, CAST(settings AS BLOB), created_by, created_at"
+                                  created_by=r[4], created_at=float(r[5]), expires_at=r[6],
+                                  previous_sha256=r[7], previous_until=r[8], owner=r[9])
+                        for r in db.execute(
+                    "SELECT name, team, sha256, CAST(settings AS BLOB), created_by, created_at,"
+                    " expires_at, previous_sha256, previous_until, owner"
                     " FROM api_keys ORDER BY name")]
             finally:
                 db.execute("COMMIT")
@@ -881,12 +887,21 @@ class SqliteStore:
             if db.execute("SELECT 1 FROM teams WHERE name = ?", (key.team,)).fetchone() is None:
                 return False
             return db.execute(
-                "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO api_keys (name, team, sha256, settings, created_by, created_at,"
+                " expires_at, previous_sha256, previous_until, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (key.name, key.team, key.sha256, key.settings, key.created_by,
-                 key.created_at)).rowcount > 0
+                 key.created_at, key.expires_at, key.previous_sha256, key.previous_until,
+                 key.owner)).rowcount > 0
 
         return await self._tenant_change(run)
+
+    async def update_key(self, key: StoredKey) -> bool:
+        return await self._tenant_change(lambda db: db.execute(
+            "UPDATE api_keys SET sha256 = ?, settings = ?, expires_at = ?, previous_sha256 = ?,"
+            " previous_until = ?, owner = ? WHERE name = ?",
+            (key.sha256, key.settings, key.expires_at, key.previous_sha256, key.previous_until,
+             key.owner, key.name)).rowcount > 0)
 
     async def delete_key(self, name: str) -> bool:
         return await self._tenant_change(lambda db: db.execute(
@@ -935,6 +950,11 @@ class SqliteStore:
             "SELECT team, key, SUM(prompt_tokens + completion_tokens) FROM usage"
             " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
+
+    async def status_counts(self, since: float) -> list[StatusCount]:
+        rows = await self._conn(self._reads).run(
+            lambda db: db.execute(STATUS_COUNTS, (since,)).fetchall())
+        return [status_count(r) for r in rows]
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         used_query, used_params = slice_used_params(ask)

@@ -1,15 +1,12 @@
 """The admin page in real headless Chromium, against the real app on loopback.
 
-Chromium is Debian's (/usr/bin/chromium, or LLMGW_CHROMIUM), driven by
-Playwright for Python; no browser is downloaded. Each page visited is saved as
-a screenshot under artifacts/admin/ (not committed) at a laptop's 1366×768.
+Fixtures and helpers are in ``tests.admin.browser``. Each page visited is saved
+as a screenshot under artifacts/admin/ (not committed) at a laptop's 1366×768.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,89 +16,15 @@ from llmgw.control.context import AppContext
 from llmgw.control.reservation import reservation_checker
 from tests.planner.gguf_headers import gemma_gguf
 
-from .conftest import ADMIN_TOKEN, FleetBackend, cpu_yaml, make_app
-from .live import LiveServer
+from .browser import WAIT_MS, browser, errors, expect, live, page, shot, sign_in
+from .conftest import FleetBackend, cpu_yaml
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Page
+
+__all__ = ["browser", "errors", "live", "page"]  # fixtures, used by name
 
 pytestmark = pytest.mark.browser
-
-try:
-    from playwright import sync_api
-except ImportError:
-    if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
-        raise
-    pytest.skip("Playwright is not installed: pip install -e '.[test]'", allow_module_level=True)
-expect = sync_api.expect
-
-CHROMIUM = os.environ.get("LLMGW_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "admin"
-LAPTOP = {"width": 1366, "height": 768}
-WAIT_MS = 30_000
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        message = f"no Chromium at {CHROMIUM}; apt-get install chromium (or set LLMGW_CHROMIUM)"
-        if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
-            pytest.fail(message)
-        pytest.skip(message)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def live(tmp_path: Path, backend: FleetBackend) -> Iterator[tuple[str, AppContext]]:
-    app, ctx = make_app(tmp_path / "llmgw.db", backend)
-    with LiveServer(app) as server:
-        yield server.url, ctx
-
-
-@pytest.fixture
-def errors() -> list[str]:
-    """Script errors and console errors (a CSP violation is one) seen by the page."""
-    return []
-
-
-@pytest.fixture
-def page(browser: Browser, errors: list[str]) -> Iterator[Page]:
-    context = browser.new_context(viewport=LAPTOP)
-    # Actions take the context's timeout, but expect() has its own, 5 s by
-    # default: too short for a navigation on a loaded 2-core machine.
-    context.set_default_timeout(WAIT_MS)
-    expect.set_options(timeout=WAIT_MS)
-    pg = context.new_page()
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    # A refused form answers 4xx on purpose, which Chromium logs as a failed
-    # load; what must not fail is the page's own script, style and icon.
-    pg.on("console", lambda msg: errors.append(msg.text)
-          if msg.type == "error" and not msg.text.startswith("Failed to load resource")
-          else None)
-    pg.on("response", lambda r: errors.append(f"{r.status} {r.url}")
-          if "/admin/static/" in r.url and r.status >= 400 else None)
-    yield pg
-    context.close()
-    expect.set_options(timeout=None)  # Playwright's default again, for other modules
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def sign_in(page: Page, base: str) -> None:
-    page.goto(f"{base}/admin/models")
-    expect(page).to_have_url(re.compile(r"/admin/signin\?next="))
-    shot(page, "01-signin")
-    page.fill("#token", ADMIN_TOKEN)
-    page.click("button:has-text('Sign in')")
-    expect(page).to_have_url(f"{base}/admin/models")
 
 
 def test_sign_in_add_scale_see_stale_roll_out_and_remove(
@@ -140,6 +63,7 @@ def test_sign_in_add_scale_see_stale_roll_out_and_remove(
     expect(pg.locator("dl.facts")).to_contain_text("by alice")
 
     pg.fill("#scale-form input[name=min]", "3")
+    pg.fill("#scale-form input[name=max]", "3")
     pg.click("#scale-form button[type=submit]")
     expect(pg.locator(".flash.ok")).to_have_text("trial: scaling 3 (max 3)")
     expect(pg.locator("#model-status .count")).to_have_text("3/3 ready")
@@ -192,20 +116,6 @@ def test_sign_in_add_scale_see_stale_roll_out_and_remove(
     pg.goto(f"{base}/admin/models")
     expect(pg).to_have_url(re.compile(r"/admin/signin\?next="))
     assert errors == []
-
-
-def test_a_declared_model_refusal_reads_as_the_cli_says_it(
-        live: tuple[str, AppContext], page: Page) -> None:
-    """Scaling a declared model is refused on the page with the service's own message."""
-    base, _ = live
-    sign_in(page, base)
-    page.goto(f"{base}/admin/models/prod-chat")
-    page.fill("#scale-form input[name=min]", "5")
-    page.click("#scale-form button[type=submit]")
-    expect(page.locator("#scale-error")).to_have_text(
-        "model 'prod-chat' is declared in server.yaml (models[0]); change its scaling there, "
-        "or it reverts on the next restart")
-    shot(page, "10-declared-refused")
 
 
 def test_a_reservation_below_the_need_is_warned_about_after_adding(
@@ -331,6 +241,7 @@ def test_the_usage_page_shows_its_chart_and_switches_grouping(
     expect(page).to_have_url(re.compile(r"by=model&granularity=day"))
     expect(page.locator("rect.segment[data-group='small']")).to_have_count(1)
     shot(page, "13-usage-models")
+    page.click("nav a:has-text('Teams & keys')")
     page.fill("#team-form input[name=name]", "research")
     page.fill("#team-form input[name=tokens_per_day]", "2000000")
     page.click("#team-form button")

@@ -68,8 +68,8 @@ def test_redoc_renders_the_api_under_the_policy_in_chromium(tmp_path: Path,
     """In real Chromium the docs page draws the API's operations with no CSP violation,
     no script error and no request to any host but this one."""
     sync_api = pytest.importorskip("playwright.sync_api")
+    from .browser import ARGS, ARTIFACTS, CHROMIUM, LAPTOP, WAIT_MS
     from .live import LiveServer
-    from .test_browser import ARGS, ARTIFACTS, CHROMIUM, LAPTOP, WAIT_MS
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}")

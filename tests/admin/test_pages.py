@@ -30,6 +30,21 @@ async def form_token(client: AsyncTestClient, path: str = "/admin/add") -> str:
     return csrf_of((await client.get(path)).text)
 
 
+async def refused(client: AsyncTestClient, path: str, data: dict[str, str]) -> str:
+    """POST a form that is refused: the answer is a redirect, and the page it leads to
+    (a GET, so it can be reloaded) shows the form as sent with its problems."""
+    r = await client.post(path, data=data, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    page = await client.get(r.headers["location"])
+    assert page.status_code == 200
+    return page.text
+
+
+def plain(fragment: str) -> str:
+    """The text of an HTML fragment, tags dropped (a number may be marked up)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
 def error_text(page: str, element_id: str) -> str:
     found = re.search(rf'id="{element_id}"[^>]*>(.*?)</', page, re.S)
     assert found, f"no #{element_id} on the page"
@@ -79,15 +94,14 @@ async def test_a_refused_source_is_shown_beside_its_line_and_nothing_is_added(
         admin: AsyncTestClient, ctx: AppContext) -> None:
     """The source check runs before adding; its error sits under the source line."""
     text = cpu_yaml("trial", source="hf://typo/Qwen2.5-7B")
-    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
-    assert r.status_code == 400
-    assert 'data-field="source"' in r.text
-    flagged = re.search(r'<li value="(\d+)" class="flagged"><code>([^<]*)</code>', r.text)
+    page = await refused(admin, "/admin/add", {"csrf": await form_token(admin), "yaml": text})
+    assert 'data-field="source"' in page
+    flagged = re.search(r'<li value="(\d+)" class="flagged"><code>([^<]*)</code>', page)
     assert flagged
     assert flagged.group(1) == "2"  # the line after name:
     assert html.unescape(flagged.group(2)) == "source: hf://typo/Qwen2.5-7B"
-    assert "does not exist on the Hugging Face Hub" in error_text(r.text, "field-error")
-    assert html.unescape(text) in html.unescape(r.text)  # what was typed is kept
+    assert "does not exist on the Hugging Face Hub" in error_text(page, "field-error")
+    assert html.unescape(text) in html.unescape(page)  # what was typed is kept
     assert "trial" not in ctx.models.catalog
     assert ctx.models.stored("trial") is None
 
@@ -96,31 +110,30 @@ async def test_a_decoder_error_names_the_key_path_and_its_line(admin: AsyncTestC
     """A wrong type deep in a profile is reported at profiles[0].gpus, on its own line,
     with the message the CLI's decoder gives."""
     text = cpu_yaml("trial").replace("gpus: 0", "gpus: two")
-    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
-    assert r.status_code == 400
-    assert 'data-field="profiles[0].gpus"' in r.text
-    flagged = re.search(r'class="flagged"><code>([^<]*)</code>', r.text)
+    page = await refused(admin, "/admin/add", {"csrf": await form_token(admin), "yaml": text})
+    assert 'data-field="profiles[0].gpus"' in page
+    flagged = re.search(r'class="flagged"><code>([^<]*)</code>', page)
     assert flagged
     assert flagged.group(1).strip() == "gpus: two"
-    assert error_text(r.text, "field-error") == (
+    assert error_text(page, "field-error") == (
         "pasted YAML: profiles[0].gpus: Expected `int`, got `str`")
 
 
 async def test_adding_a_declared_name_is_refused_with_the_clis_message(
         admin: AsyncTestClient, ctx: AppContext) -> None:
-    """A model named like a declared one is refused (400) with the API's own words."""
+    """A model named like a declared one is refused with the API's own words."""
     text = cpu_yaml("prod-chat")
-    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
-    assert r.status_code == 400
+    page = await refused(admin, "/admin/add", {"csrf": await form_token(admin), "yaml": text})
     api = await admin.post("/api/v1/models", json=yaml.safe_load(text), headers=API)
     assert api.status_code == 400
-    assert error_text(r.text, "field-error") == api.json()["error"]["message"]
-    assert "edit it there rather than adding a second definition" in r.text
+    assert error_text(page, "field-error") == api.json()["error"]["message"]
+    assert "edit it there rather than adding a second definition" in page
 
 
 async def test_scaling_reports_the_scaling_in_force(admin: AsyncTestClient,
                                                      ctx: AppContext) -> None:
-    """Scale min 3 with max left empty: the page says max 3, as the catalog fills it in."""
+    """Scale min 3 with max left empty on a model that never had a max: the page says
+    max 3, as the catalog fills it in."""
     await admin.post("/admin/add", data={"csrf": await form_token(admin),
                                          "yaml": cpu_yaml("trial")})
     token = await form_token(admin, "/admin/models/trial")
@@ -129,7 +142,7 @@ async def test_scaling_reports_the_scaling_in_force(admin: AsyncTestClient,
     assert r.status_code == 303
     page = (await admin.get("/admin/models/trial")).text
     assert "trial: scaling 3 (max 3)" in page
-    assert "3/3 ready" in page
+    assert "3/3 ready" in html.unescape(re.sub(r"<[^>]+>", "", page))
     assert ctx.models.catalog.get("trial").scaling.max == 3  # type: ignore[union-attr]
 
 
@@ -137,22 +150,21 @@ async def test_a_refused_scale_shows_the_clis_message_next_to_the_form(
         admin: AsyncTestClient) -> None:
     """Scaling a declared model, or max below min, is refused with the API's message."""
     token = await form_token(admin, "/admin/models/prod-chat")
-    r = await admin.post("/admin/models/prod-chat/scale", data={"csrf": token, "min": "5"})
+    page = await refused(admin, "/admin/models/prod-chat/scale", {"csrf": token, "min": "5"})
     api = await admin.put("/api/v1/models/prod-chat/scale", json={"min": 5}, headers=API)
-    assert r.status_code == api.status_code == 409
-    assert error_text(r.text, "scale-error") == api.json()["error"]["message"]
+    assert api.status_code == 409
+    assert error_text(page, "scale-form-problem-1") == api.json()["error"]["message"]
 
     await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml("trial")})
-    r = await admin.post("/admin/models/trial/scale",
-                         data={"csrf": token, "min": "4", "max": "2"})
+    page = await refused(admin, "/admin/models/trial/scale",
+                         {"csrf": token, "min": "4", "max": "2"})
     api = await admin.put("/api/v1/models/trial/scale", json={"min": 4, "max": 2}, headers=API)
-    assert r.status_code == api.status_code == 400
-    assert error_text(r.text, "scale-error") == api.json()["error"]["message"]
-    assert 'value="4"' in r.text  # what was typed stays in the form
+    assert api.status_code == 400
+    assert error_text(page, "scale-form-max-error") == api.json()["error"]["message"]
+    assert 'value="4"' in page  # what was typed stays in the form
 
-    r = await admin.post("/admin/models/trial/scale", data={"csrf": token, "min": "many"})
-    assert r.status_code == 400
-    assert error_text(r.text, "scale-error") == "min: 'many' is not a whole number"
+    page = await refused(admin, "/admin/models/trial/scale", {"csrf": token, "min": "many"})
+    assert error_text(page, "scale-form-min-error") == "min: 'many' is not a whole number"
 
 
 async def test_removal_needs_the_confirmation_step(admin: AsyncTestClient,
@@ -182,11 +194,11 @@ async def test_removing_a_fallback_in_use_is_refused_with_the_clis_message(
     await admin.post("/admin/add", data={"csrf": token, "yaml": cpu_yaml(
         "trial", extra="fallbacks: [backup]\n")})
     assert "trial" in ctx.models.catalog
-    r = await admin.post("/admin/models/backup/remove",
-                         data={"csrf": token, "confirm": "backup"})
+    page = await refused(admin, "/admin/models/backup/remove",
+                         {"csrf": token, "confirm": "backup"})
     api = await admin.delete("/api/v1/models/backup", headers=API)
-    assert r.status_code == api.status_code == 409
-    assert error_text(r.text, "remove-error") == api.json()["error"]["message"]
+    assert api.status_code == 409
+    assert error_text(page, "remove-form-problem-1") == api.json()["error"]["message"]
     assert "backup" in ctx.models.catalog
 
 
@@ -225,7 +237,7 @@ async def test_the_list_shows_origin_capacity_waits_and_placement_failures(
     assert prod
     assert trial
     assert "declared" in prod.group(1)
-    assert "0/2" in prod.group(1)
+    assert "0/2" in plain(prod.group(1))
     assert "waiting for capacity: no node has 4 free cores right now" in prod.group(1)
     assert "last placement failure: no node with 2 free NVIDIA H100 80GB HBM3" in prod.group(1)
     assert "runtime" in trial.group(1)
@@ -257,9 +269,9 @@ async def test_the_fleet_page_lists_pools_and_nodes(admin: AsyncTestClient) -> N
     node = re.search(r'<tr data-node="cpu-64c-1">(.*?)</tr>', page, re.S)
     assert pool
     assert node
-    assert "11 / 16" in pool.group(1)
+    assert "11 / 16" in plain(pool.group(1))
     assert "79.6GiB" in pool.group(1)
-    assert "52 / 64" in node.group(1)
+    assert "52 / 64" in plain(node.group(1))
     assert "200.0GiB / 256.0GiB" in node.group(1)
     assert (await admin.get("/admin/fragments/fleet")).status_code == 200
 
@@ -349,10 +361,9 @@ async def test_deeply_nested_yaml_is_refused_with_one_line_and_no_traceback(
         admin: AsyncTestClient, caplog: pytest.LogCaptureFixture) -> None:
     """YAML 500 levels deep is a 400 naming the pasted YAML; nothing is logged for it."""
     text = "name: trial\nsource: " + "[" * 500 + "]" * 500 + "\n"
-    r = await admin.post("/admin/add", data={"csrf": await form_token(admin), "yaml": text})
-    assert r.status_code == 400
-    assert error_text(r.text, "field-error").startswith("pasted YAML: not valid YAML (line 2")
-    assert "nested more than 64 levels deep" in error_text(r.text, "field-error")
+    page = await refused(admin, "/admin/add", {"csrf": await form_token(admin), "yaml": text})
+    assert error_text(page, "field-error").startswith("pasted YAML: not valid YAML (line 2")
+    assert "nested more than 64 levels deep" in error_text(page, "field-error")
     assert not [rec for rec in caplog.records if rec.levelno >= 30]
 
 
@@ -378,46 +389,78 @@ async def test_the_usage_page_draws_tokens_per_group_as_svg(
     assert "ml: 280 tokens" in svg
     totals = re.search(r'<tr data-group="ml">(.*?)</tr>', page, re.S)
     assert totals is not None
-    assert "<td>2</td>" in totals.group(1)
+    assert "<td>2</td>" in re.sub(r"<(?!/?td)[^>]+>", "", totals.group(1))
     by_model = (await admin.get("/admin/usage?by=model&granularity=day")).text
     assert 'data-group="m"' in by_model
-    assert "no runtime teams" in page
+    assert "no runtime teams" in (await admin.get("/admin/teams")).text
 
 
 async def test_teams_and_keys_from_the_admin_page(admin: AsyncTestClient,
                                                   ctx: AppContext) -> None:
-    """Create a team with a budget, a key shown once (never in a cookie), revoke both."""
+    """Create a team with a budget, a key shown once (encrypted in its cookie, never in
+    the clear), revoke both by typing their names."""
     from llmgw.tenancy import hash_key
 
-    token = await form_token(admin, "/admin/usage")
+    token = await form_token(admin, "/admin/teams")
     r = await admin.post("/admin/teams", follow_redirects=False, data={
-        "csrf": token, "name": "ml", "models": "m1, m2", "tokens_per_day": "5000",
-        "priority": "batch"})
+        "csrf": token, "name": "ml", "models": "prod-chat", "tokens_per_day": "5000",
+        "priority": "batch", "log_requests": "metadata", "cost_per_day": "12.5"})
     assert r.status_code == 303, r.text
-    page = (await admin.get("/admin/usage")).text
+    page = (await admin.get("/admin/teams")).text
     assert "created team ml" in page
-    assert "models m1, m2; tokens per day 5,000; priority batch" in page
-    r = await admin.post("/admin/teams", data={"csrf": token, "name": "web",
-                                                "tokens_per_day": "0"})
-    assert r.status_code == 400
-    assert "tokens_per_day: 0 is below 1" in error_text(r.text, "team-error")
-    r = await admin.post("/admin/keys", data={"csrf": token, "name": "ml-ci", "team": "ml"})
-    assert r.status_code == 200
-    key = re.search(r'<code class="key">([^<]+)</code>', r.text)
+    assert "models prod-chat; tokens per day 5,000; priority batch" in page
+    page = await refused(admin, "/admin/teams", {"csrf": token, "name": "web",
+                                                  "tokens_per_day": "0"})
+    assert "tokens_per_day 0 must be a whole number of at least 1" in error_text(
+        page, "team-form-tokens_per_day-error")
+    r = await admin.post("/admin/keys", follow_redirects=False,
+                         data={"csrf": token, "name": "ml-ci", "team": "ml"})
+    assert r.status_code == 303
+    cookies = r.headers.get_list("set-cookie")
+    page = (await admin.get(r.headers["location"])).text
+    key = re.search(r'<code class="key" id="new-key-value">([^<]+)</code>', page)
     assert key is not None
     _, stored = await ctx.store.tenants()
     assert [k.sha256 for k in stored] == [hash_key(key.group(1))]
-    assert all(key.group(1) not in c for c in r.headers.get_list("set-cookie"))
-    assert key.group(1) not in (await admin.get("/admin/usage")).text
-    r = await admin.post("/admin/teams/ml/revoke", data={"csrf": token, "confirm": "nope"})
-    assert r.status_code == 400
+    assert all(key.group(1) not in c for c in cookies)
+    assert key.group(1) not in (await admin.get("/admin/teams")).text  # shown once
+    page = await refused(admin, "/admin/teams/ml/revoke", {"csrf": token, "confirm": "nope"})
+    assert "type the team's name, ml" in error_text(page, "revoke-team-ml-problem-1")
+    page = await refused(admin, "/admin/keys/ml-ci/revoke", {"csrf": token})
+    assert "type the key's name, ml-ci" in error_text(page, "revoke-key-ml-ci-problem-1")
+    assert len((await ctx.store.tenants())[1]) == 1
     r = await admin.post("/admin/keys/ml-ci/revoke", follow_redirects=False,
-                         data={"csrf": token})
+                         data={"csrf": token, "confirm": "ml-ci"})
     assert r.status_code == 303
     r = await admin.post("/admin/teams/ml/revoke", follow_redirects=False,
                          data={"csrf": token, "confirm": "ml"})
     assert r.status_code == 303
     assert await ctx.store.tenants() == ([], [])
+
+
+async def test_a_refused_team_form_keeps_every_field_and_lists_every_problem(
+        admin: AsyncTestClient, ctx: AppContext) -> None:
+    """Three wrong fields, one of them an allow-list naming a model the catalog does not
+    serve: nothing is created, each problem sits beside its field, and every value typed
+    is still in the form."""
+    token = await form_token(admin, "/admin/teams")
+    page = await refused(admin, "/admin/teams", {
+        "csrf": token, "name": "research", "models": "prod-chat, prod-chta",
+        "rpm": "lots", "tokens_per_day": "200000", "cost_per_month": "-3"})
+    assert await ctx.store.tenants() == ([], [])
+    assert "'prod-chta' is not in the catalog" in error_text(page, "team-form-models-error")
+    assert "'lots' is not a whole number" in error_text(page, "team-form-rpm-error")
+    assert "cost_per_month -3.0 must be more than 0" in error_text(
+        page, "team-form-cost_per_month-error")
+    assert "3 problems" in page
+    for name, value in (("name", "research"), ("models", "prod-chat, prod-chta"),
+                        ("rpm", "lots"), ("tokens_per_day", "200000")):
+        assert re.search(rf'id="team-form-{name}" name="{name}" type="text" '
+                         rf'value="{re.escape(value)}"', page), name
+    api = await admin.post("/api/v1/teams", headers=API, json={
+        "name": "research", "limits": {"models": ["prod-chta"]}})
+    assert api.status_code == 409
+    assert "'prod-chta' is not in the catalog" in api.json()["error"]["message"]
 
 
 async def test_the_models_page_lists_adapters_with_their_base_and_origin(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw.admin import session as sessions
+from llmgw.admin.chart import nice_ticks
 from llmgw.admin.locate import excerpt, key_path, line_of
 from llmgw.admin.signin import safe_next
 
@@ -116,3 +117,58 @@ def test_a_flashs_notes_are_bounded_to_fit_a_cookie() -> None:
 def test_only_admin_paths_are_followed_after_sign_in(given: str | None, goes: str) -> None:
     """``next`` is followed only to a path of this site's admin page."""
     assert safe_next(given) == goes
+
+
+@pytest.mark.parametrize(("peak", "ticks"), [
+    (0, [0, 1]), (7, [0, 2, 4, 6, 8]), (212_764, [0, 100_000, 200_000, 300_000]),
+    (1_000, [0, 500, 1_000]),
+])
+def test_the_charts_y_ticks_are_round_and_cover_the_peak(peak: int, ticks: list[int]) -> None:
+    """Steps of 1, 2 or 5 times a power of ten, from 0 to the first tick at or above it."""
+    assert nice_ticks(peak) == ticks
+
+
+def test_a_refused_form_and_a_new_key_travel_encrypted_and_bound_to_the_session() -> None:
+    """What a redirect carries opens under its own session only, and neither the typed
+    text nor the key is readable in the cookie."""
+    from llmgw.admin.prg import (
+        FormState,
+        Shown,
+        open_refused,
+        open_secret,
+        seal_refused,
+        seal_secret,
+    )
+
+    _, mine = sessions.issue("t0ken-alice-0123456789", "alice")
+    _, other = sessions.issue("t0ken-bob-9876543210", "bob")
+    password = "hunter2-upstream"
+    state = FormState("add-form", {"yaml": f"upstream: [https://u:{password}@x/v1]"},
+                      [("upstream", "bad")])
+    cookie = seal_refused(mine, state)
+    assert password not in cookie
+    assert password not in sessions.unseal(sessions.flash_key(mine), cookie).decode("latin-1")
+    assert open_refused(mine, cookie) == state
+    assert open_refused(other, cookie) is None
+    key = "sk-llmgw-" + "ab" * 24
+    sealed = seal_secret(mine, Shown("key-form", "key ci", key))
+    assert key not in sealed
+    assert open_secret(mine, sealed) == Shown("key-form", "key ci", key)
+    assert open_secret(other, sealed) is None
+
+
+def test_a_sealed_value_altered_under_a_valid_mac_does_not_open() -> None:
+    """The cipher authenticates on its own: a body changed and re-sealed with the session's
+    flash MAC (what a leaked MAC key would allow) is refused, not decrypted to garbage."""
+    import msgspec
+
+    from llmgw.admin.prg import Shown, open_secret, seal_secret
+
+    _, mine = sessions.issue("t0ken-alice-0123456789", "alice")
+    sealed = seal_secret(mine, Shown("key-form", "key ci", "sk-llmgw-" + "cd" * 24))
+    body = msgspec.json.decode(sessions.unseal(sessions.flash_key(mine), sealed))
+    raw = bytearray(msgspec.json.decode(msgspec.json.encode(body["sealed"]), type=bytes))
+    raw[-1] ^= 1
+    body["sealed"] = bytes(raw)
+    forged = sessions.seal(sessions.flash_key(mine), msgspec.json.encode(body))
+    assert open_secret(mine, forged) is None

@@ -177,6 +177,32 @@ async def test_scale_and_resources_answer_what_is_in_force(client: AsyncTestClie
     assert r.json() == {"model": "trial", "profile": "cpu", "cpu_cores": 6, "memory": "12GiB"}
 
 
+async def test_changing_min_keeps_the_max_in_force(client: AsyncTestClient) -> None:
+    """A model scaling 1..4 asked for min 2 scales 2..4 (it used to become 2..2, its
+    autoscaling ended); a min above the max in force is refused with both numbers and
+    changes nothing; a max given with it is taken."""
+    body = cpu("trial")
+    body["scaling"] = {"min": 1, "max": 4}
+    await client.post("/api/v1/models", json=body, headers=ADMIN)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 2}, headers=ADMIN)
+    assert (r.json()["min"], r.json()["max"]) == (2, 4)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 6}, headers=ADMIN)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "model 'trial': min 6 is above its max 4 in force; give max 6 or more with it "
+        "(changing min keeps the max)")
+    assert r.json()["error"]["param"] == "min"
+    r = await client.get("/api/v1/models/trial", headers=ADMIN)
+    assert (r.json()["scaling"]["min"], r.json()["scaling"]["max"]) == (2, 4)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 6, "max": 8},
+                         headers=ADMIN)
+    assert (r.json()["min"], r.json()["max"]) == (6, 8)
+    r = await client.put("/api/v1/models/trial/scale", json={"min": 6, "max": 5},
+                         headers=ADMIN)
+    assert r.status_code == 400
+    assert "max 5 is below min 6" in r.json()["error"]["message"]
+
+
 async def test_an_unplaceable_profile_is_400_with_the_reason(client: AsyncTestClient) -> None:
     """N6 through HTTP: the placement reason reaches the caller."""
     body = cpu("huge", engine="vllm", profiles=[

@@ -237,21 +237,25 @@ def test_replicas_shows_the_count_the_scaler_asked_for_and_why(api_url: str,
 
 def test_team_and_key_commands(api_url: str) -> None:
     """`ctl team add|list|set|revoke` and `ctl key add|list|revoke`; a key is printed once."""
-    code, out = ctl(api_url, "team", "add", "ml", "--models", "m1,m2", "--tokens-per-day",
+    code, out = ctl(api_url, "team", "add", "ml", "--models", "prod-chat,prod-chta",
+                    "--tokens-per-day", "500000")
+    assert code == 1, out
+    assert "models 'prod-chta' is not in the catalog" in out
+    code, out = ctl(api_url, "team", "add", "ml", "--models", "prod-chat", "--tokens-per-day",
                     "500000")
     assert code == 0, out
     assert "tokens per day 500000" in out
     code, out = ctl(api_url, "team", "add", "web", "--tokens-per-day", "0")
     assert code == 1, out
     assert "tokens_per_day" in out
-    code, key = ctl(api_url, "key", "add", "ml-ci", "--team", "ml", "--models", "m1")
+    code, key = ctl(api_url, "key", "add", "ml-ci", "--team", "ml", "--models", "prod-chat")
     assert code == 0, key
     key = key.strip()
     assert key.startswith("sk-llmgw-")
     code, out = ctl(api_url, "key", "list", "-o", "json")
     assert code == 0
     assert key not in out
-    assert json.loads(out)[0]["limits"] == {"models": ["m1"]}
+    assert json.loads(out)[0]["limits"] == {"models": ["prod-chat"]}
     code, out = ctl(api_url, "team", "list")
     assert "ml-ci" in out
     code, out = ctl(api_url, "team", "set", "ml", "--rpm", "30")

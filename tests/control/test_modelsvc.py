@@ -219,7 +219,7 @@ async def test_scaling_max_below_min_is_refused_and_the_stored_definition_untouc
     svc = await service(store)
     await svc.add(cpu("trial", scaling=Scaling(min=1, max=2)), "alice")
     before = await store.models()
-    with pytest.raises(DefinitionError, match="below scaling.min"):
+    with pytest.raises(DefinitionError, match="max 2 is below min 4"):
         await svc.scale("trial", 4, 2, "bob")
     assert await store.models() == before
 

@@ -9,6 +9,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from llmgw.api.app import create_app
+from llmgw.catalog.model import Model
 from llmgw.config import AdminToken, ServerConfig
 from llmgw.control.context import AppContext
 from llmgw.gateway.keys import KEY_PREFIX, add_key, hash_key
@@ -25,8 +26,11 @@ async def client(store: Store, backend: RecordingBackend,
                  tmp_path: Path) -> AsyncIterator[AsyncTestClient]:
     keys_file = tmp_path / "keys.json"
     add_key(keys_file, "declared")
+    # The allow-lists below name these; an allow-list naming what the catalog does not
+    # serve is refused.
+    served = [Model(name=n, upstream=["http://10.0.5.9:8000/v1"]) for n in ("m1", "m2")]
     config = ServerConfig(admin_tokens=[AdminToken(name="alice", token="t0ken-alice")],
-                          gpu_classes=GPU_CLASSES, keys_file=str(keys_file))
+                          gpu_classes=GPU_CLASSES, keys_file=str(keys_file), models=served)
     svc = ModelService(config.models, GPU_CLASSES, store)
     await svc.load()
     ctx = AppContext(config=config, models=svc, backend=backend, store=store)

@@ -13,9 +13,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import msgspec
 import pytest
 
 from llmgw.gateway.proxy import StreamUsage
+from llmgw.scheduler.base import PROBES_REPORT, ProbeReport
 from tests.gateway.conftest import GatewayFactory, GatewayHandle, chat_model, wait_for
 from tests.gateway.doubles import FakeBackend
 
@@ -497,6 +499,11 @@ async def test_an_upstream_failing_its_health_probe_gets_no_requests(
     await wait_for(lambda: sick.url in gw.gateway.prober.down, what="the failed probe")
     assert [(await gw.chat("m")).status_code for _ in range(6)] == [200] * 6
     assert (len(good.requests), len(sick.requests)) == (6, 0)
+    # What the probes found reaches the control plane through the store.
+    await gw.gateway.publish_probes()
+    [row] = await gw.gateway.store.reports(PROBES_REPORT, 60)
+    assert msgspec.json.decode(row.payload, type=ProbeReport) == ProbeReport(
+        probed={"m": 2}, down={"m": [sick.url]})
     sick.health_status = 200
     await wait_for(lambda: sick.url not in gw.gateway.prober.down, what="the passed probe")
     assert [(await gw.chat("m")).status_code for _ in range(4)] == [200] * 4

@@ -325,7 +325,7 @@ async def test_a_capability_nomad_refuses_is_shown_on_the_model_and_readyz_stays
 
             notes = environment().get_template("_status.html").render(m=SimpleNamespace(
                 status=SimpleNamespace(**view["status"]), stale_replicas=0,
-                memory_warnings=[]))
+                memory_warnings=[], upstream=None))
             assert 'class="bad refused">Nomad refuses llmgw\'s token: ' in notes
             assert (await api.client.get("/readyz")).status_code == 200
             ready = (await api.client.get("/readyz", headers=ADMIN)).json()

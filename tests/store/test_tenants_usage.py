@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
 from llmgw.store.schema import MIGRATIONS
 
@@ -111,6 +113,19 @@ async def test_token_totals_from_roll_ups_and_recent_records(store: AnyStore) ->
     assert totals == {("ml", "k1"): 15, ("ml", "k2"): 15}
     recent = {(t.team, t.key): t.tokens for t in await store.recent_tokens(HOUR + 3750)}
     assert recent == {("ml", "k2"): 15}
+
+
+async def test_requests_by_status_with_the_latest_of_each(store: AnyStore) -> None:
+    """Raw records since a moment, counted per team, key, model and status."""
+    await store.record_usage([
+        msgspec.structs.replace(record("a", HOUR + 10), status=502),
+        msgspec.structs.replace(record("b", HOUR + 20), status=502),
+        msgspec.structs.replace(record("c", HOUR + 30, key_name="k2"), status=429),
+        record("d", HOUR + 40), record("e", HOUR - 10)])
+    counts = [(c.key, c.status, c.requests, c.last_at)
+              for c in await store.status_counts(HOUR)]
+    assert counts == [("k1", 200, 1, HOUR + 40), ("k1", 502, 2, HOUR + 20),
+                      ("k2", 429, 1, HOUR + 30)]
 
 
 def _brute_force(batch: list[UsageRecord], by: str, since: float, until: float,
@@ -259,3 +274,22 @@ async def test_request_logs_are_kept_read_newest_first_and_purged(store: AnyStor
     assert await store.request_logs("web", now + 1, 10) == []
     assert await store.purge_request_logs(now + 150) == 1
     assert [g.id for g in await store.request_logs("ml", now + 1, 10)] == ["l2", "l1"]
+
+
+async def test_update_key_replaces_secret_expiry_and_rotation_fields(
+        store: AnyStore, make_store: StoreFactory) -> None:
+    """A rotation's fields (new hash, old hash and its grace, the kept id) and an expiry
+    round-trip through the store, bump the version, and a missing key is reported."""
+    other = await make_store()
+    await store.put_team(team("ml"), create=True)
+    await store.put_key(key("k1", "ml"))
+    v0 = await other.tenants_version()
+    rotated = StoredKey(name="k1", team="ml", sha256="e" * 64, settings=b'{"rpm": 5}',
+                        created_by="alice", created_at=2.5, expires_at=1_900_000_000.5,
+                        previous_sha256=key("k1", "ml").sha256, previous_until=1_800_000_000.0,
+                        owner="key-" + "1" * 32)
+    assert await store.update_key(rotated)
+    assert await other.tenants_version() > v0
+    _, keys = await other.tenants()
+    assert keys == [rotated]
+    assert not await store.update_key(key("absent", "ml"))

@@ -1,4 +1,5 @@
-// llmgw admin: keeps the status parts of a page current.
+// llmgw admin: keeps the status parts of a page current, shows times in the
+// viewer's zone, and copies a new key.
 //
 // Every element with data-refresh="URL" is replaced, every data-every seconds,
 // by a fresh copy of that fragment, rendered by the server like the page
@@ -56,5 +57,67 @@
     setTimeout(tick, every);
   }
 
+  // Times arrive as <time datetime="2026-12-01T23:00:00Z">2026-12-01 23:00 UTC</time>:
+  // readable without script, in UTC. Here they are rewritten in the viewer's own
+  // zone, ISO-like (2026-12-02 00:00 CET), with the UTC text kept on hover.
+  function pad(n) { return String(n).padStart(2, "0"); }
+  function zoneName(d) {
+    try {
+      const part = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" })
+        .formatToParts(d).find((p) => p.type === "timeZoneName");
+      return part ? part.value : "";
+    } catch (err) {
+      return "";
+    }
+  }
+  function localise(root) {
+    root.querySelectorAll("time[datetime]:not([data-local])").forEach((t) => {
+      const d = new Date(t.getAttribute("datetime"));
+      if (Number.isNaN(d.getTime())) return;
+      const day = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate());
+      const clock = pad(d.getHours()) + ":" + pad(d.getMinutes());
+      const short = t.dataset.format === "hour" ? clock : day + " " + clock;
+      if (!t.title) t.title = t.textContent.trim();
+      t.textContent = short + (t.dataset.format === "hour" ? "" : " " + zoneName(d));
+      t.dataset.local = "1";
+    });
+  }
+
+  // The usage chart's hour labels: <text data-time="..." data-format="hour"> in UTC, in
+  // the viewer's zone here (day labels stay UTC days, the ledger's). The UTC text is
+  // kept in the label's <title>.
+  function localiseChart(root) {
+    root.querySelectorAll("svg text[data-time][data-format=hour]:not([data-local])")
+      .forEach((t) => {
+        const d = new Date(t.dataset.time);
+        if (Number.isNaN(d.getTime())) return;
+        t.firstChild.textContent = pad(d.getHours()) + ":" + pad(d.getMinutes());
+        t.dataset.local = "1";
+      });
+  }
+
+  // A button with data-copy="ID" copies the text of element ID.
+  document.addEventListener("click", async (ev) => {
+    const b = ev.target.closest("button[data-copy]");
+    if (!b) return;
+    const source = document.getElementById(b.dataset.copy);
+    const said = b.parentNode.querySelector(".copied");
+    try {
+      await navigator.clipboard.writeText(source.textContent.trim());
+      if (said) said.textContent = "copied";
+    } catch (err) {
+      const range = document.createRange();
+      range.selectNodeContents(source);
+      const sel = window.getSelection();
+      sel.removeAllRanges();
+      sel.addRange(range);
+      if (said) said.textContent = "selected: press Ctrl+C (⌘C) to copy";
+    }
+  });
+
+  localise(document);
+  localiseChart(document);
+  new MutationObserver(() => { localise(document); localiseChart(document); }).observe(document.body,
+    { childList: true, subtree: true });
   document.querySelectorAll("[data-refresh]").forEach(watch);
 })();

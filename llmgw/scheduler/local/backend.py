@@ -381,6 +381,15 @@ class LocalBackend(SameDisk):
                          key=lambda r: (r.model, r.seq))
         return [r.replica(measured_memory=rss_of(r.pid)) for r in runners]
 
+    async def replica_log(self, replica: str, lines: int) -> list[str]:
+        """The engine's output as the supervisor keeps it (its last ``output_lines``)."""
+        runner = self._runners.get(replica)
+        if runner is None:
+            raise NotFoundError(f"the local scheduler runs no replica {replica!r}; "
+                                "`llmgw ctl replicas` lists them")
+        kept = list(runner.lines)
+        return kept[-lines:] if lines > 0 else []
+
     def _class_of(self, device: str) -> str | None:
         """The configured gpu class whose cards are ``device``, if one is."""
         return next((name for name, gc in self.config.gpu_classes.items()

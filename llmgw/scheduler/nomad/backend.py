@@ -106,6 +106,8 @@ from llmgw.store.base import Store
 
 log = logging.getLogger("llmgw.nomad")
 LEASE = "reconciler"
+# How much of an engine's log the admin console's replica page reads: its last lines.
+LOG_TAIL = 64 * 1024
 
 
 @dataclass
@@ -795,6 +797,17 @@ class NomadBackend:
         return await self._replicas.read(ids, health, dict(self._discovery.unknown), addresses,
                                          every_job=model is None,
                                          progress=self._caches.progress)
+
+    async def replica_log(self, replica: str, lines: int) -> list[str]:
+        """The engine task's recent stderr, where vLLM and llama.cpp write their log
+        (Nomad's logs API; ``read-logs`` or ``read-fs``). A replica's id is its
+        allocation's."""
+        data = await self._offload.run(
+            lambda: self._client.task_log(replica, render.ENGINE_TASK, "stderr", LOG_TAIL))
+        text = data.decode("utf-8", "replace").splitlines()
+        # The tail starts mid-line unless it holds the whole log.
+        kept = text[1:] if len(data) >= LOG_TAIL and text else text
+        return kept[-lines:] if lines > 0 else []
 
     async def holdings(self) -> list[Holding]:
         allocs = await self._offload.run(self._client.holding_allocations)

@@ -398,6 +398,16 @@ class NomadClient:
             return None
         return bytes(resp.content)
 
+    def task_log(self, alloc_id: str, task: str, kind: str, tail: int,
+                 timeout: float | None = None) -> bytes:
+        """The last ``tail`` bytes a task wrote to ``kind`` (stdout or stderr), read-fs or
+        read-logs (command/agent/fs_endpoint.go ``Logs``: ``origin=end``, ``offset``
+        counted back from the end, ``plain=true`` for the bytes themselves)."""
+        resp = self._send("get", "client/fs/logs", alloc_id, params={
+            **self._ns, "task": task, "type": kind, "origin": "end", "offset": tail,
+            "plain": "true", "follow": "false"}, timeout=timeout, forwarded=True)
+        return bytes(resp.content)
+
     # ---- variables ----------------------------------------------------------
 
     def read_variable(self, path: str) -> credentials.Variable | None:

@@ -502,6 +502,8 @@ RULES: list[tuple[str, str, Check]] = [
     ("GET", _JOB + "/scale", _ns("read-job", "read-job-scaling")),
     ("DELETE", _JOB, _ns("submit-job", "purge-job", "deregister-job")),
     ("PUT|POST", r"/v1/validate/job", _ns("read-job")),
+    # client/fs_endpoint.go ``logs``: read-fs or read-logs.
+    ("GET", r"/v1/client/fs/logs/.*", _ns("read-fs", "read-logs")),
     ("GET", r"/v1/client/fs/.*", _ns("read-fs")),
     ("GET", r"/v1/(job|allocation|evaluation|deployment|client/allocation)/.*", _ns("read-job")),
     ("GET", r"/v1/(allocations|evaluations|deployments|services|service/.*)", _ns("read-job")),

@@ -29,10 +29,24 @@ allocation's directory on its node: ``alloc/`` (shared by its tasks, ``NOMAD_ALL
 or ``<task>/local/``. It needs ``read-fs`` in the allocation's namespace
 (command/agent/fs_endpoint.go, the ``cat/`` case). The fake has no
 directories: a test writes a file with ``FakeNomad.write_alloc_file``, as the task would.
+
+**Task logs** (``/v1/client/fs/logs/:alloc_id?task=…&type=stdout|stderr``) read what
+logmon wrote of a task's output: ``alloc/logs/<task>.<type>.<n>``, rotated files in
+index order (client/fs_endpoint.go ``logsImpl``, the name made in ``blockUntilNextLog``).
+The agent refuses a missing task (400 ``must provide task name``), a type other than
+stdout or stderr (400 ``must provide log type (stdout/stderr)``) and an origin other than
+start or end (400 ``origin must be start or end``); ``origin=end`` counts ``offset``
+bytes back from the end of the last file (command/agent/fs_endpoint.go ``Logs``). The
+client allows ``read-fs`` or ``read-logs`` (client/fs_endpoint.go ``logs``) and answers
+``log entry for task … not found`` when the task wrote nothing. ``plain=true`` answers
+the bytes as text/plain; otherwise a stream of frames ``{"Data": base64, "File": …,
+"Offset": …}``, one per file here. Only ``follow=false`` is modelled: a followed log
+never ends, which is what the fake cannot give a test.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -169,8 +183,70 @@ def cat(api: Api, req: Request) -> Response:
     return Response(text=data, headers={"Content-Type": "text/plain"})
 
 
+def _flag(req: Request, name: str) -> bool:
+    raw = req.query.get(name, "")
+    if raw == "":
+        return False
+    if raw.lower() in ("1", "t", "true"):
+        return True
+    if raw.lower() in ("0", "f", "false"):
+        return False
+    raise NomadError(400, f"failed to parse {name} field to boolean: strconv.ParseBool: "
+                          f'parsing "{raw}": invalid syntax')
+
+
+_LOG_FILE = re.compile(r"alloc/logs/(?P<task>.+)\.(?P<type>stdout|stderr)\.(?P<n>\d+)")
+
+
+def logs(api: Api, req: Request) -> Response:
+    task, kind = req.query.get("task", ""), req.query.get("type", "")
+    if not task:
+        raise NomadError(400, "must provide task name")
+    follow = _flag(req, "follow")
+    plain = _flag(req, "plain")
+    if kind not in ("stdout", "stderr"):
+        raise NomadError(400, "must provide log type (stdout/stderr)")
+    try:
+        offset = int(req.query.get("offset") or "0")
+    except ValueError:
+        raise NomadError(400, "error parsing offset: strconv.ParseInt: invalid syntax"
+                         ) from None
+    origin = req.query.get("origin") or "start"
+    if origin not in ("start", "end"):
+        raise NomadError(400, "origin must be start or end")
+    if follow:
+        raise NomadError(400, "the fake Nomad serves logs with follow=false only")
+    with api.store.cond:
+        a = api.store.allocs.get(req.params["id"])
+        if a is None:
+            raise NomadError(404, f'Unknown allocation "{req.params["id"]}"')
+        if api.store.nodes[a.node_id].status == "down":
+            raise NomadError(404, "No path to node")
+        files = sorted(((int(m["n"]), path, data) for path, data in a.files.items()
+                        if (m := _LOG_FILE.fullmatch(path)) and m["task"] == task
+                        and m["type"] == kind), key=lambda f: f[0])
+    if not files:
+        raise NomadError(500, f'log entry for task "{task}" and log type "{kind}" not found')
+    # logsImpl: from the start, offset into the first file; from the end, offset back
+    # from the end of the files together.
+    whole = b"".join(data for _, _, data in files)
+    start = max(0, len(whole) - offset) if origin == "end" else min(offset, len(whole))
+    if plain:
+        return Response(text=whole[start:], headers={"Content-Type": "text/plain"})
+    frames, at = [], 0
+    for _, path, data in files:
+        lo = max(0, start - at)
+        if lo < len(data):
+            frames.append(json.dumps({"Data": base64.b64encode(data[lo:]).decode(),
+                                      "File": path, "Offset": len(data)}))
+        at += len(data)
+    return Response(text="".join(frames).encode(),
+                    headers={"Content-Type": "application/json"})
+
+
 ROUTES: list[tuple[re.Pattern[str], dict[str, Route]]] = [
     (re.compile(r"/v1/client/metadata"), {"GET": read_meta, "POST": apply_meta,
                                           "PUT": apply_meta}),
     (re.compile(r"/v1/client/fs/cat/(?P<id>[^/]+)"), {"GET": cat}),
+    (re.compile(r"/v1/client/fs/logs/(?P<id>[^/]+)"), {"GET": logs}),
 ]
