@@ -10,23 +10,19 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
-from llmgw.errors import StoreUnavailableError
 from llmgw.gateway.batchjournal import BatchJournal
 from llmgw.gateway.batchworker import LEASE
 from llmgw.gateway.holders import holder_name, is_gone
 from llmgw.store.base import BatchResult, BatchRow
 from llmgw.store.sqlite import SqliteStore
-from tests.gateway.conftest import GatewayFactory, chat_model
 from tests.gateway.engine import FakeEngine
-from tests.gateway.test_files_batches import CHAT, finished, jsonl, line, seen_lines, upload
+from tests.gateway.test_files_batches import CHAT, finished, line, seen_lines, upload
 from tests.gateway.test_ledger_loss import Child
 
 
@@ -104,37 +100,6 @@ def test_only_a_holder_of_this_machine_whose_process_is_gone_is_gone() -> None:
     assert not is_gone(f"elsewhere:{dead}:t@{machine}")
     assert not is_gone(f"{socket.gethostname()}:{dead}:t@0000.1")
     assert not is_gone(f"{socket.gethostname()}:{dead}:t")
-
-
-async def test_an_answer_whose_result_could_not_be_stored_is_not_generated_again(
-        make_gateway: GatewayFactory, engines: Callable[..., Awaitable[FakeEngine]],
-        tmp_path: Path) -> None:
-    """With a journal, a line whose answer came back but whose result the store refused
-    is stored from the journal before the next pass: every line reaches the engine once."""
-    engine = await engines("e")
-    gw = await make_gateway([chat_model("chat", upstream=[engine.url])],
-                            journal_dir=str(tmp_path / "journal"))
-    original = gw.store.put_batch_results
-    calls = 0
-
-    async def flaky(batch_id: str, results: list[Any]) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 7:
-            raise StoreUnavailableError("SQLite database x could not be written; check the disk")
-        await original(batch_id, results)
-
-    gw.store.put_batch_results = flaky  # type: ignore[method-assign]
-    client = gw.openai()
-    file_id = await upload(client, b"".join(line(i) for i in range(20)))
-    batch = await client.batches.create(input_file_id=file_id, endpoint=CHAT,
-                                        completion_window="24h")
-    done = await finished(client, batch.id)
-    assert calls > 7
-    assert done.request_counts.model_dump() == {"total": 20, "completed": 20, "failed": 0}
-    output = jsonl((await client.files.content(done.output_file_id)).content)
-    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
-    assert seen_lines(engine) == Counter({f"line {i}": 1 for i in range(20)})
 
 
 _KILLED = """

@@ -370,12 +370,15 @@ async def test_files_and_batches_answer_503_while_the_store_is_not_open(
         assert "store is not open" in err.value.message
 
 
-async def test_a_result_that_cannot_be_stored_reruns_its_line_and_loses_none(
-        make_gateway: GatewayFactory, engines) -> None:
-    """A store failure while recording a line stops the pass; the next pass runs that line
-    again, and the output still has every line exactly once."""
+@pytest.mark.parametrize("journal", [False, True], ids=["no journal", "journal"])
+async def test_a_result_that_cannot_be_stored_loses_no_line(
+        make_gateway: GatewayFactory, engines, tmp_path: Path, journal: bool) -> None:
+    """A store failure while recording a line stops the pass and the output still has every
+    line exactly once. Without a journal the next pass runs that line again; with one, the
+    answer that came back is stored from the journal, so every line reaches the engine once."""
     engine = await engines("e")
-    gw = await make_gateway([chat_model("chat", upstream=[engine.url])])
+    gw = await make_gateway([chat_model("chat", upstream=[engine.url])],
+                            **({"journal_dir": str(tmp_path / "journal")} if journal else {}))
     original = gw.store.put_batch_results
     calls = 0
 
@@ -395,7 +398,11 @@ async def test_a_result_that_cannot_be_stored_reruns_its_line_and_loses_none(
     assert done.request_counts.model_dump() == {"total": 20, "completed": 20, "failed": 0}
     output = jsonl((await client.files.content(done.output_file_id)).content)
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]
-    assert sum(seen_lines(engine).values()) == 21
+    assert calls > 7
+    if journal:
+        assert seen_lines(engine) == Counter({f"line {i}": 1 for i in range(20)})
+    else:
+        assert sum(seen_lines(engine).values()) == 21
 
 
 async def test_batch_lines_are_counted_apart_from_clients_requests(
