@@ -26,20 +26,22 @@ import asyncio
 import contextlib
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway_bench import free_port
+from ledger_bench import schema
 
 from llmgw.store.base import StoredKey, StoredTeam
 from llmgw.store.postgres import PostgresStore
@@ -47,25 +49,6 @@ from llmgw.tenancy import Limits, encode_limits, generate_key, hash_key
 
 DEFAULT_PG = os.environ.get("LLMGW_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 _COUNTER = re.compile(rb"^(vllm:(?:prompt|generation)_tokens_total)(?:\{[^}]*\})? (\S+)$", re.M)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def schema(base: str) -> AsyncIterator[str]:
-    name = f"llmgw_bench_{uuid.uuid4().hex[:10]}"
-    async with await psycopg.AsyncConnection.connect(base, autocommit=True) as conn:
-        await conn.execute(f'CREATE SCHEMA "{name}"')
-    sep = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{sep}options=-csearch_path%3D{name}"
-    finally:
-        async with await psycopg.AsyncConnection.connect(base, autocommit=True) as conn:
-            await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
 @contextlib.contextmanager
