@@ -380,6 +380,17 @@ STATUS_COUNTS = (
 )
 
 
+def status_counts_query(since: float, statuses: Sequence[int] | None
+                        ) -> tuple[str, tuple[float, ...]]:
+    """``STATUS_COUNTS`` and its parameters, narrowed to ``statuses`` when given: a page
+    that wants only the refusals groups a tenth of the span's records, not all of them."""
+    if not statuses:
+        return STATUS_COUNTS, (since,)
+    marks = ", ".join("?" for _ in statuses)
+    return (STATUS_COUNTS.replace(" GROUP BY", f" AND status IN ({marks}) GROUP BY", 1),
+            (since, *statuses))
+
+
 def status_count(r: Sequence[Any]) -> StatusCount:
     return StatusCount(team=r[0], key=r[1], model=r[2], status=int(r[3]), requests=int(r[4]),
                        last_at=float(r[5]))
@@ -643,9 +654,11 @@ class Store(Protocol):
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
         """Tokens per (team, key) of records at or after ``since`` (raw records)."""
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
+    async def status_counts(self, since: float,
+                            statuses: Sequence[int] | None = None) -> list[StatusCount]:
         """Requests per (team, key, model, status) of records at or after ``since`` (raw
-        records), each with its latest time."""
+        records), each with its latest time; only those answered one of ``statuses``
+        when given (non-empty)."""
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         """Take, renew, grow or shrink ``ask.holder``'s slice of a token budget, in one

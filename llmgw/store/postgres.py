@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -62,7 +62,6 @@ from llmgw.store.base import (
     REPORT_RETENTION,
     REVOKED_OWNER,
     SLICE_OTHERS,
-    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -86,6 +85,7 @@ from llmgw.store.base import (
     slice_grant,
     slice_used_params,
     status_count,
+    status_counts_query,
     token_totals_params,
     usage_params,
 )
@@ -841,9 +841,10 @@ class PostgresStore:
             " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
-        rows = await self._query("read requests by status",
-                                 STATUS_COUNTS.replace("?", "%s"), (since,))
+    async def status_counts(self, since: float,
+                            statuses: Sequence[int] | None = None) -> list[StatusCount]:
+        query, params = status_counts_query(since, statuses)
+        rows = await self._query("read requests by status", query.replace("?", "%s"), params)
         return [status_count(r) for r in rows]
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:

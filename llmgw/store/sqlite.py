@@ -43,7 +43,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -62,7 +62,6 @@ from llmgw.store.base import (
     REPORT_RETENTION,
     REVOKED_OWNER,
     SLICE_OTHERS,
-    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -86,6 +85,7 @@ from llmgw.store.base import (
     slice_grant,
     slice_used_params,
     status_count,
+    status_counts_query,
     token_totals_params,
     usage_params,
 )
@@ -951,9 +951,11 @@ class SqliteStore:
             " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
+    async def status_counts(self, since: float,
+                            statuses: Sequence[int] | None = None) -> list[StatusCount]:
+        query, params = status_counts_query(since, statuses)
         rows = await self._conn(self._reads).run(
-            lambda db: db.execute(STATUS_COUNTS, (since,)).fetchall())
+            lambda db: db.execute(query, params).fetchall())
         return [status_count(r) for r in rows]
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
