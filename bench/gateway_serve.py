@@ -13,10 +13,10 @@ database ``LLMGW_BENCH_DATABASE`` names, opened in the ASGI lifespan.
 ``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off; ``LLMGW_BENCH_LEDGER_INTERVAL``
 sets how often it writes (``1h``: not during a run, to measure the request path alone);
 ``LLMGW_BENCH_JOURNAL`` is its journal directory (``gateway.journal_dir``).
-``LLMGW_BENCH_KEY`` makes inference need that key: a runtime key of team ``bench``,
-created in the store at start, whose team has a daily token budget of
+``LLMGW_BENCH_KEY`` makes inference need that key: a runtime key of a team of its
+own, created in the store at start, which has a daily token budget of
 ``LLMGW_BENCH_BUDGET`` (default: one no run reaches, so every request is checked
-against it and none refused).
+against it and none refused; ``none``: no budget).
 """
 
 from __future__ import annotations
@@ -79,12 +79,15 @@ class NoScheduler(SameDisk):
     async def wait_changed(self, timeout: float) -> None: ...
 
 
-async def _bench_key(gateway: Gateway, store: Store, key: str, budget: int) -> None:
-    """The runtime key ``key`` of team ``bench`` with a daily budget, followed before serving."""
+async def _bench_key(gateway: Gateway, store: Store, key: str, budget: int | None) -> None:
+    """The runtime key ``key`` of team ``bench`` with a daily budget (None: without one),
+    followed before serving."""
     now = time.time()
-    await store.put_team(StoredTeam(name="bench", settings=encode_limits(
+    # Its own team and key name: gateways sharing one database each make theirs.
+    team = f"bench-{hash_key(key)[:12]}"
+    await store.put_team(StoredTeam(name=team, settings=encode_limits(
         Limits(tokens_per_day=budget)), created_by="bench", created_at=now), create=True)
-    await store.put_key(StoredKey(name="bench-key", team="bench", sha256=hash_key(key),
+    await store.put_key(StoredKey(name=f"{team}-key", team=team, sha256=hash_key(key),
                                   settings=b"{}", created_by="bench", created_at=now))
     deadline = now + 60
     while gateway.keys.lookup(key) is None:
@@ -96,7 +99,8 @@ async def _bench_key(gateway: Gateway, store: Store, key: str, budget: int) -> N
 def serving(gateway: Gateway, store: Store) -> Any:
     """``gateway`` as an ASGI app whose lifespan opens and closes it and ``store``."""
     key = os.environ.get("LLMGW_BENCH_KEY")
-    budget = int(os.environ.get("LLMGW_BENCH_BUDGET", str(10**12)))
+    budget_text = os.environ.get("LLMGW_BENCH_BUDGET", str(10**12))
+    budget = None if budget_text == "none" else int(budget_text)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

@@ -29,7 +29,10 @@ schema of its own, dropped afterwards.
   (every request from a key of a budgeted team) and the journal, against the
   same gateway with all three off (the same key, so authentication costs both
   alike) and a second one off as the control; target CPU per request off/on
-  >= 0.97.
+  >= 0.97. Two more gateways, one without the journal and one without the
+  journal and the budget, give each part's share. ``ab-full-postgres``: the
+  same on Postgres (every gateway in one schema), where the store's work is
+  the database's rather than a writer process of the gateway's.
 * outage: two gateway instances with journals on one Postgres reached through
   ``llmgw.testing.tcpproxy``, ``--rate`` requests/s (every fourth streaming)
   spread over them; the proxy freezes every connection for each of
@@ -218,18 +221,19 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
     the ledger's writer process included): what the ledger costs.
 
     ``full``: "on" is the ledger, a budget checked on every request and the
-    journal; every gateway is sent the same key, so that authentication costs
-    them all alike."""
+    journal; every gateway is sent a key (one of its own), so that
+    authentication costs them all alike."""
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    # With ``full``, "unjournaled" is "on" without the journal: the journal's own share.
-    names: tuple[str, ...] = ("off", "on", "unjournaled", "control") if full else \
-        ("off", "on", "control")
+    # With ``full``, "unjournaled" is "on" without the journal, and "unbudgeted" that
+    # without the budget too (the ledger alone): each part's own share.
+    names: tuple[str, ...] = ("off", "on", "unjournaled", "unbudgeted", "control") if full \
+        else ("off", "on", "control")
     rps: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     env = {"LLMGW_BENCH_DATABASE": database} if database else {}
-    key = generate_key() if full else None
-    if key is not None:
-        env["LLMGW_BENCH_KEY"] = key
+    # A key of its own for each gateway (they may share one database).
+    keys = {name: generate_key() if full else None for name in names}
+    assert not (full and together), "ab-full takes turns"
     journals = tempfile.TemporaryDirectory(prefix="llmgw-bench-journal-")
     where = "Postgres" if database else "SQLite"
     cores = sorted(os.sched_getaffinity(0))
@@ -244,12 +248,14 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
         journal = {"LLMGW_BENCH_JOURNAL": journals.name} if full else {}
         servers = {
             name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
-                **env, "LLMGW_BENCH_LEDGER": "1" if name in ("on", "unjournaled") else "0",
+                **env, **({"LLMGW_BENCH_KEY": keys[name]} if keys[name] else {}),
+                "LLMGW_BENCH_LEDGER": "0" if name in ("off", "control") else "1",
+                **({"LLMGW_BENCH_BUDGET": "none"} if name == "unbudgeted" else {}),
                 "LLMGW_BENCH_LEDGER_INTERVAL": interval,
                 **(journal if name == "on" else {})}))
             for name in names}
-        for url, _pid in servers.values():
-            load(url, 32, 2.0, tmp, key=key)     # warm up
+        for name, (url, _pid) in servers.items():
+            load(url, 32, 2.0, tmp, key=keys[name])     # warm up
         for i in range(rounds):
             if together:
                 if pinned:
@@ -257,7 +263,7 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
                         pin(pid, cores[0])
                 before = {name: cpu_seconds(pid) for name, (_url, pid) in servers.items()}
                 figures = wrk_together([url for url, _pid in servers.values()], 32,
-                                       duration, tmp, key)
+                                       duration, tmp)
                 for (name, (_url, pid)), (got, _med, _bad) in zip(servers.items(), figures,
                                                                   strict=True):
                     rps[name].append(got)
@@ -267,7 +273,7 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
             for name in names if i % 2 == 0 else names[::-1]:
                 url, pid = servers[name]
                 before_one = cpu_seconds(pid)
-                got, _med, bad = load(url, 32, duration, tmp, warm=False, key=key)
+                got, _med, bad = load(url, 32, duration, tmp, warm=False, key=keys[name])
                 if bad:
                     raise RuntimeError(f"{bad} requests to the {name} gateway were not 2xx")
                 rps[name].append(got)
@@ -296,10 +302,14 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
           f"{'; target >= 0.97' if full else ''}), off/control "
           f"{statistics.median(cpu_control):.3f}")
     if full:
-        shares = [a / b for a, b in zip(cpu["unjournaled"], cpu["on"], strict=True)]
-        print(f"  the journal's share: ledger + budget without it median "
-              f"{statistics.median(cpu['unjournaled']):.0f} us per request; without/with "
-              f"median of the pairs {statistics.median(shares):.3f}")
+        for part, without, with_ in (("the journal", "unjournaled", "on"),
+                                     ("the budget", "unbudgeted", "unjournaled"),
+                                     ("the ledger", "off", "unbudgeted")):
+            shares = [a / b for a, b in zip(cpu[without], cpu[with_], strict=True)]
+            print(f"  {part}'s share: CPU per request without it median "
+                  f"{statistics.median(cpu[without]):.0f} us, with it "
+                  f"{statistics.median(cpu[with_]):.0f} us; without/with median of the "
+                  f"pairs {statistics.median(shares):.3f}")
 
 
 async def _burst(urls: list[str], key: str, connections: int) -> int:
@@ -441,8 +451,9 @@ async def _waiting(urls: list[str]) -> str:
             figures = dict(re.findall(
                 r"^llmgw_gateway_ledger_(waiting_records|journal_bytes) ([\d.e+]+)$", text,
                 re.MULTILINE))
-            out.append(f"{float(figures.get('waiting_records', 0)):,.0f} records / "
-                       f"{float(figures.get('journal_bytes', 0)) / 1024:,.0f} KiB")
+            out.append(f"{float(figures.get('waiting_records', 0)):,.0f} records "
+                       f"(journal files {float(figures.get('journal_bytes', 0)) / 1024:,.0f} "
+                       "KiB)")
     return ", ".join(out)
 
 
@@ -546,6 +557,11 @@ def main() -> None:
         ab(args.rounds, args.duration, None)
     if "ab-full" in parts:
         ab(args.rounds, args.duration, None, full=True)
+    if "ab-full-postgres" in parts:
+        async def run_ab_full() -> None:
+            async with schema(args.postgres) as url:
+                await asyncio.to_thread(ab, args.rounds, args.duration, url, full=True)
+        asyncio.run(run_ab_full())
     if "outage" in parts:
         asyncio.run(outage(args.postgres, [float(x) for x in args.freezes.split(",")],
                            args.rate, args.settle))

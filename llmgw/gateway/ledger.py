@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -101,6 +102,7 @@ class Ledger:
         self._on_cycle = on_cycle
         self._lock = asyncio.Lock()
         self._purged_at = 0.0
+        self._synced_at = -math.inf
         # Records in the journal only (memory was full, or an older file waits).
         self.spilled = 0
         self.journal = None if journal_dir is None else Journal(
@@ -290,7 +292,10 @@ class Ledger:
 
     async def tick(self) -> None:
         self._cycled()      # the gauges, also while a write waits on a store that hangs
-        if self.journal is not None:
+        # fsync (against a crash of the machine only) every ``interval``, not at the
+        # budget pace: each costs the kernel a journal commit.
+        if self.journal is not None and self.clock() - self._synced_at >= self.interval:
+            self._synced_at = self.clock()
             try:
                 await asyncio.to_thread(self.journal.sync)
             except OSError as exc:

@@ -255,8 +255,8 @@ class GatewayMetrics:
             "journaled (gateway.journal_max reached, or the write failed): kept in memory "
             "while it had room, else dropped.", registry=r)
         self.ledger_journal_bytes = Gauge(
-            "llmgw_gateway_ledger_journal_bytes", "Bytes of usage records in the journal "
-            "whose store write is not yet known to have succeeded.", registry=r,
+            "llmgw_gateway_ledger_journal_bytes", "Bytes of usage records in the journal's "
+            "files (up to 1 MiB of them already in the store).", registry=r,
             multiprocess_mode="livesum")
         self.ledger_waiting = Gauge(
             "llmgw_gateway_ledger_waiting_records", "Usage records not yet in the store, in "

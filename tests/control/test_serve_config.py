@@ -36,3 +36,13 @@ def test_a_malformed_listen_address_exits_2(tmp_path: Path) -> None:
     code, out = serve(tmp_path, "listen: somewhere\n")
     assert code == 2
     assert "HOST:PORT" in out
+
+
+def test_a_journal_directory_that_cannot_be_written_exits_2_naming_it(tmp_path: Path) -> None:
+    """The usage journal's directory is tried at start: one that cannot be made stops
+    serve before it binds, and the message names it."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, out = serve(tmp_path, f"listen: 127.0.0.1:1\ngateway: {{journal_dir: {blocker}/j}}\n")
+    assert code == 2, out
+    assert f"gateway.journal_dir: {blocker}/j cannot be written" in out

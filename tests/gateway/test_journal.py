@@ -14,6 +14,7 @@ import pytest
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.errors import ConfigError
 from llmgw.gateway import Gateway
+from llmgw.gateway import journal as journal_module
 from llmgw.gateway.journal import PREFIX, SEGMENT
 from llmgw.gateway.ledger import Ledger
 from llmgw.store.sqlite import SqliteStore
@@ -46,10 +47,29 @@ async def test_a_record_is_on_disk_as_soon_as_it_is_made(
     assert journaled_lines(tmp_path / "j") == 1
     await ledger.tick()
     assert [r[0] for r in await rows(sqlite_store)] == ["a"]
-    # Once the store has them, the files hold nothing.
+    assert ledger.waiting == 0
+    await ledger.close()
+    # Everything in the store: a clean stop leaves no file.
+    assert list((tmp_path / "j").iterdir()) == []
+
+
+async def test_a_written_segment_is_emptied_once_it_is_large(
+        sqlite_store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current file is emptied in place when the store holds all it had and it
+    reached EMPTY_AT; below it, it keeps written records (a restart ships them again)."""
+    monkeypatch.setattr(journal_module, "EMPTY_AT", 400)
+    ledger = Ledger(sqlite_store, interval=3600, capacity=100, retention=86400,
+                    journal_dir=str(tmp_path / "j"))
+    ledger.record(rec("a"))
+    await ledger.tick()
+    assert journaled_lines(tmp_path / "j") == 1         # small: kept
+    for i in range(5):
+        ledger.record(rec(f"b{i}"))
+    await ledger.tick()
     assert journaled_lines(tmp_path / "j") == 0
     assert ledger.journal is not None
     assert ledger.journal.bytes == 0
+    assert len(await rows(sqlite_store)) == 6
     await ledger.close()
 
 
