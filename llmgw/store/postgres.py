@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -60,8 +60,10 @@ from llmgw.store.base import (
     LEGACY_OWNER,
     OWNED_TABLES,
     REPORT_RETENTION,
+    REQUESTS_SINCE,
     REVOKED_OWNER,
     SLICE_OTHERS,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -85,7 +87,6 @@ from llmgw.store.base import (
     slice_grant,
     slice_used_params,
     status_count,
-    status_counts_query,
     token_totals_params,
     usage_params,
 )
@@ -841,11 +842,15 @@ class PostgresStore:
             " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float,
-                            statuses: Sequence[int] | None = None) -> list[StatusCount]:
-        query, params = status_counts_query(since, statuses)
-        rows = await self._query("read requests by status", query.replace("?", "%s"), params)
+    async def status_counts(self, since: float, least: int = 0) -> list[StatusCount]:
+        rows = await self._query("read requests by status",
+                                 STATUS_COUNTS.replace("?", "%s"), (since, least))
         return [status_count(r) for r in rows]
+
+    async def requests_since(self, since: float) -> int:
+        rows = await self._query("count requests", REQUESTS_SINCE.replace("?", "%s"),
+                                 (since,))
+        return int(rows[0][0])
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         doing = f"lease a slice of budget {ask.scope!r}"

@@ -43,7 +43,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -60,8 +60,10 @@ from llmgw.store.base import (
     OWNED_TABLES,
     PUT_HOLDING,
     REPORT_RETENTION,
+    REQUESTS_SINCE,
     REVOKED_OWNER,
     SLICE_OTHERS,
+    STATUS_COUNTS,
     BatchResult,
     BatchRow,
     CatalogChange,
@@ -85,7 +87,6 @@ from llmgw.store.base import (
     slice_grant,
     slice_used_params,
     status_count,
-    status_counts_query,
     token_totals_params,
     usage_params,
 )
@@ -951,12 +952,15 @@ class SqliteStore:
             " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float,
-                            statuses: Sequence[int] | None = None) -> list[StatusCount]:
-        query, params = status_counts_query(since, statuses)
+    async def status_counts(self, since: float, least: int = 0) -> list[StatusCount]:
         rows = await self._conn(self._reads).run(
-            lambda db: db.execute(query, params).fetchall())
+            lambda db: db.execute(STATUS_COUNTS, (since, least)).fetchall())
         return [status_count(r) for r in rows]
+
+    async def requests_since(self, since: float) -> int:
+        count = await self._conn(self._reads).run(
+            lambda db: db.execute(REQUESTS_SINCE, (since,)).fetchone()[0])
+        return int(count)
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         used_query, used_params = slice_used_params(ask)

@@ -99,7 +99,7 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
                 store.token_totals(period_start("tokens_per_day", now)),
                 store.token_totals(period_start("tokens_per_month", now)),
                 store.recent_tokens(now - 60), _cost_figures(ctx)),
-            store.status_counts(since, REFUSALS))
+            store.status_counts(since, min(REFUSALS)))
     except LlmgwError as exc:
         out["spend_error"] = exc.message
         return out
