@@ -8,14 +8,13 @@ checks the figures shown against what the API and the traffic say.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from .browser import WAIT_MS, browser, errors, expect
 from .conftest import ADMIN_TOKEN
 from .console_fleet import Fleet, Traffic, start_fleet, until
 from .walk import MAX_PAGE_BYTES, PHONE, form_problems, layout_problems
@@ -23,44 +22,16 @@ from .walk import MAX_PAGE_BYTES, PHONE, form_problems, layout_problems
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
+__all__ = ["browser", "errors"]  # fixtures, used by name
+
 pytestmark = pytest.mark.browser
 
-try:
-    from playwright import sync_api
-except ImportError:
-    if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
-        raise
-    pytest.skip("Playwright is not installed: pip install -e '.[test]'", allow_module_level=True)
-expect = sync_api.expect
-
-CHROMIUM = os.environ.get("LLMGW_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-WAIT_MS = 30_000
 LAPTOP = {"width": 1280, "height": 900}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Traffic]]:
     yield from start_fleet(tmp_path_factory.mktemp("console"))
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        message = f"no Chromium at {CHROMIUM}; apt-get install chromium (or set LLMGW_CHROMIUM)"
-        if os.environ.get("LLMGW_TEST_REQUIRE_ALL"):
-            pytest.fail(message)
-        pytest.skip(message)
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def errors() -> list[str]:
-    return []
 
 
 @pytest.fixture

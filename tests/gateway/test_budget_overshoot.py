@@ -128,7 +128,7 @@ async def test_a_gateway_cut_off_from_the_store_refuses_once_its_lease_lapses(
         models = [convert({"name": "m", "upstream": [engine_url], "health": {"path": None}},
                           Model)]
         gateway = Gateway(ServerConfig(listen="127.0.0.1:0", gateway=convert(
-            {"budget_lease_ttl": "3s", "budget_interval": "100ms"}, GatewayConfig)),
+            {"budget_lease_ttl": "10s", "budget_interval": "100ms"}, GatewayConfig)),
             CatalogHolder(models), FakeBackend(), store)
         try:
             await make_team(store, "ml", Limits(tokens_per_day=1_000_000))
