@@ -82,12 +82,12 @@ class CachedFleet(FleetBackend):
 MAX_BYTES, MAX_MS = 150_000, 50.0
 
 
-def models() -> list[Model]:
+def models(n: int = MODELS) -> list[Model]:
     return [convert({
         "name": f"model-{i:04d}", "source": f"/models/model-{i:04d}.gguf",
         "engine": "llama.cpp", "description": f"Model {i} of the benchmark fleet",
         "profiles": [{"name": "cpu", "gpus": 0, "cpu_cores": 4, "memory": "8GiB"}],
-        "scaling": {"min": 1, "max": 3}}, Model) for i in range(MODELS)]
+        "scaling": {"min": 1, "max": 3}}, Model) for i in range(n)]
 
 
 def metrics() -> GatewayMetrics:
@@ -104,20 +104,22 @@ def metrics() -> GatewayMetrics:
     return m
 
 
-async def fill(ctx: object, now: float) -> None:
+async def fill(ctx: object, now: float, teams: int = TEAMS, keys: int = KEYS) -> None:
+    """The store's teams, keys, usage records and request logs (``bench/admin_pages.py``
+    fills its store with this too)."""
     store = ctx.store  # type: ignore[attr-defined]
-    for t in range(TEAMS):
+    for t in range(teams):
         limits = Limits(tokens_per_day=200_000, log_requests="bodies" if t == 0 else None)
         await store.put_team(StoredTeam(name=f"team-{t:02d}", settings=encode_limits(limits),
                                         created_by="bench", created_at=now), create=True)
-    for k in range(KEYS):
+    for k in range(keys):
         await store.put_key(StoredKey(
-            name=f"key-{k:04d}", team=f"team-{k % TEAMS:02d}", sha256=hash_key(generate_key()),
+            name=f"key-{k:04d}", team=f"team-{k % teams:02d}", sha256=hash_key(generate_key()),
             settings=encode_limits(Limits(rpm=600) if k % 3 == 0 else Limits()),
             created_by="bench", created_at=now))
     records = [UsageRecord(
-        id=f"r{i}", at=now - (i % 3600), key=f"key-{i % KEYS:04d}",
-        team=f"team-{i % KEYS % TEAMS:02d}", model=f"model-{i % MODELS:04d}",
+        id=f"r{i}", at=now - (i % 3600), key=f"key-{i % keys:04d}",
+        team=f"team-{i % keys % teams:02d}", model=f"model-{i % MODELS:04d}",
         replica="10.0.3.17:24117", gpu_class="", prompt_tokens=400, cached_tokens=100,
         completion_tokens=120, status=200 if i % 10 else 429, latency=0.4, ttft=0.05)
         for i in range(RECORDS)]
@@ -125,7 +127,7 @@ async def fill(ctx: object, now: float) -> None:
     encode = msgspec.json.Encoder().encode
     await store.put_request_logs([RequestLog(
         id=f"log{i}", at=now - i, expires_at=now + 86400, team="team-00",
-        key=f"key-{(i * TEAMS) % KEYS:04d}",
+        key=f"key-{(i * teams) % keys:04d}",
         record=encode(Entry(path="/v1/chat/completions", requested="model-0001", stream=False,
                             usage=records[i])),
         request=b'{"model": "model-0001", "messages": [{"role": "user", "content": "hi"}]}',

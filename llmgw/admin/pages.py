@@ -36,7 +36,7 @@ from llmgw.catalog.decode import to_builtins
 from llmgw.catalog.model import Model
 from llmgw.control.adapters import adapter_view
 from llmgw.control.context import AppContext, Ctx
-from llmgw.control.tenants import list_keys, list_teams
+from llmgw.control.tenants import list_keys, list_teams, store_of
 from llmgw.control.traffic import (
     NEAR,
     STATUS_WINDOW,
@@ -291,6 +291,12 @@ def limits_text(limits: Limits) -> str:
     return "; ".join(parts) or "no limits"
 
 
+def api_instant(moment: datetime) -> str:
+    """A UTC moment as a query's value for the API: ``2026-12-01T00:00:00Z``. Short, since
+    a page's every marked number carries the URL it is checked against."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> dict[str, Any]:
     hourly = granularity == "hour"
     step = 3600 if hourly else 86400
@@ -304,7 +310,8 @@ async def usage_context(ctx: AppContext, by: By, granularity: Granularity) -> di
                                     granularity)
         starts = [datetime.fromtimestamp(end - (count - i) * step, UTC) for i in range(count)]
         query = urlencode({"by": by, "granularity": granularity,
-                           "since": report.since.isoformat(), "until": report.until.isoformat()})
+                           "since": api_instant(report.since),
+                           "until": api_instant(report.until)}, safe=":")
         out.update(report=report, series=series_of(report.totals),
                    usage_api=f"/api/v1/usage?{query}",
                    chart=usage_chart(report.buckets, report.totals, starts, hourly=hourly,
@@ -335,16 +342,20 @@ async def traffic_context(ctx: AppContext, now: float) -> dict[str, Any]:
     try:
         out["budgets"] = sorted(await budget_use(ctx, now),
                                 key=lambda b: (not b.over, -b.share, b.team, b.key or ""))
-        report = await status_counts(ctx, now - STATUS_WINDOW)
+        # The refusals and failures, and how many answers in all: grouping every
+        # success too would be most of the page's time on a busy ledger.
+        report = await status_counts(ctx, now - STATUS_WINDOW, least=400)
+        answered = await store_of(ctx).requests_since(now - STATUS_WINDOW)
     except LlmgwError as exc:
         out["traffic_error"] = exc.message
         return out
     out["statuses"] = report
-    out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": report.since.isoformat()})
-    errors = sorted((c for c in report.counts if c.status >= 400),
+    out["statuses_api"] = "/api/v1/statuses?" + urlencode({"since": api_instant(report.since)},
+                                                          safe=":")
+    errors = sorted(report.counts,
                     key=lambda c: (-c.requests, c.status, c.team, c.key, c.model))
     out["errors"], out["errors_more"] = errors[:MAX_STATUS_ROWS], len(errors) - MAX_STATUS_ROWS
-    out["answered"] = sum(c.requests for c in report.counts)
+    out["answered"] = answered
     return out
 
 
@@ -365,8 +376,10 @@ async def teams_context(ctx: AppContext, q: str = "", number: int = 1) -> dict[s
         paged = Paged(matching(keys, q, lambda k: f"{k.name} {k.team}"),
                       number, "/admin/teams", {"q": q})
         out["teams"], out["paged"], out["keys"] = teams, paged, paged.rows
-        out["over"] = {b.team for b in await budget_use(ctx, teams=teams, keys=keys)
-                       if b.over and b.key is None}
+        # Teams over a budget of their own: the keys' budgets are not read (a thousand
+        # keys' rows to build and drop).
+        out["over"] = {b.team for b in await budget_use(ctx, teams=teams, keys=[])
+                       if b.over}
     except LlmgwError as exc:
         out["teams_error"] = exc.message
     return out

@@ -170,9 +170,11 @@ async def budget_use(ctx: AppContext, now: float | None = None, *,
     return out
 
 
-async def status_counts(ctx: AppContext, since: float | None = None) -> StatusReport:
+async def status_counts(ctx: AppContext, since: float | None = None,
+                        least: int = 0) -> StatusReport:
+    """Requests by team, key, model and status since ``since``: statuses ``least`` and up."""
     start = time.time() - STATUS_WINDOW if since is None else since
-    rows = await store_of(ctx).status_counts(start)
+    rows = await store_of(ctx).status_counts(start, least)
     return StatusReport(since=datetime.fromtimestamp(start, UTC), counts=[
         StatusView(team=r.team, key=r.key, model=r.model, status=r.status,
                    requests=r.requests, last_at=datetime.fromtimestamp(r.last_at, UTC))

@@ -376,8 +376,12 @@ KEY_USAGE_SINCE = (
 # retention); both dialects ("?" placeholders).
 STATUS_COUNTS = (
     "SELECT team, key, model, status, COUNT(*), MAX(at) FROM usage WHERE at >= ?"
-    " GROUP BY team, key, model, status ORDER BY team, key, model, status"
+    " AND status >= ? GROUP BY team, key, model, status ORDER BY team, key, model, status"
 )
+
+
+# Records since a moment, whatever their status.
+REQUESTS_SINCE = "SELECT COUNT(*) FROM usage WHERE at >= ?"
 
 
 def status_count(r: Sequence[Any]) -> StatusCount:
@@ -643,9 +647,14 @@ class Store(Protocol):
     async def recent_tokens(self, since: float) -> list[TokenTotal]:
         """Tokens per (team, key) of records at or after ``since`` (raw records)."""
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
+    async def status_counts(self, since: float, least: int = 0) -> list[StatusCount]:
         """Requests per (team, key, model, status) of records at or after ``since`` (raw
-        records), each with its latest time."""
+        records), each with its latest time; only statuses ``least`` and above (a page
+        that shows refusals and failures groups a tenth of the span's records, not all).
+        """
+
+    async def requests_since(self, since: float) -> int:
+        """How many records there are at or after ``since`` (raw records)."""
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         """Take, renew, grow or shrink ``ask.holder``'s slice of a token budget, in one

@@ -60,6 +60,7 @@ from llmgw.store.base import (
     LEGACY_OWNER,
     OWNED_TABLES,
     REPORT_RETENTION,
+    REQUESTS_SINCE,
     REVOKED_OWNER,
     SLICE_OTHERS,
     STATUS_COUNTS,
@@ -841,10 +842,15 @@ class PostgresStore:
             " FROM usage WHERE at >= %s GROUP BY team, key", (since,))
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
+    async def status_counts(self, since: float, least: int = 0) -> list[StatusCount]:
         rows = await self._query("read requests by status",
-                                 STATUS_COUNTS.replace("?", "%s"), (since,))
+                                 STATUS_COUNTS.replace("?", "%s"), (since, least))
         return [status_count(r) for r in rows]
+
+    async def requests_since(self, since: float) -> int:
+        rows = await self._query("count requests", REQUESTS_SINCE.replace("?", "%s"),
+                                 (since,))
+        return int(rows[0][0])
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         doing = f"lease a slice of budget {ask.scope!r}"

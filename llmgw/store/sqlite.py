@@ -60,6 +60,7 @@ from llmgw.store.base import (
     OWNED_TABLES,
     PUT_HOLDING,
     REPORT_RETENTION,
+    REQUESTS_SINCE,
     REVOKED_OWNER,
     SLICE_OTHERS,
     STATUS_COUNTS,
@@ -951,10 +952,15 @@ class SqliteStore:
             " WHERE at >= ? GROUP BY team, key", (since,)).fetchall())
         return [TokenTotal(team=r[0], key=r[1], tokens=int(r[2])) for r in rows]
 
-    async def status_counts(self, since: float) -> list[StatusCount]:
+    async def status_counts(self, since: float, least: int = 0) -> list[StatusCount]:
         rows = await self._conn(self._reads).run(
-            lambda db: db.execute(STATUS_COUNTS, (since,)).fetchall())
+            lambda db: db.execute(STATUS_COUNTS, (since, least)).fetchall())
         return [status_count(r) for r in rows]
+
+    async def requests_since(self, since: float) -> int:
+        count = await self._conn(self._reads).run(
+            lambda db: db.execute(REQUESTS_SINCE, (since,)).fetchone()[0])
+        return int(count)
 
     async def lease_slice(self, ask: SliceAsk) -> SliceGrant:
         used_query, used_params = slice_used_params(ask)

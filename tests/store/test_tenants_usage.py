@@ -126,6 +126,10 @@ async def test_requests_by_status_with_the_latest_of_each(store: AnyStore) -> No
               for c in await store.status_counts(HOUR)]
     assert counts == [("k1", 200, 1, HOUR + 40), ("k1", 502, 2, HOUR + 20),
                       ("k2", 429, 1, HOUR + 30)]
+    refused = [(c.key, c.status, c.requests, c.last_at)
+               for c in await store.status_counts(HOUR, 403)]
+    assert refused == [("k1", 502, 2, HOUR + 20), ("k2", 429, 1, HOUR + 30)]
+    assert await store.requests_since(HOUR) == 4
 
 
 def _brute_force(batch: list[UsageRecord], by: str, since: float, until: float,

@@ -68,6 +68,11 @@ class KeySpend(msgspec.Struct, kw_only=True):
     previous_until: float | None
 
 
+# The answers the page counts as the gateway refusing a team (allow-lists, budgets and
+# rate limits); the span's records are read for these alone.
+REFUSALS = (403, 429)
+
+
 async def _cost_figures(ctx: AppContext) -> TeamCosts | None:
     reports = await ctx.store.reports(COSTS_REPORT, REPORT_RETENTION)
     try:
@@ -94,7 +99,7 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
                 store.token_totals(period_start("tokens_per_day", now)),
                 store.token_totals(period_start("tokens_per_month", now)),
                 store.recent_tokens(now - 60), _cost_figures(ctx)),
-            store.status_counts(since))
+            store.status_counts(since, min(REFUSALS)))
     except LlmgwError as exc:
         out["spend_error"] = exc.message
         return out
@@ -103,7 +108,7 @@ async def spend_context(ctx: AppContext, period: Period, team: str, key: str,
     # ledger's figure reaches its limit when the rest cannot cover a request's reserve.
     refusals: dict[str, dict[int, int]] = {}
     for c in statuses:
-        if c.status in (403, 429):
+        if c.status in REFUSALS:
             per = refusals.setdefault(c.team, {})
             per[c.status] = per.get(c.status, 0) + c.requests
     team_cost = {t.team: t.cost for t in report.teams}
