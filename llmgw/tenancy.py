@@ -149,6 +149,36 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defa
         return value
 
 
+class KeyLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """What a key may set to narrow its team: every field of ``Limits`` but the team-wide
+    ones (request logs and cost budgets), so the API's schema states that rule itself."""
+
+    models: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]],
+                      msgspec.Meta(min_length=1)] | None = None
+    rpm: Rpm | None = None
+    tokens_per_minute: Tokens | None = None
+    tokens_per_day: Tokens | None = None
+    tokens_per_month: Tokens | None = None
+    priority: Priority | None = None
+    when_store_down: Literal["refuse", "admit"] | None = None
+
+    def limits(self) -> Limits:
+        return msgspec.convert(msgspec.to_builtins(self), Limits)
+
+    @classmethod
+    def of(cls, limits: Limits) -> KeyLimits:
+        """``limits`` as a key's; ``DefinitionError`` naming a team-wide field it sets."""
+        for name in TEAM_WIDE:
+            if getattr(limits, name) is not None:
+                raise DefinitionError(f"{name} is set on the team, for all its keys",
+                                      field=name)
+        return msgspec.convert(msgspec.to_builtins(limits), cls)
+
+
+# The limits only a team sets: they hold for all its keys.
+TEAM_WIDE = ("log_requests", "log_retention_days", *COST_FIELDS)
+
+
 class TeamCosts(msgspec.Struct, kw_only=True):
     """What the cost meter publishes (a store report) for the gateways' cost budgets:
     each team's cost since the UTC day's and month's start."""
@@ -252,7 +282,7 @@ def check_models_known(limits: Limits, known: Collection[str], where: str) -> No
 def check_narrowing(team: Limits, key: Limits, where: str) -> None:
     """A key may narrow its team's limits, never widen its allow-list or priority."""
     check_limits(key, where)
-    for name in ("log_requests", "log_retention_days", *COST_FIELDS):
+    for name in TEAM_WIDE:
         if getattr(key, name) is not None:
             raise DefinitionError(f"{where}: {name} is set on the team, for all its keys",
                                   field=name)

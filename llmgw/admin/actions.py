@@ -46,6 +46,7 @@ from llmgw.control.actions import add_model as add
 from llmgw.control.context import Ctx
 from llmgw.control.tenants import KeyRequest, TeamRequest
 from llmgw.errors import DefinitionError, LlmgwError
+from llmgw.tenancy import KeyLimits
 
 Form = Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)]
 SOURCE = "pasted YAML"
@@ -212,7 +213,8 @@ async def create_key(request: Request[Any, Any, Any], ctx: Ctx, data: Form) -> R
     session = signed_in(request)
     try:
         created = await tenants.create_key(ctx, KeyRequest(name=name, team=team,
-                                                           limits=limits), session.name)
+                                                           limits=KeyLimits.of(limits)),
+                                           session.name)
     except LlmgwError as exc:
         return refused(request, to, "key-form", data, [problem(exc, "name")])
     shown = Shown(form="key-form", label=f"key {created.name} of team {created.team}",

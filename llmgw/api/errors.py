@@ -22,6 +22,7 @@ from litestar.exceptions import HTTPException, ValidationException
 
 from llmgw.catalog.rules import explain
 from llmgw.errors import LlmgwError
+from llmgw.tenancy import TEAM_WIDE
 
 log = logging.getLogger("llmgw.api")
 
@@ -74,8 +75,12 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
             key = key[5:]  # Litestar names the body parameter; the body is the root
         unknown = _UNKNOWN.match(message)
         if unknown:
-            key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
-            message = "unknown field; check the spelling against the documented keys"
+            field = unknown.group(1)
+            # Only a key's limits lack the team-wide fields (``llmgw.tenancy.KeyLimits``).
+            message = ("set on the team, for all its keys; a key cannot set it"
+                       if key == "limits" and field in TEAM_WIDE else
+                       "unknown field; check the spelling against the documented keys")
+            key = f"{key}.{field}" if key else field
         if message == "'data'" and not key:
             # Litestar's word for a handler's body that was not sent at all.
             return error_response(400, "invalid_request", EMPTY_BODY)

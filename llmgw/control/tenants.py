@@ -17,6 +17,7 @@ from llmgw.control.context import AppContext
 from llmgw.errors import DefinitionError, NotFoundError, RefusedError, StoreUnavailableError
 from llmgw.store.base import Store, StoredKey, StoredTeam
 from llmgw.tenancy import (
+    KeyLimits,
     KeyName,
     Limits,
     TeamName,
@@ -42,7 +43,7 @@ class TeamRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class KeyRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: KeyName
     team: TeamName
-    limits: Limits = msgspec.field(default_factory=Limits)
+    limits: KeyLimits = msgspec.field(default_factory=KeyLimits)
 
 
 class TeamView(msgspec.Struct, kw_only=True):
@@ -169,17 +170,18 @@ async def revoke_team(ctx: AppContext, name: str) -> None:
 
 async def create_key(ctx: AppContext, request: KeyRequest, by: str) -> CreatedKey:
     check_key_name(request.name)
-    check_models_known(request.limits, served_names(ctx), f"key {request.name!r}")
+    limits = request.limits.limits()
+    check_models_known(limits, served_names(ctx), f"key {request.name!r}")
     store = _store(ctx)
     team = await _team(store, request.team)
-    check_narrowing(decode_limits(team.settings), request.limits, f"key {request.name!r}")
+    check_narrowing(decode_limits(team.settings), limits, f"key {request.name!r}")
     if ctx.config.keys_file and any(
             k.name == request.name for k in read_keys_file(ctx.config.keys_file).keys):
         raise RefusedError(f"the keys file {ctx.config.keys_file} declares a key named "
                            f"{request.name!r}, and the file wins; choose another name")
     key = generate_key()
     row = StoredKey(name=request.name, team=request.team, sha256=hash_key(key),
-                    settings=encode_limits(request.limits), created_by=by,
+                    settings=encode_limits(limits), created_by=by,
                     created_at=time.time())
     if not await store.put_key(row):
         raise RefusedError(f"a key named {request.name!r} already exists (or team "

@@ -243,7 +243,8 @@ async def test_a_teams_request_logs_are_listed_newest_first(
     r = await client.post("/api/v1/keys", headers=ADMIN, json={
         "name": "k", "team": "ml", "limits": {"log_requests": "off"}})
     assert r.status_code == 400
-    assert r.json()["error"]["param"] == "log_requests"
+    assert r.json()["error"]["param"] == "limits.log_requests"
+    assert "set on the team, for all its keys" in r.json()["error"]["message"]
 
 
 async def test_a_keys_id_is_shown_and_a_key_made_again_under_its_name_has_another(
