@@ -12,7 +12,7 @@ from llmgw.admin.console.guided import definition_text, form_field
 from llmgw.admin.console.livefigures import Sampler, Snapshot, fold, live, quantile
 from llmgw.tenancy import Limits
 from llmgw.weights.mirror.listing import holdings
-from llmgw.weights.mirror.usage import MirrorFile, Use
+from llmgw.weights.mirror.uses import MirrorFile, Use
 
 DAY = 1_796_256_000.0   # 2026-12-03 00:00 UTC
 

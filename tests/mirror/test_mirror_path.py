@@ -23,7 +23,7 @@ from llmgw.weights.check import check_source
 from llmgw.weights.layout import mirror_path, request_parts
 from llmgw.weights.mirror.add import add
 from llmgw.weights.mirror.server import MirrorServer
-from llmgw.weights.mirror.usage import source_path
+from llmgw.weights.mirror.uses import source_path
 
 COMMIT = "cf98f3b3bbb457ad9e2bb7baf9a0125b6b88caa8"
 MIRROR = "http://mirror.internal:8070"

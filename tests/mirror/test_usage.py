@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli import main
-from llmgw.weights.mirror.usage import source_path
+from llmgw.weights.mirror.uses import source_path
 
 from .servers import JsonServer, closed_port_url
 

@@ -2,7 +2,7 @@
 
 Read from the mirror's own listings over HTTP (``llmgw.weights.mirror.listing``)
 and the catalog in force, with ``llmgw mirror unused``'s rules for what a
-source names (``usage.source_path``). Nothing is removed from here: the
+source names (``uses.source_path``). Nothing is removed from here: the
 mirror's directory is on the mirror's host and the server is read-only by
 design, so each removable directory comes with the ``llmgw mirror remove``
 command to run there, which checks the catalog again before it deletes.
@@ -20,7 +20,7 @@ from llmgw.admin.render import page
 from llmgw.control.context import Ctx
 from llmgw.errors import LlmgwError
 from llmgw.weights.mirror.listing import holdings, walk
-from llmgw.weights.mirror.usage import Use, source_path
+from llmgw.weights.mirror.uses import Use, source_path
 
 
 @get("/mirror")

@@ -22,7 +22,7 @@ import msgspec
 
 from llmgw.errors import UnavailableError
 from llmgw.weights.mirror.server import Listing
-from llmgw.weights.mirror.usage import MirrorFile, Use, users_of
+from llmgw.weights.mirror.uses import MirrorFile, Use, users_of
 
 _decode = msgspec.json.Decoder(Listing).decode
 
