@@ -1,7 +1,7 @@
 """The gateway's hot path with routing: policies, before/after, and `--workers N`.
 
     .venv/bin/python bench/routing_hotpath.py [--duration 10] [--rounds 3]
-                                              [--baseline /work/main]
+                                              [--baseline CHECKOUT]
 
 The gateway benchmark's set-up (``gateway_bench.py``): nginx returning a
 canned chat completion, wrk with 32 connections, everything on loopback. Each
