@@ -176,6 +176,8 @@ def cat(api: Api, req: Request) -> Response:
         if a is None:
             raise NomadError(404, f'Unknown allocation "{req.params["id"]}"')
         if api.store.nodes[a.node_id].status == "down":
+            # nomad/client_fs_endpoint.go ``logs``: no server holds the node's connection,
+            # so ErrNoNodeConn (nomad/structs/errors.go) is streamed back with code 404.
             raise NomadError(404, "No path to node")
         data = a.files.get(path)
     if data is None:
@@ -183,13 +185,19 @@ def cat(api: Api, req: Request) -> Response:
     return Response(text=data, headers={"Content-Type": "text/plain"})
 
 
+# The spellings Go's strconv.ParseBool takes (strconv/atob.go ``ParseBool``).
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
 def _flag(req: Request, name: str) -> bool:
+    """A boolean query parameter as command/agent/fs_endpoint.go ``Logs`` parses it."""
     raw = req.query.get(name, "")
     if raw == "":
         return False
-    if raw.lower() in ("1", "t", "true"):
+    if raw in _TRUE:
         return True
-    if raw.lower() in ("0", "f", "false"):
+    if raw in _FALSE:
         return False
     raise NomadError(400, f"failed to parse {name} field to boolean: strconv.ParseBool: "
                           f'parsing "{raw}": invalid syntax')
@@ -209,8 +217,8 @@ def logs(api: Api, req: Request) -> Response:
     try:
         offset = int(req.query.get("offset") or "0")
     except ValueError:
-        raise NomadError(400, "error parsing offset: strconv.ParseInt: invalid syntax"
-                         ) from None
+        raise NomadError(400, "error parsing offset: strconv.ParseInt: parsing "
+                              f'"{req.query.get("offset")}": invalid syntax') from None
     origin = req.query.get("origin") or "start"
     if origin not in ("start", "end"):
         raise NomadError(400, "origin must be start or end")
@@ -221,6 +229,8 @@ def logs(api: Api, req: Request) -> Response:
         if a is None:
             raise NomadError(404, f'Unknown allocation "{req.params["id"]}"')
         if api.store.nodes[a.node_id].status == "down":
+            # nomad/client_fs_endpoint.go ``logs``: no server holds the node's connection,
+            # so ErrNoNodeConn (nomad/structs/errors.go) is streamed back with code 404.
             raise NomadError(404, "No path to node")
         files = sorted(((int(m["n"]), path, data) for path, data in a.files.items()
                         if (m := _LOG_FILE.fullmatch(path)) and m["task"] == task
