@@ -176,8 +176,8 @@ def cat(api: Api, req: Request) -> Response:
         if a is None:
             raise NomadError(404, f'Unknown allocation "{req.params["id"]}"')
         if api.store.nodes[a.node_id].status == "down":
-            # nomad/client_fs_endpoint.go ``logs``: no server holds the node's connection,
-            # so ErrNoNodeConn (nomad/structs/errors.go) is streamed back with code 404.
+            # command/agent/fs_endpoint.go: an ErrNoNodeConn from the server's forward
+            # (nomad/structs/errors.go "No path to node") is answered 404.
             raise NomadError(404, "No path to node")
         data = a.files.get(path)
     if data is None:
