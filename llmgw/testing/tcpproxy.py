@@ -4,7 +4,8 @@ A database that stops answering is not one that refuses connections: its
 connections stay open, the kernel acknowledges every byte sent to them, and
 nothing comes back. ``freeze`` does that — every connection is held open
 and no byte is passed on in either direction, new connections are accepted
-and held too — until ``resume``, which passes on everything held, in order.
+and held too (or refused, ``refuse_new``) — until ``resume``, which passes on
+everything held, in order.
 ``cut`` closes every connection (and ``refuse`` makes new ones close at once
 until ``resume``): a restart or a partition that resets.
 
@@ -49,8 +50,11 @@ class TcpProxy:
         self._server = await asyncio.start_server(self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    def freeze(self) -> None:
-        """Pass nothing on, in either direction, and hold every connection open."""
+    def freeze(self, *, refuse_new: bool = False) -> None:
+        """Pass nothing on, in either direction, and hold every connection open;
+        ``refuse_new``: close new connections at once instead of holding them (a client's
+        side-channel, such as Postgres's cancel request, then fails fast)."""
+        self._refusing = refuse_new
         self._flowing.clear()
 
     def resume(self) -> None:

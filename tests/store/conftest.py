@@ -27,6 +27,7 @@ import pytest
 from llmgw.store.base import Store
 from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SqliteStore, sqlite_path
+from llmgw.testing.tcpproxy import TcpProxy
 
 SESSION_TIME_ZONE = "Pacific/Chatham"
 
@@ -104,7 +105,7 @@ class Database:
                 await asyncio.sleep(0.05)
 
 
-class FreezingProxy:
+class FreezingProxy(TcpProxy):
     """A loopback TCP proxy to Postgres that can stop passing bytes without closing anything.
 
     That is what a paused server or a network dropping packets looks like to
@@ -112,51 +113,11 @@ class FreezingProxy:
     refuses new connections, so psycopg's cancel request fails fast too.
     """
 
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self._thawed = asyncio.Event()
-        self._thawed.set()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def freeze(self) -> None:
-        self._thawed.clear()
+    def freeze(self, *, refuse_new: bool = True) -> None:
+        super().freeze(refuse_new=refuse_new)
 
     def thaw(self) -> None:
-        self._thawed.set()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._thawed.is_set():
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                await self._thawed.wait()
-                dst.write(data)
-                await dst.drain()
-        except ConnectionError:
-            pass
-        finally:
-            dst.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.resume()
 
 
 @asynccontextmanager
