@@ -59,7 +59,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -82,6 +82,7 @@ from llmgw.store.base import StoredKey, StoredTeam, UsageRecord
 from llmgw.store.postgres import PostgresStore
 from llmgw.store.schema import ROLL_UP_BY
 from llmgw.tenancy import Limits, encode_limits, generate_key, hash_key
+from llmgw.testing.tcpproxy import through as proxied
 
 DEFAULT_PG = os.environ.get("LLMGW_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 # The Python upstream's canned answer reports 5 prompt and 1 completion token.
@@ -423,12 +424,6 @@ class _Answers:
         self.failed += 1
 
 
-def _proxied(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    creds, at, _ = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{creds}{at}127.0.0.1:{port}"))
-
-
 async def _records(url: str) -> tuple[int, int]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute(
@@ -467,7 +462,7 @@ async def outage(base: str, freezes: list[float], rate: float, settle: float) ->
             stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
         assert proxy.stdout is not None
         proxy.stdout.readline()
-        through = _proxied(url, port)
+        through = proxied(url, port)
         try:
             with contextlib.ExitStack() as stack:
                 journals = [stack.enter_context(tempfile.TemporaryDirectory(

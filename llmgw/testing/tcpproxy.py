@@ -23,8 +23,17 @@ import argparse
 import asyncio
 import contextlib
 import signal
+from urllib.parse import urlsplit, urlunsplit
 
 CHUNK = 65536
+
+
+def through(url: str, port: int) -> str:
+    """``url`` (a database's) with its host and port replaced by a proxy's on loopback
+    at ``port``, its credentials, path and query kept."""
+    parts = urlsplit(url)
+    creds, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{creds}{at}127.0.0.1:{port}"))
 
 
 class TcpProxy:

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -23,6 +23,7 @@ from llmgw.gateway import Gateway
 from llmgw.store.postgres import PostgresStore
 from llmgw.tenancy import Limits
 from llmgw.testing.simengine import SimEngine, SimSpec
+from llmgw.testing.tcpproxy import through
 from tests.gateway.conftest import serve
 from tests.gateway.doubles import CatalogHolder, FakeBackend
 from tests.gateway.test_tenants import make_key, make_team, until
@@ -122,8 +123,7 @@ async def test_a_gateway_cut_off_from_the_store_refuses_once_its_lease_lapses(
         parts = urlsplit(url)
         proxy = FreezingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
         await proxy.start()
-        store = PostgresStore(urlunsplit(parts._replace(
-            netloc=f"{parts.username}@127.0.0.1:{proxy.port}")), query_timeout=2.0)
+        store = PostgresStore(through(url, proxy.port), query_timeout=2.0)
         await store.open()
         models = [convert({"name": "m", "upstream": [engine_url], "health": {"path": None}},
                           Model)]

@@ -16,7 +16,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from llmgw.store.sqlite import SqliteStore
-from llmgw.testing.tcpproxy import TcpProxy
+from llmgw.testing.tcpproxy import TcpProxy, through
 from tests.gateway.conftest import chat_model
 from tests.gateway.engine import FakeEngine
 from tests.gateway.test_journal import journaled_lines
@@ -180,14 +180,6 @@ async def test_a_sigkilled_gateway_loses_no_answered_request(
         await second.kill()
 
 
-def _through(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")
-    creds = f"{netloc[0]}@" if netloc[1] else ""
-    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
-
-
 async def pg_counts(url: str) -> tuple[int, int]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute(
@@ -206,7 +198,7 @@ async def test_a_frozen_then_cut_postgres_loses_no_record_and_blocks_no_request(
         parts = urlsplit(url)
         proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
         await proxy.start()
-        child = Child(tmp_path, engine, _through(url, proxy.port),
+        child = Child(tmp_path, engine, through(url, proxy.port),
                       {"journal_dir": str(tmp_path / "journal"), "ledger_interval": "100ms",
                        "ledger_buffer": 50})
         try:
