@@ -18,11 +18,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
-import uvicorn
 
 from llmgw.catalog.adapter import Adapter
 from llmgw.catalog.build import Catalog, Runtime, build_catalog
@@ -39,6 +37,7 @@ from llmgw.testing.fake_nomad import FakeNomad
 from llmgw.testing.fake_nomad.fixtures import CACHE_VOLUME, node_cpu_64c
 from llmgw.testing.nomad_fetch import FetchTasks
 from llmgw.testing.nomad_vllm import JobWorkloads
+from llmgw.testing.serving import serve
 from llmgw.testing.simengine import SimSpec
 from llmgw.weights.mirror.server import MirrorServer
 
@@ -48,24 +47,6 @@ class Catalogs:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-
-
-@contextlib.asynccontextmanager
-async def _serve(app: Any) -> AsyncIterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
-                                           log_level="warning", access_log=False))
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(60):
-        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn sets a flag)
-            await asyncio.sleep(0.02)
-    if task.done():
-        task.result()
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 NODES = ("cpu-01", "cpu-02")
@@ -210,7 +191,7 @@ async def lora_on_nomad(workdir: Path, published: Callable[[Path], None]
         gw = Gateway(config, catalogs, backend, store)
         await gw.start()
         try:
-            async with _serve(gw) as url:
+            async with serve(gw) as url:
                 yield LoraStack(mirror=mirror, nomad=nomad, backend=backend, gateway=gw,
                             catalogs=catalogs, url=url, disks=disks, fetches=fetches,
                             workloads=workloads)

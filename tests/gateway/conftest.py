@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from llmgw.catalog.decode import convert
 from llmgw.catalog.model import GpuClass, Model
 from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.gateway import Gateway
 from llmgw.store.sqlite import SqliteStore
+from llmgw.testing.serving import serve
 from tests.gateway.doubles import CatalogHolder, FakeBackend
 from tests.gateway.engine import FakeEngine
 
@@ -32,25 +32,6 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 30.0,
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app with uvicorn on 127.0.0.1, a free port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
-                            interface="asgi3",
-                            access_log=False)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    await wait_for(lambda: server.started or task.done(), what="uvicorn to start")
-    if task.done():
-        task.result()
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 def chat_model(name: str, upstream: list[str] | None = None, **kw: Any) -> Model:
