@@ -12,7 +12,8 @@ listener, no keys_file). ``LLMGW_BENCH_ROUTING`` (JSON, optional) is the
 database ``LLMGW_BENCH_DATABASE`` names, opened in the ASGI lifespan.
 ``LLMGW_BENCH_LEDGER=0`` turns the usage ledger off; ``LLMGW_BENCH_LEDGER_INTERVAL``
 sets how often it writes (``1h``: not during a run, to measure the request path alone);
-``LLMGW_BENCH_JOURNAL`` is its journal directory (``gateway.journal_dir``).
+``LLMGW_BENCH_JOURNAL`` is its journal directory (``gateway.journal_dir``;
+``0``: no journal; unset: the default, beside the store's SQLite file).
 ``LLMGW_BENCH_KEY`` makes inference need that key: a runtime key of a team of its
 own, created in the store at start, which has a daily token budget of
 ``LLMGW_BENCH_BUDGET`` (default: one no run reaches, so every request is checked
@@ -135,10 +136,11 @@ def build() -> Any:
     store = open_store(database)
     ledger = os.environ.get("LLMGW_BENCH_LEDGER", "1") != "0"
     interval = Duration.parse(os.environ.get("LLMGW_BENCH_LEDGER_INTERVAL", "1s"))
+    journal = os.environ.get("LLMGW_BENCH_JOURNAL", "")
     config = ServerConfig(listen="127.0.0.1:0",
                           gateway=GatewayConfig(ledger=ledger, ledger_interval=interval,
-                                                journal_dir=os.environ.get(
-                                                    "LLMGW_BENCH_JOURNAL")))
+                                                journal=journal != "0",
+                                                journal_dir=journal or None))
     gateway = Gateway(config, StaticCatalog(catalog), NoScheduler(), store)
     return serving(gateway, store)
 

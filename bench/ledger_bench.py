@@ -246,14 +246,15 @@ def ab(rounds: int, duration: float, database: str | None, interval: str = "1s",
             os.sched_setaffinity(0, {cores[1]})
         stack.enter_context(journals)
         upstream = stack.enter_context(python_upstream(100, 0.05))
-        journal = {"LLMGW_BENCH_JOURNAL": journals.name} if full else {}
+        # The journal only where it is measured: "on" with ``full``.
+        journal = journals.name if full else "0"
         servers = {
             name: stack.enter_context(gateway("uvicorn", {"bench": upstream}, env={
                 **env, **({"LLMGW_BENCH_KEY": keys[name]} if keys[name] else {}),
                 "LLMGW_BENCH_LEDGER": "0" if name in ("off", "control") else "1",
                 **({"LLMGW_BENCH_BUDGET": "none"} if name == "unbudgeted" else {}),
                 "LLMGW_BENCH_LEDGER_INTERVAL": interval,
-                **(journal if name == "on" else {})}))
+                "LLMGW_BENCH_JOURNAL": journal if name == "on" else "0"}))
             for name in names}
         for name, (url, _pid) in servers.items():
             load(url, 32, 2.0, tmp, key=keys[name])     # warm up

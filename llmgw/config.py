@@ -177,9 +177,14 @@ class GatewayConfig(_Conf, frozen=True):
     # Records held in memory while the store is unreachable; beyond it, with a journal,
     # the newer ones wait on disk only; without one, the oldest are dropped.
     ledger_buffer: int = 100_000
-    # Where each gateway process journals its usage records before the store has them
-    # (``gateway.journal``), so a killed process or a store outage of any length loses
-    # none: replayed at the next start. None: records wait in memory only.
+    # Each gateway process journals its usage records (and batch lines' answers) on local
+    # disk before the store has them (``gateway.journal``), so a killed process or a store
+    # outage of any length loses none: replayed at the next start. Off: they wait in
+    # memory only, and a SIGKILL loses what the store did not have yet.
+    journal: bool = True
+    # Where. None: the store's directory on this host (``Store.state_dir``): beside a
+    # SQLite file (``llmgw.db.d/journal``), else ``$XDG_STATE_HOME/llmgw/<digest of the
+    # database URL>/journal``. Give a directory of its own where that is not kept.
     journal_dir: str | None = None
     # The most the journal may hold on disk; a record past it is dropped (and counted).
     journal_max: Size = Size(1024**3, "1GiB")

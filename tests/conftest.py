@@ -7,12 +7,17 @@ LLMGW_TEST_REQUIRE_ALL, which turns such a skip into a failure: a Postgres test
 that quietly did not run is a Postgres adapter nobody tested. The outside
 programs some tests drive (``promtool``, ``openssl``) are found with
 ``require_tool``, which skips the same way and fails the same way in CI.
+
+What llmgw keeps on a host for a database server's database (the gateway's
+journal, ``Store.state_dir``) goes under ``$XDG_STATE_HOME``: a directory of the
+session's own, removed at its end, so no test writes to the home directory.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Generator
 
 import pytest
@@ -20,6 +25,16 @@ import pytest
 pytest_plugins = ["tests.asyncio_errors"]
 
 POSTGRES_ENV = "LLMGW_TEST_POSTGRES"
+_STATE_HOME = tempfile.TemporaryDirectory(prefix="llmgw-test-state-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Child processes (gateways the tests start) inherit it.
+    os.environ["XDG_STATE_HOME"] = _STATE_HOME.name
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _STATE_HOME.cleanup()
 
 
 @pytest.fixture

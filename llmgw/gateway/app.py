@@ -94,6 +94,7 @@ from llmgw.gateway.errors import (
 from llmgw.gateway.exchange import Call, Exchange, Executed
 from llmgw.gateway.files import FilesEndpoint
 from llmgw.gateway.holders import holder_name
+from llmgw.gateway.journal import journal_location
 from llmgw.gateway.keepalive import HeldStream
 from llmgw.gateway.keys import OPEN_ACCESS, ApiKey, KeyRing, KeysFileWatcher, is_loopback
 from llmgw.gateway.ledger import Ledger
@@ -238,7 +239,8 @@ class Gateway:
                                  urgent_interval=float(gw.budget_interval),
                                  on_drop=self.metrics.ledger_dropped.inc,
                                  on_flush=self._refresh_budgets, on_cycle=self._ledger_gauges,
-                                 journal_dir=gw.journal_dir, journal_max=gw.journal_max,
+                                 journal_dir=journal_location(gw, store),
+                                 journal_max=gw.journal_max,
                                  on_unjournaled=self.metrics.ledger_unjournaled.inc)
             self.budgets: Budgets | None = Budgets(store, self.ledger,
                                                    in_use=self.keys.budget_fields,

@@ -70,7 +70,8 @@ class BatchJournal:
             raise ConfigError(
                 f"gateway.journal_dir: {self.dir} cannot be written ({exc.strerror}); batch "
                 "line results are journaled there, so make it a directory this user may "
-                "write, or unset journal_dir", field="gateway.journal_dir") from None
+                "write (gateway.journal_dir), or turn gateway.journal off",
+                field="gateway.journal_dir") from None
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         # Results journaled and not yet stored, by (batch, line).
         self._waiting: dict[tuple[str, int], _Entry] = {}
@@ -134,14 +135,17 @@ class BatchJournal:
             os.close(fd)
 
     def close(self) -> None:
+        """Release the file, removed when it holds nothing to store; again: nothing."""
+        if self._fd < 0:
+            return
         if self._waiting:
             log.warning("%d batch line result(s) stay in %s for the next start",
                         len(self._waiting), self.path)
-            os.close(self._fd)
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         os.close(self._fd)
+        self._fd = -1
 
 
 def _read(path: Path) -> dict[str, dict[int, BatchResult]]:

@@ -88,6 +88,7 @@ from llmgw.gateway.capabilities import describe, serves
 from llmgw.gateway.exchange import Core
 from llmgw.gateway.files import FileWriter, new_file_id
 from llmgw.gateway.holders import is_gone
+from llmgw.gateway.journal import journal_location
 from llmgw.gateway.keys import ApiKey
 from llmgw.gateway.responses_api import PATH as RESPONSES
 from llmgw.gateway.responses_api import batch_response
@@ -155,7 +156,7 @@ class BatchWorker:
         self._task: asyncio.Task[None] | None = None
         self._housekept = -math.inf
         self.lines_sent = 0            # every line sent to a replica (tests, the benchmark)
-        journal_dir = core.config.gateway.journal_dir
+        journal_dir = journal_location(core.config.gateway, core.store)
         self.results = BatchJournal(journal_dir) if journal_dir is not None else None
 
     # ------------------------------------------------------------ lifecycle

@@ -1,12 +1,13 @@
 """The usage ledger's journal: each record on local disk before the client has its answer.
 
-With ``gateway.journal_dir`` set, every gateway process appends each usage
-record to a file of its own in that directory before the last byte of the
-request's answer is handed to the server (``Gateway._final``), and deletes a
-file only once the store holds every record in it. A process that starts
-adopts the files of processes that are gone and ships them first; the store
-keeps a record id once, so a record shipped twice (its acknowledgement lost,
-or two processes adopting the same file) is counted once.
+Every gateway process (unless ``gateway.journal`` is off) appends each usage
+record to a file of its own in its journal directory (``journal_location``)
+before the last byte of the request's answer is handed to the server
+(``Gateway._final``), and deletes a file only once the store holds every
+record in it. A process that starts adopts the files of processes that are
+gone and ships them first; the store keeps a record id once, so a record
+shipped twice (its acknowledgement lost, or two processes adopting the same
+file) is counted once.
 
 **What a SIGKILL can lose: nothing that was answered.** A record reaches the
 file with one ``write(2)`` on the event loop, no fsync: the bytes are then
@@ -69,8 +70,9 @@ from pathlib import Path
 
 import msgspec
 
+from llmgw.config import GatewayConfig
 from llmgw.errors import ConfigError
-from llmgw.store.base import UsageRecord
+from llmgw.store.base import Store, UsageRecord
 
 log = logging.getLogger("llmgw.gateway.ledger")
 
@@ -82,6 +84,21 @@ LOCK = ".lock"
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(UsageRecord).decode
+
+
+
+def journal_location(gateway: GatewayConfig, store: Store) -> Path | None:
+    """The directory of this deployment's journals on this host; None with the journal off.
+
+    The default is the store's own directory here (``Store.state_dir``): a journal
+    holds records for one database, and a process that adopts a dead one's files ships
+    them to its own store, so two deployments must never share a directory.
+    """
+    if not gateway.journal:
+        return None
+    if gateway.journal_dir is not None:
+        return Path(gateway.journal_dir)
+    return store.state_dir / "journal"
 
 
 @dataclass(slots=True)
@@ -137,8 +154,9 @@ class Journal:
             raise ConfigError(
                 f"gateway.journal_dir: {self.dir} cannot be written ({exc.strerror}); the "
                 "usage ledger journals every record there before answering, so make it a "
-                "directory this user may write, or unset journal_dir to keep records in "
-                "memory only", field="gateway.journal_dir") from None
+                "directory this user may write (gateway.journal_dir), or turn "
+                "gateway.journal off to keep records in memory only",
+                field="gateway.journal_dir") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
@@ -341,7 +359,10 @@ class Journal:
                     os.close(dir_fd)
 
     def close(self) -> None:
-        """Release this process's files; what is unwritten stays for the next start."""
+        """Release this process's files; what is unwritten stays for the next start.
+        Again: nothing (a gateway may be closed twice)."""
+        if self._lock_fd < 0:
+            return
         self.sync()
         with self._sync_lock:
             if self._fd >= 0:
@@ -361,6 +382,7 @@ class Journal:
             if s.owner_lock is not None:
                 os.close(s.owner_lock[0])
         os.close(self._lock_fd)
+        self._lock_fd = -1
 
     # ------------------------------------------------------------ files
 

@@ -48,6 +48,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from llmgw.errors import LlmgwError
@@ -71,7 +72,7 @@ class Ledger:
                  clock: Callable[[], float] = time.time,
                  on_flush: Callable[[], Awaitable[None]] | None = None,
                  on_drop: Callable[[int], object] | None = None,
-                 journal_dir: str | None = None, journal_max: int = 1024**3,
+                 journal_dir: str | Path | None = None, journal_max: int = 1024**3,
                  on_unjournaled: Callable[[int], object] | None = None,
                  on_cycle: Callable[[], None] | None = None) -> None:
         self.store = store

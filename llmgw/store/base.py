@@ -52,10 +52,13 @@ callers keep serving the catalog already in force.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NewType, Protocol
 
 import msgspec
@@ -468,6 +471,12 @@ class Store(Protocol):
         until it can be opened; callers that may run meanwhile ask first.
         """
 
+    @property
+    def state_dir(self) -> Path:
+        """Where this host keeps what belongs to this database and must outlive a process
+        (the gateway's journal, ``gateway.journal``): beside a SQLite file, so it goes
+        where the database goes (``<file>.d``); ``state_home`` for a database server's."""
+
     async def models(self) -> list[StoredModel]:
         """All runtime models, read without taking the catalog lock."""
 
@@ -697,3 +706,17 @@ class Store(Protocol):
     async def holdings(self, since: float, until: float) -> list[StoredHolding]:
         """Holdings that overlap [since, until): started before ``until`` and not ended
         by ``since``."""
+
+
+def state_home(url: str) -> Path:
+    """This host's directory for what belongs to the database server's database ``url``
+    and must outlive a process (a SQLite store keeps its own beside its file):
+    ``$XDG_STATE_HOME/llmgw/<digest>`` (``~/.local/state`` when unset), the digest of the
+    URL with its password masked, so a rotated password finds the same directory and two
+    databases (or two schemas of one) never share one."""
+    from llmgw.redact import redact_url
+
+    base = os.environ.get("XDG_STATE_HOME", "")
+    # The XDG rule: a relative path is ignored.
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
+    return root / "llmgw" / hashlib.sha256(redact_url(url).encode()).hexdigest()[:16]

@@ -43,6 +43,7 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -86,6 +87,7 @@ from llmgw.store.base import (
     holding_row,
     slice_grant,
     slice_used_params,
+    state_home,
     status_count,
     token_totals_params,
     usage_params,
@@ -392,6 +394,10 @@ class PostgresStore:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+    @property
+    def state_dir(self) -> Path:
+        return state_home(self.url)
 
     @property
     def is_open(self) -> bool:

@@ -585,6 +585,10 @@ class SqliteStore:
                 await conn.close()
 
     @property
+    def state_dir(self) -> Path:
+        return self.path.with_name(self.path.name + ".d")
+
+    @property
     def is_open(self) -> bool:
         return self._catalog is not None
 

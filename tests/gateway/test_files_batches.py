@@ -378,7 +378,8 @@ async def test_a_result_that_cannot_be_stored_loses_no_line(
     answer that came back is stored from the journal, so every line reaches the engine once."""
     engine = await engines("e")
     gw = await make_gateway([chat_model("chat", upstream=[engine.url])],
-                            **({"journal_dir": str(tmp_path / "journal")} if journal else {}))
+                            **({"journal_dir": str(tmp_path / "journal")} if journal
+                               else {"journal": False}))
     original = gw.store.put_batch_results
     calls = 0
 

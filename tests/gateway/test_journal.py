@@ -15,8 +15,9 @@ from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.errors import ConfigError
 from llmgw.gateway import Gateway
 from llmgw.gateway import journal as journal_module
-from llmgw.gateway.journal import PREFIX, SEGMENT
+from llmgw.gateway.journal import PREFIX, SEGMENT, journal_location
 from llmgw.gateway.ledger import Ledger
+from llmgw.store.base import state_home
 from llmgw.store.sqlite import SqliteStore
 from tests.gateway.doubles import CatalogHolder, FakeBackend
 from tests.gateway.test_ledger import _FlakyStore, rec, rows
@@ -221,3 +222,37 @@ def test_a_journal_directory_that_cannot_be_written_stops_the_start_naming_it(
             Gateway(config, CatalogHolder([]), FakeBackend(), sqlite_store)
         assert str(where) in caught.value.message
         assert caught.value.field == "gateway.journal_dir"
+
+
+def test_the_journal_is_on_by_default_in_the_stores_own_directory(
+        tmp_path: Path, sqlite_store: SqliteStore) -> None:
+    """Unset, the journal goes beside a SQLite file; off, there is none; a directory given
+    is used as it is."""
+    gateway = GatewayConfig()
+    assert journal_location(gateway, sqlite_store) == sqlite_store.path.with_name(
+        sqlite_store.path.name + ".d") / "journal"
+    assert journal_location(GatewayConfig(journal=False), sqlite_store) is None
+    assert journal_location(GatewayConfig(journal_dir=str(tmp_path / "j")),
+                            sqlite_store) == tmp_path / "j"
+    server = Gateway(ServerConfig(listen="127.0.0.1:0"), CatalogHolder([]), FakeBackend(),
+                     sqlite_store)
+    assert server.ledger is not None
+    assert server.ledger.journal is not None
+    assert server.ledger.journal.dir == journal_location(gateway, sqlite_store)
+
+
+def test_a_database_servers_journal_is_under_the_state_home_by_its_url(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One directory per database (a schema of its own counts as one), the same whatever
+    the password, under $XDG_STATE_HOME — or ~/.local/state where that is unset or not
+    absolute, as the XDG rule says."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    base = "postgresql://llmgw:{}@db.internal:5432/llmgw"
+    first = state_home(base.format("old-secret"))
+    assert first.parent == tmp_path / "llmgw"
+    assert "secret" not in str(first)
+    assert state_home(base.format("new-secret")) == first
+    assert state_home(base.format("x") + "?options=-csearch_path%3Dother") != first
+    assert state_home("postgresql://llmgw@db.internal:5432/billing") != first
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    assert state_home(base.format("x")).parent == Path.home() / ".local" / "state" / "llmgw"

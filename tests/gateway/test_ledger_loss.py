@@ -142,14 +142,15 @@ async def engine() -> AsyncIterator[FakeEngine]:
 @pytest.mark.parametrize("interval", ["1h", "20ms"], ids=["all-unwritten", "mid-write"])
 async def test_a_sigkilled_gateway_loses_no_answered_request(
         tmp_path: Path, engine: FakeEngine, interval: str) -> None:
-    """SIGKILL under load, then a restart on the same journal directory: the store ends
-    with exactly one record per answer a client got whole, and the files are gone."""
+    """SIGKILL under load, then a restart on the same journal directory — the default one,
+    beside the SQLite file: the store ends with exactly one record per answer a client
+    got whole, and the files are gone."""
     store_path = tmp_path / "store.db"
     store = SqliteStore(f"sqlite:///{store_path}")
     await store.open()      # the schema, before the process starts
     await store.close()
-    journal = tmp_path / "journal"
-    settings = {"journal_dir": str(journal), "ledger_interval": interval}
+    journal = tmp_path / "store.db.d" / "journal"
+    settings = {"ledger_interval": interval}
     first = Child(tmp_path, engine, f"sqlite:///{store_path}", settings)
     second = Child(tmp_path, engine, f"sqlite:///{store_path}", settings)
     try:
