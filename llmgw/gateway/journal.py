@@ -86,7 +86,6 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(UsageRecord).decode
 
 
-
 def journal_location(gateway: GatewayConfig, store: Store) -> Path | None:
     """The directory of this deployment's journals on this host; None with the journal off.
 
@@ -137,6 +136,8 @@ class Journal:
         self._sync_lock = threading.Lock()
         self._unsynced: list[int] = []      # fds of closed segments, for ``sync`` to close
         self._dirty = False
+        # A segment was created or deleted since the last ``sync``: the directory too.
+        self._renamed = False
         # Segments of processes that are gone, waiting to be read back.
         self._adopted: deque[Segment] = deque()
         self._lock_fd = self._open_dir()
@@ -341,6 +342,7 @@ class Journal:
         with self._sync_lock:
             closing, self._unsynced = self._unsynced, []
             dirty, self._dirty = self._dirty, False
+            renamed, self._renamed = self._renamed, False
             fd = self._fd
         for old in closing:
             with contextlib.suppress(OSError):
@@ -349,8 +351,9 @@ class Journal:
         if dirty and fd >= 0:
             with contextlib.suppress(OSError):
                 os.fdatasync(fd)
-        if closing or dirty:
-            # The segments' names, so a crash of the machine finds the files too.
+        if renamed:
+            # The segments' names, so a crash of the machine finds the files too (and
+            # not the deleted ones); a write alone changes no name, and costs no commit.
             with contextlib.suppress(OSError):
                 dir_fd = os.open(self.dir, os.O_RDONLY | os.O_CLOEXEC)
                 try:
@@ -395,11 +398,14 @@ class Journal:
                 self._unsynced.append(self._fd)
             self._fd = fd
             self._dirty = True
+            self._renamed = True
         self._segments.append(Segment(path, disk_only=disk_only))
 
     def _delete(self, segment: Segment) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(segment.path)
+        with self._sync_lock:
+            self._renamed = True
         self.bytes -= segment.size
         if segment.owner_lock is not None:
             fd, lock_path = segment.owner_lock

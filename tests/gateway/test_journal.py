@@ -15,7 +15,7 @@ from llmgw.config import GatewayConfig, ServerConfig
 from llmgw.errors import ConfigError
 from llmgw.gateway import Gateway
 from llmgw.gateway import journal as journal_module
-from llmgw.gateway.journal import PREFIX, SEGMENT, journal_location
+from llmgw.gateway.journal import PREFIX, SEGMENT, Journal, journal_location
 from llmgw.gateway.ledger import Ledger
 from llmgw.store.base import state_home
 from llmgw.store.sqlite import SqliteStore
@@ -72,6 +72,46 @@ async def test_a_written_segment_is_emptied_once_it_is_large(
     assert ledger.journal.bytes == 0
     assert len(await rows(sqlite_store)) == 6
     await ledger.close()
+
+
+def test_a_sync_commits_the_directory_only_when_a_file_came_or_went(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records written: the segment is synced, not the directory (its names did not
+    change, and each directory fsync is a journal commit of the filesystem's); a
+    segment made or deleted: the directory too, once; nothing written: nothing."""
+    synced: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        synced.append("file")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", fsync)
+    monkeypatch.setattr(journal_module.os, "fdatasync", fdatasync)
+    journal = Journal(tmp_path / "j", max_bytes=1 << 20, ident="t", segment_records=2)
+    journal.sync()
+    assert synced == ["file", "dir"]        # the first segment was made
+    synced.clear()
+    journal.sync()
+    assert synced == []
+    assert journal.append(rec("a"))
+    journal.kept()
+    journal.sync()
+    assert synced == ["file"]
+    synced.clear()
+    journal.spill()                         # a new, disk-only segment
+    assert journal.append(rec("b"))
+    journal.sync()
+    assert synced == ["file", "file", "dir"]    # the old segment, closed; the new; names
+    synced.clear()
+    journal.written(1)                      # the first segment's record is stored: deleted
+    journal.sync()
+    assert synced == ["dir"]
+    journal.close()
 
 
 async def test_an_outage_past_the_memory_buffer_spills_to_disk_and_loses_nothing(
