@@ -96,6 +96,39 @@ def test_released_ports_are_not_reused_at_once() -> None:
     assert pool.acquire() == first + 1
 
 
+def test_a_port_another_llmgw_holds_is_skipped_before_its_engine_listens(
+        tmp_path: Path) -> None:
+    """Two servers on one host (two pools, as two processes would have): a port one
+    holds, whose engine has not bound it yet, is never handed out by the other; a
+    released port is free for it again, and so is every port of a process that died."""
+    low, high = port_range()
+    first = PortPool(low, high, claims=tmp_path)
+    second = PortPool(low, high, claims=tmp_path)
+    mine = first.acquire()
+    assert mine == low
+    assert second.acquire() == low + 1             # nothing listens on low: claimed
+    first.release(mine)
+    second._next = low
+    assert second.acquire() == low
+    with subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import pathlib, sys, time
+            from llmgw.scheduler.local.supervisor import PortPool
+            pool = PortPool({low}, {high}, claims=pathlib.Path({str(tmp_path)!r}))
+            pool._next = {high}
+            print(pool.acquire(), flush=True)
+            time.sleep(600)
+            """)], stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            assert int(holder.stdout.readline()) == high
+            first._next = high
+            assert first.acquire() == low + 2      # high is the other process's
+        finally:
+            holder.kill()
+    first._next = high
+    assert first.acquire() == high                 # its claims ended with it
+
+
 def test_no_free_port_is_an_error_naming_the_range() -> None:
     """A full range says which setting to widen."""
     with listener() as other:

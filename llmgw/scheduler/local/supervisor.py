@@ -23,6 +23,8 @@ Why each behaviour:
   sends the operator to hunt for a log that no longer exists.
 * A port taken by another program while the engine loaded is not the engine's
   fault: it is retried at once on another port and not counted as a crash.
+  Another llmgw on this host (a second server, a test beside this one) takes
+  none of ours in that window: each held port is claimed (``PortPool``).
 * The output pipe is always drained: an engine whose pipe fills up blocks on
   its next log line and looks hung.
 * An unexpected exception while preparing or watching an attempt (a defect,
@@ -35,14 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import socket
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llmgw.scheduler.base import Replica, ReplicaState
@@ -96,12 +101,24 @@ class PortPool:
     The next port is searched from where the last search stopped, so a port
     just given up is not handed to the next replica at once: a gateway that
     still remembers the old address would send one model's request to another.
+
+    A port is free when nothing listens on it and no other llmgw process of
+    this user holds it: an engine takes seconds to load before it listens, and
+    in that window a bind test alone would hand the same port to a second
+    server on the host, whose probes would then reach the first's engine. So
+    each held port is claimed with an ``flock`` on a file of its own in
+    ``claims`` (by default ``<tmp>/llmgw-ports-<uid>``), released with the
+    port, or by the kernel when the process ends however it ends.
     """
 
-    def __init__(self, low: int, high: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, low: int, high: int, host: str = "127.0.0.1",
+                 claims: Path | None = None) -> None:
         self.low, self.high, self.host = low, high, host
         self._held: set[int] = set()
+        self._claims: dict[int, int] = {}       # port -> the fd that holds its lock
         self._next = low
+        self._dir = _claims_dir(claims or Path(tempfile.gettempdir())
+                                / f"llmgw-ports-{os.getuid()}")
 
     @property
     def held(self) -> frozenset[int]:
@@ -118,11 +135,37 @@ class PortPool:
                 return False
         return True
 
+    def _claim(self, port: int) -> bool:
+        """Whether this process now holds ``port`` against every other llmgw."""
+        if self._dir is None:
+            return True
+        try:
+            # CLOEXEC: an engine must not inherit the claims of its siblings' ports.
+            fd = os.open(self._dir / f"{port}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+        except OSError:
+            return True         # the directory went away: the bind test decides alone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._claims[port] = fd
+        return True
+
+    def _unclaim(self, port: int) -> None:
+        fd = self._claims.pop(port, None)
+        if fd is not None:
+            os.close(fd)
+
     def acquire(self) -> int:
         size = self.high - self.low + 1
         for i in range(size):
             port = self.low + (self._next - self.low + i) % size
-            if port in self._held or not self._bindable(port):
+            if port in self._held or not self._claim(port):
+                continue
+            if not self._bindable(port):
+                self._unclaim(port)
                 continue
             self._held.add(port)
             self._next = port + 1 if port < self.high else self.low
@@ -135,6 +178,22 @@ class PortPool:
     def release(self, port: int | None) -> None:
         if port is not None:
             self._held.discard(port)
+            self._unclaim(port)
+
+
+def _claims_dir(path: Path) -> Path | None:
+    """``path``, made private to this user; None (bind tests only) if it cannot be."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.stat()
+    except OSError as exc:
+        log.warning("engine ports cannot be claimed in %s (%s); another llmgw on this host "
+                    "may pick a port this one's engine is loading on", path, exc.strerror)
+        return None
+    if st.st_uid != os.getuid():
+        log.warning("engine ports are not claimed: %s belongs to another user", path)
+        return None
+    return path
 
 
 async def probe(host: str, port: int, path: str, within: float) -> bool:
