@@ -100,9 +100,10 @@ async def test_a_killed_engine_is_restarted_and_serves_again(backend: LocalBacke
 
 async def test_scaling_down_and_closing_leave_no_engine_behind(tmp_path: Path) -> None:
     """Stopped replicas' processes (and their groups) are gone, checked by pid."""
-    from .conftest import FAST, laptop_4c_8g, server_config
+    from .conftest import FAST, laptop_4c_8g, nothing_in_flight, server_config
 
     backend = LocalBackend(server_config(), machine=laptop_4c_8g(), timing=FAST)
+    nothing_in_flight(backend)
     await backend.start()
     try:
         pair = cpu_model("gemma", min_=2)

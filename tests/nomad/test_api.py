@@ -189,7 +189,15 @@ async def test_edit_shows_stale_replicas_rollout_replaces_them_remove_deregister
         return bool(reps) and not any(x["stale"] for x in reps)
 
     # The replaced allocation stays listed (stale) until its shutdown_delay (the
-    # model's 30 s drain, in the fake's real time) has passed and it is killed.
+    # model's 30 s drain) has passed and it is killed: once it is told to stop, the
+    # fake's clock is moved past the drain rather than waited out.
+    def told_to_stop() -> bool:
+        return any(a.desired_status == "stop" and not a.client_terminal
+                   for a in fake.allocations("llmgw-embed", include_terminal=True))
+
+    await eventually(told_to_stop, timeout=120, what="the stale allocation to be stopped")
+    assert not await fresh()
+    fake.advance(31)
     await eventually(fresh, timeout=120, what="replicas running the new profile")
     assert (await c.delete("/api/v1/models/embed", headers=ADMIN)).status_code == 204
     await api.backend.reconciled()

@@ -117,6 +117,8 @@ async def test_a_profile_that_fits_later_waits_for_capacity_with_the_reason(fake
     assert backend.status("want").waiting_for_capacity == reason
     await applied(backend, catalog(want))                             # the hog leaves
     fake.settle()
+    await eventually(lambda: not fake.allocations("llmgw-hog"), what="the hog to be stopped")
+    fake.advance(31)                      # its drain (shutdown_delay) ends: the GPUs free
     await eventually(lambda: fake.allocations("llmgw-want"), what="the waiting job to place")
     await applied(backend, catalog(want))
     assert backend.status("want").waiting_for_capacity is None
