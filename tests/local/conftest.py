@@ -61,9 +61,21 @@ def cpu_model(name: str, source: str = GEMMA_PKG, *, cores: int = 1, memory: str
     )
 
 
+# Test ports lie between the embedded scheduler's default range (28000-28999) and the
+# kernel's ephemeral ports (32768 and up by default), which the suite's own connections
+# take from, so a port a test expects to be free is not some socket's local end.
+_TEST_PORTS = (29000, 32700)
+
+
 def port_range() -> tuple[int, int]:
-    """A range of ports few others use, different for each test."""
-    low = random.randrange(30000, 39000, 50)
+    """A range of 50 ports for one test, chosen at random in a band of its own for each
+    test process (pytest-xdist's gw0, gw1...): tests running at once in two processes
+    never share a port, and a test's expectations of which port comes next hold."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    band = (_TEST_PORTS[1] - _TEST_PORTS[0]) // workers
+    start = _TEST_PORTS[0] + (worker % workers) * band
+    low = random.randrange(start, start + max(50, band) - 49, 50)
     return (low, low + 49)
 
 
