@@ -97,6 +97,8 @@ class LocalConfig(_Conf, frozen=True):
 
     cpu_cores: int | None = None     # defaults to the machine's
     memory: Size | None = None       # defaults to the machine's
+    # The engines' ports. One another program listens on, or another llmgw of this user
+    # holds (each is claimed with a lock file under ``<tmp>/llmgw-ports-<uid>``), is skipped.
     port_range: tuple[int, int] = (28000, 28999)
     # Where the embedded scheduler keeps what outlives a restart: its replicas'
     # holdings of cards and cores, for costs (``scheduler.local.journal``). None: kept in
